@@ -1,0 +1,1 @@
+"""Attacks that consume an adversary's view (from a transcript) and return scored inferences."""

@@ -1,0 +1,70 @@
+"""The ``secagg`` console command.
+
+Sub-command groups live in ``experiments/cmd_<name>.py`` modules, each exposing
+``register(subparsers)``; they are listed explicitly in :data:`COMMAND_MODULES` (no
+import-time discovery). Conventions shared by every command:
+
+* ``--json`` prints exactly one JSON object as the last line of stdout;
+* progress bars and logs go to stderr;
+* user errors (:class:`experiments.errors.UserError`, or ``ValueError``/``FileNotFoundError`` from a
+  lower layer reporting bad input) print one clear line on stderr and exit 2, without a
+  traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from experiments.errors import UserError
+
+__all__ = ["COMMAND_MODULES", "UserError", "build_parser", "main"]
+
+#: Modules under ``experiments`` that register sub-commands, in help order.
+COMMAND_MODULES: tuple[str, ...] = (
+    "cmd_run",
+    "cmd_data",
+    "cmd_bench",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level parser with every registered sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="secagg",
+        description="Privacy-preserving federated recommendation: secure aggregation, "
+        "differential privacy, homomorphic encryption, and the attacks that check them.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"experiments.{name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``secagg`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv:
+        # No sub-command: the main job (fedavg-gmf on the embedded synthetic data).
+        argv = ["run"]
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(func(args) or 0)
+    except (UserError, ValueError, FileNotFoundError) as exc:
+        print(f"secagg: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("secagg: interrupted; resume with --resume RUN_DIR", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

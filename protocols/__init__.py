@@ -1,0 +1,1 @@
+"""Federated training protocols over parties, with a recording transport and transcripts."""

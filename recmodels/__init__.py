@@ -1,0 +1,1 @@
+"""Recommendation payloads: interaction datasets, loaders, splits, negative sampling, metrics, models."""

@@ -1,0 +1,155 @@
+"""Fixed-point encoding of reals into the ring Z_(2^64) (numpy ``uint64`` wrap-around).
+
+A real ``x`` with ``|x| <= clip`` becomes the integer ``round(x * 2^frac_bits)`` stored in two's
+complement as ``uint64``. Sums of encodings are computed with wrap-around ``uint64`` adds and
+decoded as signed integers, which is exact as long as the true integer sum stays inside
+``(-2^63, 2^63)``: :func:`check_budget` verifies that up front.
+
+Rounding modes:
+
+* ``"stochastic"`` (default): ``floor(x*2^f) + Bernoulli(frac)``, unbiased, the Bernoulli drawn
+  from the OS CSPRNG (53-bit uniforms from ``os.urandom``);
+* ``"nearest"`` (deterministic): round half to even (``numpy.rint``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from secagg.errors import BudgetError
+
+__all__ = ["FixedPoint", "check_budget", "csprng_uniform"]
+
+_ROUNDINGS = ("stochastic", "nearest")
+
+
+def csprng_uniform(shape: int | tuple[int, ...]) -> np.ndarray:
+    """Uniform float64 in ``[0, 1)`` with 53 random bits each, drawn from ``os.urandom``."""
+    size = int(np.prod(shape))
+    words = np.frombuffer(os.urandom(8 * size), dtype=np.uint64)
+    return ((words >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(shape)
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """Fixed-point codec into Z_(2^64).
+
+    Attributes:
+        frac_bits: fractional bits ``f`` (resolution ``2^-f``), in ``[0, 62]``.
+        clip: largest accepted magnitude; values beyond it are refused (clip them first).
+    """
+
+    frac_bits: int
+    clip: float
+
+    def __post_init__(self) -> None:
+        if type(self.frac_bits) is not int or not 0 <= self.frac_bits <= 62:
+            raise BudgetError(f"frac_bits must be an int in [0, 62]; found {self.frac_bits!r}.")
+        if not (isinstance(self.clip, (int, float)) and math.isfinite(self.clip) and self.clip > 0):
+            raise BudgetError(f"clip must be a finite positive number; found {self.clip!r}.")
+        if self.max_abs_int >= 2**62:
+            raise BudgetError(
+                f"clip * 2^frac_bits = {self.clip} * 2^{self.frac_bits} does not fit in 62 bits; "
+                "lower frac_bits or clip."
+            )
+
+    @property
+    def scale(self) -> float:
+        """The grid scale ``2^frac_bits``."""
+        return float(2**self.frac_bits)
+
+    @property
+    def max_abs_int(self) -> int:
+        """Largest magnitude of one encoded value (``ceil(clip * 2^f)``, stochastic rounding)."""
+        return math.ceil(self.clip * 2**self.frac_bits)
+
+    def encode(self, x: np.ndarray | float, *, rounding: str = "stochastic") -> np.ndarray:
+        """Encode reals as ``uint64`` ring elements.
+
+        Args:
+            x: array-like of finite reals with ``|x| <= clip``.
+            rounding: ``"stochastic"`` (unbiased, CSPRNG) or ``"nearest"`` (deterministic).
+
+        Returns:
+            ``uint64`` array of the same shape (two's complement).
+
+        Raises:
+            BudgetError: a value is not finite or exceeds ``clip``.
+            ValueError: unknown rounding mode.
+        """
+        arr = np.asarray(x, dtype=np.float64)
+        if rounding == "stochastic":
+            return self._encode_with_uniform(arr, csprng_uniform(arr.shape))
+        if rounding == "nearest":
+            self._check_range(arr)
+            return np.rint(arr * self.scale).astype(np.int64).view(np.uint64)
+        raise ValueError(f"rounding must be one of {_ROUNDINGS}; found {rounding!r}.")
+
+    def _encode_with_uniform(self, arr: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Stochastic rounding with explicit uniforms ``u`` in ``[0, 1)`` (known-answer core)."""
+        self._check_range(arr)
+        scaled = arr * self.scale
+        low = np.floor(scaled)
+        out = low + (u < (scaled - low))
+        return out.astype(np.int64).view(np.uint64)
+
+    def _check_range(self, arr: np.ndarray) -> None:
+        if arr.size == 0:
+            return
+        if not np.all(np.isfinite(arr)):
+            raise BudgetError("encode: input contains NaN or infinity; clean the input first.")
+        worst = float(np.max(np.abs(arr)))
+        if worst > self.clip:
+            raise BudgetError(
+                f"encode: |x| = {worst!r} exceeds clip = {self.clip!r}; clip inputs first "
+                f"(np.clip(x, -{self.clip}, {self.clip})) or raise clip (and re-check the budget)."
+            )
+
+    def decode(self, u: np.ndarray) -> np.ndarray:
+        """Signed decode of an encoding or of a sum of encodings into float64."""
+        arr = np.asarray(u)
+        if arr.dtype != np.uint64:
+            raise ValueError(f"decode expects a uint64 array; found dtype {arr.dtype}.")
+        return arr.view(np.int64).astype(np.float64) / self.scale
+
+
+def check_budget(
+    *,
+    n_summands: int,
+    clip: float,
+    frac_bits: int,
+    noise_headroom_bits: int = 0,
+    ring_bits: int = 64,
+) -> None:
+    """Check that a sum of ``n_summands`` encodings (plus noise headroom) decodes exactly.
+
+    Requires ``n_summands * ceil(clip * 2^frac_bits) * 2^noise_headroom_bits < 2^(ring_bits-1)``
+    (one bit is the sign).
+
+    Raises:
+        BudgetError: the configuration does not fit; the message names the largest ``frac_bits``
+            that would fit and the bits missing.
+    """
+    if type(n_summands) is not int or n_summands < 1:
+        raise BudgetError(f"n_summands must be a positive int; found {n_summands!r}.")
+    if type(ring_bits) is not int or not 2 <= ring_bits <= 64:
+        raise BudgetError(f"ring_bits must be an int in [2, 64]; found {ring_bits!r}.")
+    if type(noise_headroom_bits) is not int or noise_headroom_bits < 0:
+        raise BudgetError(f"noise_headroom_bits must be an int >= 0; found {noise_headroom_bits!r}.")
+    per_value = math.ceil(clip * 2**frac_bits)
+    needed = n_summands * per_value * 2**noise_headroom_bits
+    limit = 2 ** (ring_bits - 1)
+    if needed >= limit:
+        fit = frac_bits
+        while fit >= 0 and n_summands * math.ceil(clip * 2**fit) * 2**noise_headroom_bits >= limit:
+            fit -= 1
+        fix = f"lower frac_bits to at most {fit}" if fit >= 0 else "no frac_bits fits: lower clip"
+        raise BudgetError(
+            f"bit budget exceeded: {n_summands} summands x clip {clip} x 2^{frac_bits} x "
+            f"2^{noise_headroom_bits} headroom needs {needed.bit_length() + 1} bits but the ring has "
+            f"{ring_bits}; {fix}, or lower clip, the number of clients, or the noise headroom."
+        )

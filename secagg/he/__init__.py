@@ -1,0 +1,50 @@
+"""Homomorphic-encryption backends: Paillier with plaintext packing (gmpy2) and CKKS (TenSEAL).
+
+Key model of both (FedMF's): every client holds the same secret key; the server holds only public
+(and, for CKKS, evaluation) keys, adds ciphertexts, and cannot decrypt. Any client can decrypt any
+other client's upload: this is the shared-key weakness, documented in ``docs/he.md``.
+
+``secagg.he.ckks`` imports TenSEAL and is therefore not imported here; import it explicitly.
+"""
+
+from secagg.he.errors import (
+    CiphertextError,
+    HEError,
+    InsecureKeySizeWarning,
+    KeyMismatchError,
+    NoSecretKeyError,
+    PlaintextOverflowError,
+    ShapeMismatchError,
+)
+from secagg.he.packing import PackedCiphertext, PackingSpec, decrypt_packed, encrypt_packed, sum_packed
+from secagg.he.paillier import (
+    DEFAULT_KEY_BITS,
+    MIN_KEY_BITS,
+    PaillierCiphertext,
+    PaillierKeyPair,
+    PaillierPrivateKey,
+    PaillierPublicKey,
+    generate_keypair,
+)
+
+__all__ = [
+    "DEFAULT_KEY_BITS",
+    "MIN_KEY_BITS",
+    "CiphertextError",
+    "HEError",
+    "InsecureKeySizeWarning",
+    "KeyMismatchError",
+    "NoSecretKeyError",
+    "PackedCiphertext",
+    "PackingSpec",
+    "PaillierCiphertext",
+    "PaillierKeyPair",
+    "PaillierPrivateKey",
+    "PaillierPublicKey",
+    "PlaintextOverflowError",
+    "ShapeMismatchError",
+    "decrypt_packed",
+    "encrypt_packed",
+    "generate_keypair",
+    "sum_packed",
+]

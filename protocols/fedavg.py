@@ -1,0 +1,374 @@
+"""FedAvg for GMF: user embeddings stay on their clients, the server aggregates the rest.
+
+Parties:
+    * one client per user, holding its interactions and its user embedding ``p_u``;
+    * the server, holding the item table ``Q``, the output layer ``h`` and the bias ``b``.
+
+Round ``t``:
+    1. the server samples clients (a seeded simulation choice) and sends each the global
+       ``(Q, h, b)`` (kind ``"model"``);
+    2. each sampled client trains locally for ``local_epochs`` epochs on its positives and
+       freshly sampled negatives (binary cross-entropy), updating ``p_u`` and its local copies of
+       ``Q``, ``h`` and ``b``;
+    3. each client uploads the dense change of ``(Q, h, b)`` and its example count ``n_k``
+       (kind ``"update"``); ``p_u`` never leaves the client;
+    4. the server applies ``server_lr`` times the aggregate (see ``item_aggregation``).
+
+Adversary and promise: none beyond data locality. The server is honest-but-curious and sees
+every client's plaintext update: this is the baseline the attacks in :mod:`attacks` break, and
+that secure aggregation (which needs exactly the sums computed in step 4) protects.
+
+Simulation: all sampled clients train at once as one batched computation. Every client owns
+separate parameter rows (its user row, its own copy of each item row it touches, its own
+``h`` and ``b``), and the gradient and optimiser updates are computed row-wise with
+``index_add_``, so the batch is exactly equivalent to each client training alone; there is no
+Python loop per client or per item. The local optimiser is *lazy* (sparse) Adam or SGD: a row
+moves only at steps where it has a gradient, so an item a client never trained on is
+unchanged in its upload (FedFast notes A2/A3). Local optimiser state is fresh every round
+(clients are stateless apart from ``p_u``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from protocols.transport import SERVER, InProcessTransport, client
+from recmodels.data import Interactions
+from recmodels.models import gmf_logits
+from recmodels.sampling import sample_train_negatives
+
+__all__ = ["FedAvgConfig", "FedAvgGMF", "ClientUpdate", "RoundStats"]
+
+_AGGREGATIONS = ("mean", "touched")
+_OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass(frozen=True)
+class FedAvgConfig:
+    """Hyper-parameters of FedAvg-GMF.
+
+    Attributes:
+        dim: embedding size.
+        client_fraction: fraction of all clients sampled each round, in (0, 1].
+        clients_per_round: a fixed count of clients per round; 0 (default) uses
+            ``client_fraction`` instead.
+        local_epochs: passes over the client's data per round.
+        local_batch_size: client mini-batch size (examples: positives plus negatives).
+        lr: local learning rate.
+        optimizer: ``"adam"`` (lazy Adam) or ``"sgd"``.
+        train_negatives: negatives sampled per positive, fresh every local epoch.
+        item_aggregation: ``"mean"``: FedAvg, every item row averages the sampled clients'
+            changes weighted by ``n_k`` (a client that did not touch a row contributes 0);
+            ``"touched"``: each item row averages over the clients that touched it, weighted by
+            ``n_k`` (the denominator is one more linear sum, so this runs under secure
+            aggregation too). ``h`` and ``b`` are always averaged over all sampled clients.
+        server_lr: scale of the aggregated change applied by the server.
+        init_std: standard deviation of the embedding initialisation.
+    """
+
+    dim: int = 32
+    client_fraction: float = 1.0
+    clients_per_round: int = 0
+    local_epochs: int = 1
+    local_batch_size: int = 64
+    lr: float = 0.01
+    optimizer: str = "adam"
+    train_negatives: int = 4
+    item_aggregation: str = "touched"
+    server_lr: float = 1.0
+    init_std: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.dim < 1:
+            raise ValueError(f"fedavg.dim must be >= 1; found {self.dim}")
+        if not (0 < self.client_fraction <= 1):
+            raise ValueError(f"fedavg.client_fraction must be in (0, 1]; found {self.client_fraction}")
+        if self.clients_per_round < 0:
+            raise ValueError(f"fedavg.clients_per_round must be >= 0 (0: use client_fraction); found {self.clients_per_round}")
+        for name in ("local_epochs", "local_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"fedavg.{name} must be >= 1; found {getattr(self, name)}")
+        if self.train_negatives < 0:
+            raise ValueError(f"fedavg.train_negatives must be >= 0; found {self.train_negatives}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"fedavg.lr must be a positive number; found {self.lr}")
+        if self.optimizer not in _OPTIMIZERS:
+            raise ValueError(f"fedavg.optimizer must be one of {_OPTIMIZERS}; found {self.optimizer!r}")
+        if self.item_aggregation not in _AGGREGATIONS:
+            raise ValueError(
+                f"fedavg.item_aggregation must be one of {_AGGREGATIONS}; found {self.item_aggregation!r}"
+            )
+        if not (self.server_lr > 0):
+            raise ValueError(f"fedavg.server_lr must be positive; found {self.server_lr}")
+
+    def clients_in_round(self, n_clients: int) -> int:
+        """Clients sampled per round out of ``n_clients``."""
+        if self.clients_per_round:
+            return min(self.clients_per_round, n_clients)
+        return max(1, min(n_clients, math.ceil(self.client_fraction * n_clients - 1e-9)))
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """What the server receives from one client: a dense change of ``(Q, h, b)``.
+
+    The dense ``[n_items, dim]`` item change is stored as its non-zero rows (``rows``,
+    ``item_delta``); every other row is an explicit zero on the wire. ``weight`` is ``n_k``.
+    """
+
+    user: int
+    rows: np.ndarray
+    item_delta: np.ndarray
+    h_delta: np.ndarray
+    b_delta: float
+    weight: float
+
+    def dense_item_delta(self, n_items: int) -> np.ndarray:
+        out = np.zeros((n_items, self.item_delta.shape[1]), dtype=self.item_delta.dtype)
+        out[self.rows] = self.item_delta
+        return out
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    round: int
+    clients: int
+    examples: int
+    loss: float
+    bytes_per_client: float
+
+
+class _LazyAdam:
+    """Row-wise Adam (or SGD) over a 2-D tensor; rows update only when they get a gradient."""
+
+    def __init__(self, param: torch.Tensor, lr: float, kind: str, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.p, self.lr, self.kind, self.eps = param, lr, kind, eps
+        self.b1, self.b2 = betas
+        if kind == "adam":
+            self.m = torch.zeros_like(param)
+            self.v = torch.zeros_like(param)
+            self.t = torch.zeros(param.shape[0], dtype=param.dtype)
+
+    def step(self, rows: torch.Tensor, grad: torch.Tensor) -> None:
+        """Apply ``grad`` (one row per entry of the unique index tensor ``rows``)."""
+        if self.kind == "sgd":
+            self.p.index_add_(0, rows, grad, alpha=-self.lr)
+            return
+        m = self.m[rows].mul_(self.b1).add_(grad, alpha=1 - self.b1)
+        v = self.v[rows].mul_(self.b2).addcmul_(grad, grad, value=1 - self.b2)
+        t = self.t[rows] + 1
+        self.m[rows], self.v[rows], self.t[rows] = m, v, t
+        c1 = (1 - self.b1 ** t).unsqueeze(1)
+        c2 = (1 - self.b2 ** t).unsqueeze(1)
+        self.p[rows] -= self.lr * (m / c1) / ((v / c2).sqrt() + self.eps)
+
+
+class FedAvgGMF:
+    """FedAvg over GMF with batched client simulation (see the module docstring).
+
+    Args:
+        train: training interactions (implicit; every row a positive).
+        config: hyper-parameters.
+        seed: seeds the initialisation and every simulation choice (client sampling, shuffles,
+            negatives), so that a run is reproducible from it.
+        transport: where messages go; a fresh in-process transport by default.
+    """
+
+    def __init__(self, train: Interactions, config: FedAvgConfig, *, seed: int, transport: InProcessTransport | None = None):
+        self.train, self.config = train, config
+        self.transport = transport or InProcessTransport()
+        self.rng = np.random.default_rng(seed)
+        g = torch.Generator().manual_seed(int(seed))
+        d = config.dim
+        self.user = torch.randn(train.n_users, d, generator=g) * config.init_std  # held by the clients
+        self.item = torch.randn(train.n_items, d, generator=g) * config.init_std  # held by the server
+        self.h = torch.ones(d)
+        self.b = torch.zeros(())
+        order = np.argsort(train.users, kind="stable")
+        self._pos_items = train.items[order]
+        self._pos_start = np.concatenate([[0], np.cumsum(np.bincount(train.users, minlength=train.n_users))])
+        self._clients = np.flatnonzero(np.diff(self._pos_start) > 0)
+        self.round = 0
+
+    # -- sizes on the wire -------------------------------------------------------------------
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of ``(Q, h, b)`` in float32: the download and the dense upload each round."""
+        return 4 * (self.train.n_items * self.config.dim + self.config.dim + 1)
+
+    # -- one round ---------------------------------------------------------------------------
+    def run_round(self) -> RoundStats:
+        cfg, rng, t = self.config, self.rng, self.round
+        m = cfg.clients_in_round(len(self._clients))
+        sampled = np.sort(rng.choice(self._clients, size=m, replace=False))
+        for u in sampled:
+            self.transport.send(SERVER, client(u), t, "model", None, self.model_bytes)
+
+        # Local data of the sampled clients, as one batch: slot c <-> user sampled[c].
+        counts = self._pos_start[sampled + 1] - self._pos_start[sampled]
+        slots_pos = np.repeat(np.arange(m), counts)
+        items_pos = np.concatenate([self._pos_items[self._pos_start[u] : self._pos_start[u + 1]] for u in sampled])
+        sub = Interactions(
+            users=sampled[slots_pos].astype(np.int64),
+            items=items_pos.astype(np.int64),
+            ratings=np.ones(len(items_pos), np.float32),
+            timestamps=np.zeros(len(items_pos), np.int64),
+            user_ids=self.train.user_ids,
+            item_ids=self.train.item_ids,
+        )
+        epochs = []
+        for _ in range(cfg.local_epochs):
+            if cfg.train_negatives:
+                _, neg_items = sample_train_negatives(sub, n_neg=cfg.train_negatives, rng=rng)
+                neg_slots = np.repeat(slots_pos, cfg.train_negatives) if len(neg_items) == len(slots_pos) * cfg.train_negatives else None
+                if neg_slots is None:
+                    raise RuntimeError("sample_train_negatives returned an unexpected number of negatives")
+                slots = np.concatenate([slots_pos, neg_slots])
+                items = np.concatenate([items_pos, neg_items])
+                labels = np.concatenate([np.ones(len(items_pos)), np.zeros(len(neg_items))])
+            else:
+                slots, items, labels = slots_pos, items_pos, np.ones(len(items_pos))
+            epochs.append((slots, items, labels))
+
+        # Each client's private copy of every item row it touches this round.
+        all_slots = np.concatenate([e[0] for e in epochs])
+        all_items = np.concatenate([e[1] for e in epochs])
+        keys = all_slots.astype(np.int64) * self.train.n_items + all_items
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        pair_slot = uniq // self.train.n_items
+        pair_item = uniq % self.train.n_items
+        pair_of_example = torch.as_tensor(inverse)
+
+        P = self.user[torch.as_tensor(sampled)].clone()
+        Q = self.item[torch.as_tensor(pair_item)].clone()
+        H = self.h.expand(m, -1).clone()
+        B = self.b.expand(m).clone().unsqueeze(1)
+        opts = [_LazyAdam(x, cfg.lr, cfg.optimizer) for x in (P, Q, H, B)]
+
+        total_loss, total_examples, offset = 0.0, 0, 0
+        for slots, items, labels in epochs:
+            n = len(slots)
+            ex_pair = pair_of_example[offset : offset + n]
+            offset += n
+            steps = self._local_steps(slots, m, rng)
+            order = np.argsort(steps, kind="stable")
+            bounds = np.searchsorted(steps[order], np.arange(steps.max() + 2))
+            slots_t = torch.as_tensor(slots)
+            labels_t = torch.as_tensor(labels, dtype=torch.float32)
+            for s in range(len(bounds) - 1):
+                idx = torch.as_tensor(order[bounds[s] : bounds[s + 1]])
+                if len(idx) == 0:
+                    continue
+                total_loss += self._step(P, Q, H, B, opts, slots_t[idx], ex_pair[idx], labels_t[idx], m)
+                total_examples += len(idx)
+
+        # Uploads: the dense change of (Q, h, b) per client, weighted by its example count.
+        weight = torch.as_tensor(counts * (1 + cfg.train_negatives) * cfg.local_epochs, dtype=torch.float32)
+        dQ = Q - self.item[torch.as_tensor(pair_item)]
+        dH = H - self.h
+        dB = (B.squeeze(1) - self.b)
+        self._send_updates(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
+
+        # Server aggregation (the sums secure aggregation would deliver).
+        pair_slot_t = torch.as_tensor(pair_slot)
+        pair_item_t = torch.as_tensor(pair_item)
+        wsum = weight.sum()
+        num = torch.zeros_like(self.item).index_add_(0, pair_item_t, dQ * weight[pair_slot_t].unsqueeze(1))
+        if cfg.item_aggregation == "mean":
+            den = wsum
+        else:
+            den = torch.zeros(self.train.n_items).index_add_(0, pair_item_t, weight[pair_slot_t]).clamp_min(1e-12).unsqueeze(1)
+        self.item += cfg.server_lr * num / den
+        self.h += cfg.server_lr * (dH * weight.unsqueeze(1)).sum(0) / wsum
+        self.b += cfg.server_lr * (dB * weight).sum() / wsum
+        self.user[torch.as_tensor(sampled)] = P  # stays on the clients
+
+        self.round += 1
+        return RoundStats(
+            round=t,
+            clients=m,
+            examples=total_examples,
+            loss=total_loss / max(total_examples, 1),
+            bytes_per_client=2.0 * self.model_bytes,
+        )
+
+    def _local_steps(self, slots: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
+        """Step index of every example: a per-client shuffle cut into mini-batches."""
+        perm = rng.permutation(len(slots))
+        order = perm[np.argsort(slots[perm], kind="stable")]
+        start = np.concatenate([[0], np.cumsum(np.bincount(slots, minlength=m))])
+        pos = np.empty(len(slots), np.int64)
+        pos[order] = np.arange(len(slots)) - start[slots[order]]
+        return pos // self.config.local_batch_size
+
+    @staticmethod
+    def _step(P, Q, H, B, opts, slot, pair, label, m) -> float:
+        """One local mini-batch step of every active client (manual GMF gradients)."""
+        p, q, h, b = P[slot], Q[pair], H[slot], B[slot, 0]
+        logits = gmf_logits(p, q, h, b)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, label, reduction="none")
+        # Each client minimises the mean loss over its own batch.
+        n_in_batch = torch.zeros(m).index_add_(0, slot, torch.ones_like(label))
+        g = (torch.sigmoid(logits) - label) / n_in_batch[slot]
+        g1 = g.unsqueeze(1)
+        for opt, rows, grad in (
+            (opts[0], slot, g1 * q * h),
+            (opts[1], pair, g1 * p * h),
+            (opts[2], slot, g1 * p * q),
+            (opts[3], slot, g1),
+        ):
+            uniq, inv = torch.unique(rows, return_inverse=True)
+            acc = torch.zeros(len(uniq), grad.shape[1]).index_add_(0, inv, grad)
+            opt.step(uniq, acc)
+        return float(loss.sum())
+
+    def _send_updates(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight) -> None:
+        keep = self.transport.transcript.keep_payloads
+        bounds = np.searchsorted(pair_slot, np.arange(len(sampled) + 1))
+        for c, u in enumerate(sampled):
+            payload = None
+            if keep:
+                lo, hi = bounds[c], bounds[c + 1]
+                payload = ClientUpdate(
+                    user=int(u),
+                    rows=pair_item[lo:hi].copy(),
+                    item_delta=dQ[lo:hi].numpy().copy(),
+                    h_delta=dH[c].numpy().copy(),
+                    b_delta=float(dB[c]),
+                    weight=float(weight[c]),
+                )
+            self.transport.send(client(u), SERVER, t, "update", payload, self.model_bytes + 4)
+
+    # -- evaluation and checkpoints ------------------------------------------------------------
+    @torch.no_grad()
+    def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Candidate scores, as each client would compute them locally with the global model."""
+        pu = self.user[torch.as_tensor(np.asarray(users))].unsqueeze(1)
+        return gmf_logits(pu, self.item[torch.as_tensor(np.asarray(items))], self.h, self.b).numpy()
+
+    @torch.no_grad()
+    def score_all(self, users: np.ndarray) -> np.ndarray:
+        return ((self.user[torch.as_tensor(np.asarray(users))] * self.h) @ self.item.T + self.b).numpy()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "user": self.user.clone(),
+            "item": self.item.clone(),
+            "h": self.h.clone(),
+            "b": self.b.clone(),
+            "rng": self.rng.bit_generator.state,
+            "config": asdict(self.config),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["config"] != asdict(self.config):
+            raise ValueError("checkpoint was written with a different fedavg configuration")
+        self.round = int(state["round"])
+        self.user, self.item, self.h, self.b = state["user"], state["item"], state["h"], state["b"]
+        self.rng.bit_generator.state = state["rng"]

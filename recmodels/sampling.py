@@ -1,0 +1,224 @@
+"""Negative sampling for training and sampled evaluation (vectorised, seeded).
+
+Negative sampling is a simulation choice, so it draws from a seeded ``numpy.random.Generator``
+passed in by the caller (reproducible runs); it never produces secrets.
+
+* :func:`sample_train_negatives`: for each training interaction, ``n_neg`` items drawn
+  uniformly (with replacement across draws) from the items the user never interacted with in
+  training. Bulk rejection: draw everything, redraw the rejected entries, repeat.
+* :func:`sample_eval_candidates`: for each evaluated user, the held-out item followed by
+  ``n_negatives`` *distinct* items drawn uniformly from the items the user never interacted with
+  (training, held-out and validation items, plus ``exclude``). Bulk rejection of
+  interacted/duplicate entries; rows that keep failing (users who interacted with most of the
+  catalogue) fall back to an exact per-row draw over the allowed items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from recmodels.data import Interactions, pair_keys
+from recmodels.splits import Split
+
+__all__ = [
+    "EvalCandidates",
+    "sample_eval_candidates",
+    "sample_train_negatives",
+    "user_item_csr",
+]
+
+_MAX_BULK_ROUNDS = 30
+
+
+@dataclass(frozen=True, eq=False)
+class EvalCandidates:
+    """Candidates of the sampled evaluation protocol.
+
+    Attributes:
+        users: int64 ``[n_eval_users]``, dense user indices (those with a held-out item).
+        items: int64 ``[n_eval_users, 1 + n_negatives]``; column 0 is the held-out item.
+    """
+
+    users: np.ndarray
+    items: np.ndarray
+
+    @property
+    def n_negatives(self) -> int:
+        """Number of sampled negatives per user."""
+        return int(self.items.shape[1] - 1)
+
+    def __len__(self) -> int:
+        return int(len(self.users))
+
+
+def user_item_csr(data: Interactions) -> sp.csr_matrix:
+    """Boolean ``[n_users, n_items]`` CSR matrix with True where the user interacted."""
+    matrix = sp.csr_matrix(
+        (np.ones(len(data), dtype=bool), (data.users, data.items)),
+        shape=(data.n_users, data.n_items),
+        dtype=bool,
+    )
+    matrix.sum_duplicates()
+    matrix.sort_indices()
+    return matrix
+
+
+def _in_sorted(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Membership of ``keys`` in the sorted unique array ``sorted_keys``."""
+    if sorted_keys.size == 0:
+        return np.zeros(keys.shape, dtype=bool)
+    pos = np.searchsorted(sorted_keys, keys)
+    pos = np.minimum(pos, sorted_keys.size - 1)
+    return sorted_keys[pos] == keys
+
+
+def _check_rng(rng: object) -> np.random.Generator:
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(
+            f"rng must be a numpy.random.Generator (e.g. np.random.default_rng(seed)); found "
+            f"{type(rng).__name__}."
+        )
+    return rng
+
+
+def _check_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int; found {value!r}.")
+    return int(value)
+
+
+def sample_train_negatives(
+    train: Interactions, *, n_neg: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Draw ``n_neg`` non-interacted items per training interaction.
+
+    Args:
+        train: training interactions.
+        n_neg: negatives per interaction.
+        rng: seeded generator (simulation randomness).
+
+    Returns:
+        ``(users, items)``, int64 arrays of length ``len(train) * n_neg``; entries
+        ``i * n_neg .. i * n_neg + n_neg - 1`` belong to training interaction ``i`` (its user
+        repeated). Items are uniform over the user's non-interacted items, drawn independently
+        (the same item can appear twice).
+
+    Raises:
+        ValueError: if a user with training interactions interacted with every item.
+    """
+    n_neg = _check_count("n_neg", n_neg)
+    rng = _check_rng(rng)
+    n_items = train.n_items
+    counts = np.bincount(train.users, minlength=train.n_users)
+    full = np.flatnonzero(counts >= n_items)
+    if full.size and n_neg > 0:
+        positives = np.unique(pair_keys(train.users, train.items, n_items))
+        per_user = np.bincount(positives // max(n_items, 1), minlength=train.n_users)
+        full = np.flatnonzero(per_user >= n_items)
+        if full.size:
+            raise ValueError(
+                f"user {train.user_ids[int(full[0])]!r} interacted with all {n_items} items, so "
+                "no negative exists; drop such users or add items."
+            )
+    users = np.repeat(train.users, n_neg)
+    if users.size == 0:
+        return users.astype(np.int64), np.zeros(0, dtype=np.int64)
+    positives = np.unique(pair_keys(train.users, train.items, n_items))
+    items = rng.integers(0, n_items, size=users.size, dtype=np.int64)
+    bad = np.flatnonzero(_in_sorted(positives, pair_keys(users, items, n_items)))
+    while bad.size:
+        items[bad] = rng.integers(0, n_items, size=bad.size, dtype=np.int64)
+        still = _in_sorted(positives, pair_keys(users[bad], items[bad], n_items))
+        bad = bad[still]
+    return users.astype(np.int64), items
+
+
+def _row_duplicates(items: np.ndarray) -> np.ndarray:
+    """Mask of entries equal to an earlier (smaller column) entry of the same row."""
+    order = np.argsort(items, axis=1, kind="stable")
+    sorted_items = np.take_along_axis(items, order, axis=1)
+    dup_sorted = np.zeros_like(items, dtype=bool)
+    dup_sorted[:, 1:] = sorted_items[:, 1:] == sorted_items[:, :-1]
+    dup = np.zeros_like(dup_sorted)
+    np.put_along_axis(dup, order, dup_sorted, axis=1)
+    return dup
+
+
+def sample_eval_candidates(
+    split: Split,
+    *,
+    n_negatives: int = 99,
+    rng: np.random.Generator,
+    exclude: Interactions | None = None,
+) -> EvalCandidates:
+    """Held-out item plus ``n_negatives`` distinct never-interacted items per evaluated user.
+
+    Args:
+        split: a leave-one-out split; users with ``test_items < 0`` are skipped.
+        n_negatives: sampled negatives per user (99 default; 50 FedFast, 49 LightFR presets).
+        rng: seeded generator (simulation randomness).
+        exclude: further interactions that must never be sampled as negatives (e.g. the
+            full dataset before a filter), with the same id maps as ``split.train``.
+
+    Returns:
+        :class:`EvalCandidates` with column 0 the held-out item.
+
+    Raises:
+        ValueError: if a user has fewer than ``n_negatives`` non-interacted items.
+    """
+    n_negatives = _check_count("n_negatives", n_negatives)
+    rng = _check_rng(rng)
+    train = split.train
+    n_items = train.n_items
+    users = np.flatnonzero(split.test_items >= 0).astype(np.int64)
+    key_parts = [pair_keys(train.users, train.items, n_items), pair_keys(users, split.test_items[users], n_items)]
+    if split.valid_items is not None:
+        vu = np.flatnonzero(split.valid_items >= 0)
+        key_parts.append(pair_keys(vu, split.valid_items[vu], n_items))
+    if exclude is not None:
+        if exclude.n_items != n_items or exclude.n_users != train.n_users:
+            raise ValueError(
+                f"exclude must share the split's id maps ({train.n_users} users, {n_items} items); "
+                f"found {exclude.n_users} users, {exclude.n_items} items."
+            )
+        key_parts.append(pair_keys(exclude.users, exclude.items, n_items))
+    positives = np.unique(np.concatenate(key_parts))
+    per_user = np.bincount(positives // max(n_items, 1), minlength=train.n_users)
+    allowed = n_items - per_user[users]
+    short = np.flatnonzero(allowed < n_negatives)
+    if short.size:
+        u = int(users[short[0]])
+        raise ValueError(
+            f"user {train.user_ids[u]!r} has only {int(allowed[short[0]])} non-interacted items, "
+            f"fewer than n_negatives={n_negatives}; lower --eval-negatives or use full ranking."
+        )
+    shape = (users.size, n_negatives)
+    negs = rng.integers(0, n_items, size=shape, dtype=np.int64)
+    user_grid = np.broadcast_to(users[:, None], shape)
+    pending = np.arange(users.size)
+    for _ in range(_MAX_BULK_ROUNDS):
+        if pending.size == 0 or n_negatives == 0:
+            break
+        sub = negs[pending]
+        bad = _in_sorted(positives, pair_keys(user_grid[pending], sub, n_items))
+        bad |= _row_duplicates(sub)
+        rows_bad = bad.any(axis=1)
+        if not rows_bad.any():
+            break
+        sub[bad] = rng.integers(0, n_items, size=int(bad.sum()), dtype=np.int64)
+        negs[pending] = sub
+        pending = pending[rows_bad]
+    else:
+        # Exact fallback for the rows that kept colliding: a uniform draw of distinct allowed items.
+        sub = negs[pending]
+        bad = _in_sorted(positives, pair_keys(user_grid[pending], sub, n_items)) | _row_duplicates(sub)
+        for row in pending[bad.any(axis=1)]:
+            u = users[row]
+            taken = positives[(positives >= u * n_items) & (positives < (u + 1) * n_items)] - u * n_items
+            pool = np.setdiff1d(np.arange(n_items), taken, assume_unique=True)
+            negs[row] = rng.choice(pool, size=n_negatives, replace=False)
+    items = np.concatenate([split.test_items[users][:, None], negs], axis=1)
+    return EvalCandidates(users=users, items=items)

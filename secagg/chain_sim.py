@@ -1,0 +1,195 @@
+"""In-process driver for the circular share chain: n clients, one server, dropouts, tampering.
+
+:func:`simulate` plays one round of :mod:`secagg.chain` in memory. Every message crosses a
+single choke point where an optional ``tamper`` hook may rewrite or drop it, and where its size
+is counted. Dropouts are scheduled per client with :class:`Dropout` (the stage and attempt at
+which the client vanishes). The result records the sum, the survivors, the server's view (every
+message it received, as bytes) and per-party costs, so tests can check the promise (the sum over
+survivors), the view (uniform uploads) and the limits (collusions) on the same run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from secagg.chain import ChainClient, ChainConfig, ChainServer, Kind, ServerStep
+from secagg.errors import AbortError, AuthenticationError, MessageError
+from secagg.messages import SERVER
+
+__all__ = ["DROP_STAGES", "ChainRun", "Dropout", "simulate"]
+
+#: Where a client can vanish: before advertising its key; after receiving the ring but before
+#: sending its seeds; after sending its seeds but before receiving its predecessors'; after
+#: receiving them (and masking) but before its upload arrives.
+DROP_STAGES = ("advertise", "share", "receive", "upload")
+
+#: ``tamper(kind, sender, receiver, data) -> data | None`` (``None`` drops the message).
+Tamper = Callable[[Kind, int, int, bytes], "bytes | None"]
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """A client vanishing at ``stage`` (one of :data:`DROP_STAGES`) of attempt ``attempt``."""
+
+    stage: str
+    attempt: int = 1
+
+    def __post_init__(self) -> None:
+        if self.stage not in DROP_STAGES:
+            raise ValueError(f"stage must be one of {DROP_STAGES}; found {self.stage!r}.")
+        if type(self.attempt) is not int or self.attempt < 1:
+            raise ValueError(f"attempt must be an int >= 1; found {self.attempt!r}.")
+
+
+@dataclass
+class ChainRun:
+    """Outcome of one simulated round.
+
+    Attributes:
+        result: the ``uint64`` sum over ``survivors``, or ``None`` after an abort.
+        survivors: clients whose inputs are in ``result``.
+        abort: the :class:`AbortError` if the round aborted.
+        server: the server state machine (its ``history`` lists every attempt).
+        clients: the client state machines (their private views, for collusion tests).
+        server_view: every message the server accepted, ``(kind, sender, attempt, bytes)``.
+        rejected: ``(party, error)`` for every message a party refused.
+        client_seconds: time spent inside each client's methods.
+        server_seconds: time spent inside the server's methods.
+        bytes_sent: bytes each client sent.
+        bytes_received: bytes each client received.
+        bytes_server_received: bytes the server received.
+        bytes_server_sent: bytes the server sent.
+    """
+
+    result: np.ndarray | None
+    survivors: frozenset[int]
+    abort: AbortError | None
+    server: ChainServer
+    clients: dict[int, ChainClient]
+    server_view: list[tuple[Kind, int, int, bytes]] = field(default_factory=list)
+    rejected: list[tuple[int, Exception]] = field(default_factory=list)
+    client_seconds: dict[int, float] = field(default_factory=dict)
+    server_seconds: float = 0.0
+    bytes_sent: dict[int, int] = field(default_factory=dict)
+    bytes_received: dict[int, int] = field(default_factory=dict)
+    bytes_server_received: int = 0
+    bytes_server_sent: int = 0
+
+
+def simulate(
+    config: ChainConfig,
+    inputs: Mapping[int, np.ndarray],
+    *,
+    dropouts: Mapping[int, Dropout] | None = None,
+    tamper: Tamper | None = None,
+    keep_view: bool = True,
+) -> ChainRun:
+    """Run one round of the chain in process.
+
+    Args:
+        config: public parameters.
+        inputs: ``uint64`` input vector per client id.
+        dropouts: when each dropping client vanishes (absent clients never drop).
+        tamper: optional hook applied to every message in flight.
+        keep_view: keep the server's received messages in :attr:`ChainRun.server_view`.
+
+    Returns:
+        A :class:`ChainRun`; an abort is reported in ``abort`` (not raised).
+    """
+    dropouts = dict(dropouts or {})
+    clients = {cid: ChainClient(config, cid, np.asarray(x)) for cid, x in inputs.items()}
+    t0 = time.perf_counter()
+    server = ChainServer(config, clients)
+    run = ChainRun(None, frozenset(), None, server, clients, server_seconds=time.perf_counter() - t0)
+    run.client_seconds = dict.fromkeys(clients, 0.0)
+    run.bytes_sent = dict.fromkeys(clients, 0)
+    run.bytes_received = dict.fromkeys(clients, 0)
+    gone: set[int] = set()
+
+    def drops(cid: int, stage: str, attempt: int) -> bool:
+        d = dropouts.get(cid)
+        if cid in gone:
+            return True
+        if d is not None and d.stage == stage and (stage == "advertise" or d.attempt == attempt):
+            gone.add(cid)
+            return True
+        return False
+
+    def to_server(kind: Kind, cid: int, data: bytes | None) -> None:
+        if data is None:
+            return
+        if tamper is not None:
+            data = tamper(kind, cid, SERVER, data)
+            if data is None:
+                return
+        run.bytes_sent[cid] += len(data)
+        run.bytes_server_received += len(data)
+        t = time.perf_counter()
+        try:
+            server.receive(data)
+        except MessageError as exc:
+            run.rejected.append((SERVER, exc))
+            return
+        finally:
+            run.server_seconds += time.perf_counter() - t
+        if keep_view:
+            run.server_view.append((kind, cid, server.attempt, data))
+
+    def to_client(kind: Kind, cid: int, data: bytes) -> bytes | None:
+        if tamper is not None:
+            data = tamper(kind, SERVER, cid, data)
+            if data is None:
+                return None
+        run.bytes_server_sent += len(data)
+        run.bytes_received[cid] += len(data)
+        t = time.perf_counter()
+        try:
+            return clients[cid].handle(data)
+        except (MessageError, AuthenticationError) as exc:
+            run.rejected.append((cid, exc))
+            return None
+        finally:
+            run.client_seconds[cid] += time.perf_counter() - t
+
+    def close() -> ServerStep:
+        t = time.perf_counter()
+        try:
+            return server.close()
+        finally:
+            run.server_seconds += time.perf_counter() - t
+
+    try:
+        for cid, client in clients.items():
+            if drops(cid, "advertise", 0):
+                continue
+            t = time.perf_counter()
+            msg = client.advertise()
+            run.client_seconds[cid] += time.perf_counter() - t
+            to_server(Kind.ADVERT, cid, msg)
+        step = close()
+        while step.kind is not None:
+            attempt = step.attempt
+            if step.kind is Kind.RING:
+                for cid, data in step.messages.items():
+                    if drops(cid, "share", attempt):
+                        continue
+                    to_server(Kind.BUNDLE, cid, to_client(Kind.RING, cid, data))
+            else:
+                for cid, data in step.messages.items():
+                    if drops(cid, "receive", attempt):
+                        continue
+                    reply = to_client(Kind.DELIVERY, cid, data)
+                    if drops(cid, "upload", attempt):
+                        continue
+                    to_server(Kind.UPLOAD, cid, reply)
+            step = close()
+    except AbortError as exc:
+        run.abort = exc
+        return run
+    run.result = server.result()
+    run.survivors = server.survivors
+    return run

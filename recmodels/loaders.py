@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,9 +230,11 @@ def _parse_movielens(
     delimiter = "\t" if len(spec.sep) > 1 else spec.sep
     dtype = [("user", "i8"), ("item", "i8"), ("rating", "f8"), ("timestamp", "i8")]
     try:
-        table = np.loadtxt(
-            io.StringIO(body), delimiter=delimiter, skiprows=skip, dtype=dtype, ndmin=1, comments=None
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data": handled below
+            table = np.loadtxt(
+                io.StringIO(body), delimiter=delimiter, skiprows=skip, dtype=dtype, ndmin=1, comments=None
+            )
     except ValueError as exc:
         _scan_movielens(file, text, spec, skip)
         raise DataFormatError(file, None, f"cannot parse: {exc}") from exc

@@ -28,6 +28,10 @@ __all__ = [
     "PRIME",
     "combine",
     "combine_batch",
+    "decode_share",
+    "encode_share",
+    "lagrange_at_zero",
+    "limbs_to_bytes",
     "share_size",
     "split_many",
     "split_secret",
@@ -54,7 +58,8 @@ def _to_limbs(secrets: Sequence[bytes]) -> np.ndarray:
     return r[..., 0] | (r[..., 1] << np.uint64(8)) | (r[..., 2] << np.uint64(16))
 
 
-def _from_limbs(limbs: np.ndarray, m: int) -> bytes:
+def limbs_to_bytes(limbs: np.ndarray, m: int) -> bytes:
+    """Bytes of a secret from its limb values (inverse of the 3-byte limb split)."""
     v = np.asarray(limbs, dtype=np.uint64)
     if np.any(v >= np.uint64(1 << 24)):
         raise ValueError("Shamir combine: reconstructed limb out of range (inconsistent or corrupted shares).")
@@ -206,4 +211,4 @@ def combine(shares: Sequence[tuple[int, bytes]], *, t: int) -> bytes:
     if len(lens) != 1:
         raise ValueError(f"shares of secrets of different lengths mixed: {sorted(lens)}.")
     limbs = combine_batch(np.array([pts], dtype=np.uint64), np.stack([v for _, v in decoded])[None])
-    return _from_limbs(limbs[0], lens.pop())
+    return limbs_to_bytes(limbs[0], lens.pop())

@@ -1,0 +1,844 @@
+"""SecAgg (Bonawitz et al. 2017) and SecAgg+ (Bell et al. 2020) as transport-agnostic state machines.
+
+Parties:
+    ``n`` clients (ids ``0..n-1``), each holding a ``uint64`` vector of length ``dim``, and one
+    aggregation server that relays every message. A public-key infrastructure (``pki``: client id
+    -> Ed25519 verification key) is set up out of band; the runner plays that trusted setup.
+
+Adversary:
+    An honest-but-curious server, possibly colluding with fewer than ``t`` clients *among the
+    holders of any one client's shares* (for SecAgg all clients; for SecAgg+ the client's ``k``
+    neighbours plus itself). Clients may drop out at any stage. Messages are authenticated (AEAD
+    for relayed shares, Ed25519 signatures under the PKI for advertised keys and for the survivor
+    set), so a server that tampers with, replays or reroutes them is detected; the signed
+    consistency check stops a server from telling different clients different survivor sets.
+    Not covered: clients that lie about their shares or inputs (no robust reconstruction, no
+    input validation beyond length), and a malicious server choosing the SecAgg+ graph (the graph
+    is a public parameter fixed before the round).
+
+Promise:
+    The server obtains the exact sum in Z_(2^64) of the inputs of the clients in U3 (those whose
+    masked input arrived), or a clean :class:`~secagg.errors.AbortError`; never a wrong sum. Its
+    view is simulatable from that sum alone: every masked upload is uniform given the others. No
+    honest client ever reveals both its self-mask-seed share and its mask-key share of the same
+    client. Limits (each shown by a test): ``t`` colluding holders of a client plus the server
+    reconstruct its self-mask seed and mask key and hence its input; with ``|U3| = 1`` the "sum"
+    is that client's input.
+
+Stages (one method per stage on each side, driven by the server)::
+
+    client: INIT --advertise--> ADVERTISED --share_keys--> SHARED --mask_input--> MASKED
+            --sign_survivors--> SIGNED --unmask--> DONE
+    server: ADVERTISE --broadcast_keys--> SHARE_KEYS --forward_shares--> MASKED_INPUT
+            --request_consistency--> CONSISTENCY --request_unmask--> UNMASK --finish--> DONE
+
+1. ADVERTISE: each client sends two fresh X25519 public keys (``c`` for the share channel,
+   ``s`` for pairwise masks), signed. U1 = senders.
+2. SHARE_KEYS: the server sends each client its neighbours' keys in U1. The client draws a
+   32-byte self-mask seed ``b``, Shamir-shares ``b`` and the raw ``s`` private key t-of-(k+1)
+   among its holders (neighbours and itself), and seals each neighbour's pair of shares with
+   AES-256-GCM under ``HKDF(X25519(c_u, c_v))``, the AAD binding instance, round, sender,
+   receiver and kind. U2 = senders.
+3. MASKED_INPUT: the server forwards each client the ciphertexts addressed to it. The client
+   sends ``y = x + PRG(b) + sum_{v in N(u) & U2} sign(u, v) PRG(s_uv)``, where
+   ``s_uv = HKDF(X25519(s_u, s_v))`` and ``sign = +1`` if ``u < v`` else ``-1``. U3 = senders.
+4. CONSISTENCY: the server sends U3 to every client in U3; each signs (instance, round, U3).
+5. UNMASK: the server sends each signer its holders' signatures; the client checks at least
+   ``t`` valid ones on the same U3, then reveals, for each neighbour ``v`` in U2, the share of
+   ``b_v`` if ``v`` is in U3 or the share of ``s_v`` otherwise (never both). It never reveals
+   an ``s`` share of a client in U3 nor a ``b`` share of one outside it.
+6. finish: the server reconstructs (one vectorised Shamir combine for all owners), removes the
+   self masks of U3 and the pairwise masks between U2 minus U3 and U3, and returns the sum.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+import os
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from secagg import prg, shamir
+from secagg.channel import associated_data, open_sealed, seal
+from secagg.errors import AbortError, AuthenticationError, MessageError
+from secagg.graph import Graph, complete_graph, default_k, default_t, random_regular_graph
+from secagg.keys import KEY_BYTES, KeyPair
+from secagg.messages import INSTANCE_BYTES, SERVER, Message, Reader, Writer, register
+
+__all__ = [
+    "CLIENT_TRANSITIONS",
+    "SERVER_TRANSITIONS",
+    "ClientStage",
+    "MaskingConfig",
+    "MaskingClient",
+    "MaskingServer",
+    "ServerStage",
+    "SigningKey",
+    "make_pki",
+]
+
+SEED_BYTES = 32
+SIG_BYTES = 64
+SHARE_BYTES = shamir.share_size(SEED_BYTES)  # one Shamir share of a 32-byte secret
+_SHARE_PT = struct.Struct(f">II{SHARE_BYTES}s{SHARE_BYTES}s")
+CT_BYTES = _SHARE_PT.size + 28  # AES-GCM nonce + tag
+_KIND_B, _KIND_S = 0, 1
+
+
+class ClientStage(enum.IntEnum):
+    """Client states; each client method is allowed in exactly one of them."""
+
+    INIT = 0
+    ADVERTISED = 1
+    SHARED = 2
+    MASKED = 3
+    SIGNED = 4
+    DONE = 5
+
+
+class ServerStage(enum.IntEnum):
+    """Server states = the stage whose client messages it currently accepts."""
+
+    ADVERTISE = 0
+    SHARE_KEYS = 1
+    MASKED_INPUT = 2
+    CONSISTENCY = 3
+    UNMASK = 4
+    DONE = 5
+
+
+#: client method -> (required stage, stage after it)
+CLIENT_TRANSITIONS: dict[str, tuple[ClientStage, ClientStage]] = {
+    "advertise": (ClientStage.INIT, ClientStage.ADVERTISED),
+    "share_keys": (ClientStage.ADVERTISED, ClientStage.SHARED),
+    "mask_input": (ClientStage.SHARED, ClientStage.MASKED),
+    "sign_survivors": (ClientStage.MASKED, ClientStage.SIGNED),
+    "unmask": (ClientStage.SIGNED, ClientStage.DONE),
+}
+#: server method -> (required stage, stage after it); ``receive`` is allowed in every stage but DONE
+SERVER_TRANSITIONS: dict[str, tuple[ServerStage, ServerStage]] = {
+    "broadcast_keys": (ServerStage.ADVERTISE, ServerStage.SHARE_KEYS),
+    "forward_shares": (ServerStage.SHARE_KEYS, ServerStage.MASKED_INPUT),
+    "request_consistency": (ServerStage.MASKED_INPUT, ServerStage.CONSISTENCY),
+    "request_unmask": (ServerStage.CONSISTENCY, ServerStage.UNMASK),
+    "finish": (ServerStage.UNMASK, ServerStage.DONE),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# configuration
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MaskingConfig:
+    """Public parameters of one aggregation, identical at every party.
+
+    Attributes:
+        n: number of clients.
+        dim: vector length (uint64 words).
+        t: Shamir threshold out of each client's ``k + 1`` holders.
+        graph: ``graph[u]`` = sorted neighbours of ``u`` (complete for SecAgg).
+        instance: 16-byte random id of this aggregation (binds every message and key).
+        round: round number.
+    """
+
+    n: int
+    dim: int
+    t: int
+    graph: Graph
+    instance: bytes
+    round: int = 0
+
+    def __post_init__(self) -> None:
+        if type(self.n) is not int or self.n < 2:
+            raise ValueError(f"SecAgg needs n >= 2 clients; found {self.n!r}.")
+        if type(self.dim) is not int or not 0 < self.dim < 2**31:
+            raise ValueError(f"dim must be an int in [1, 2^31); found {self.dim!r}.")
+        if len(self.graph) != self.n:
+            raise ValueError(f"graph has {len(self.graph)} adjacency lists; expected n = {self.n}.")
+        for u, nbrs in enumerate(self.graph):
+            if u in nbrs or any(u not in self.graph[v] for v in nbrs):
+                raise ValueError(f"graph must be symmetric without self-loops; client {u} breaks it.")
+        min_holders = 1 + min(len(nb) for nb in self.graph)
+        if type(self.t) is not int or not 1 <= self.t <= min_holders:
+            raise ValueError(
+                f"threshold t must be an int in [1, {min_holders}] (k + 1 holders per client); found {self.t!r}."
+            )
+        if not isinstance(self.instance, bytes) or len(self.instance) != INSTANCE_BYTES:
+            raise ValueError(f"instance must be {INSTANCE_BYTES} bytes; found {self.instance!r}.")
+
+    @classmethod
+    def secagg(cls, n: int, dim: int, *, t: int | None = None, round: int = 0) -> MaskingConfig:  # noqa: A002
+        """SecAgg: complete graph; default ``t = floor(2n/3) + 1`` (tolerates < 1/3 dropouts)."""
+        return cls(n, dim, (2 * n) // 3 + 1 if t is None else t, complete_graph(n), os.urandom(INSTANCE_BYTES), round)
+
+    @classmethod
+    def secagg_plus(
+        cls, n: int, dim: int, *, k: int | None = None, t: int | None = None, round: int = 0  # noqa: A002
+    ) -> MaskingConfig:
+        """SecAgg+: random k-regular graph; defaults ``k = 2 ceil(log2 n)`` (cap ``n-1``), ``t = ceil(k/2)+1``."""
+        k = default_k(n) if k is None else k
+        graph = random_regular_graph(n, k)
+        kk = len(graph[0])
+        return cls(n, dim, default_t(kk) if t is None else t, graph, os.urandom(INSTANCE_BYTES), round)
+
+    @property
+    def k(self) -> int:
+        """The (maximum) degree of the graph."""
+        return max(len(nb) for nb in self.graph)
+
+    def holders(self, u: int) -> tuple[int, ...]:
+        """Clients holding shares of ``u``'s secrets: its neighbours and itself, sorted."""
+        return tuple(sorted((*self.graph[u], u)))
+
+    def info(self, purpose: bytes) -> bytes:
+        """HKDF ``info`` binding the instance, round and purpose."""
+        return self.instance + struct.pack(">I", self.round) + purpose
+
+    def survivors_digest(self, survivors: Sequence[int]) -> bytes:
+        """What a client signs in the consistency check."""
+        body = np.asarray(sorted(survivors), dtype=">u4").tobytes()
+        return hashlib.sha256(b"secagg/consistency/v1" + self.info(b"") + body).digest()
+
+
+class SigningKey:
+    """A client's long-term Ed25519 identity key (registered in the PKI out of band)."""
+
+    def __init__(self, private: Ed25519PrivateKey | None = None) -> None:
+        self._sk = private or Ed25519PrivateKey.generate()
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+        self.public_bytes = self._sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def sign(self, data: bytes) -> bytes:
+        return self._sk.sign(data)
+
+
+def make_pki(n: int) -> tuple[list[SigningKey], dict[int, bytes]]:
+    """Trusted setup for a simulation: one identity key per client and the public directory."""
+    keys = [SigningKey() for _ in range(n)]
+    return keys, {i: k.public_bytes for i, k in enumerate(keys)}
+
+
+def _verify(pki: Mapping[int, bytes], who: int, sig: bytes, data: bytes) -> bool:
+    try:
+        Ed25519PublicKey.from_public_bytes(pki[who]).verify(sig, data)
+        return True
+    except (InvalidSignature, KeyError, ValueError):
+        return False
+
+
+def _advert_digest(cfg: MaskingConfig, who: int, c_pk: bytes, s_pk: bytes) -> bytes:
+    return b"secagg/advertise/v1" + cfg.info(b"") + struct.pack(">I", who) + c_pk + s_pk
+
+
+# ----------------------------------------------------------------------------------------------
+# messages
+# ----------------------------------------------------------------------------------------------
+def _fixed_records(r: Reader, size: int, max_count: int) -> list[tuple[int, bytes]]:
+    count = r.u32()
+    if count > max_count:
+        raise MessageError(f"{r._what}: {count} records exceed the limit {max_count}")
+    out = []
+    for _ in range(count):
+        who = r.u32()
+        out.append((who, r.raw(size)))
+    return out
+
+
+@register
+@dataclass(frozen=True)
+class AdvertiseKeys(Message):
+    """Client -> server: two X25519 public keys, signed with the client's identity key."""
+
+    KIND = 16
+    STAGE = ServerStage.ADVERTISE
+    c_pk: bytes = b""
+    s_pk: bytes = b""
+    sig: bytes = b""
+
+    def _write_body(self, w: Writer) -> None:
+        w.raw(self.c_pk).raw(self.s_pk).raw(self.sig)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> AdvertiseKeys:
+        return cls(**head, c_pk=r.raw(KEY_BYTES), s_pk=r.raw(KEY_BYTES), sig=r.raw(SIG_BYTES))
+
+
+_ADVERT_RECORD = 2 * KEY_BYTES + SIG_BYTES
+
+
+@register
+@dataclass(frozen=True)
+class KeyBroadcast(Message):
+    """Server -> client: the advertised keys of the client's neighbours in U1 (and its own)."""
+
+    KIND = 17
+    STAGE = ServerStage.SHARE_KEYS
+    entries: tuple[tuple[int, bytes], ...] = ()  # (client id, c_pk || s_pk || sig)
+
+    def _write_body(self, w: Writer) -> None:
+        w.u32(len(self.entries))
+        for who, rec in self.entries:
+            w.u32(who).raw(rec)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> KeyBroadcast:
+        return cls(**head, entries=tuple(_fixed_records(r, _ADVERT_RECORD, 2**20)))
+
+
+@register
+@dataclass(frozen=True)
+class EncryptedShares(Message):
+    """Client -> server: one sealed pair of shares per neighbour (constant size each)."""
+
+    KIND = 18
+    STAGE = ServerStage.SHARE_KEYS
+    shares: tuple[tuple[int, bytes], ...] = ()  # (receiver, ciphertext)
+
+    def _write_body(self, w: Writer) -> None:
+        w.u32(len(self.shares))
+        for who, ct in self.shares:
+            w.u32(who).raw(ct)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> EncryptedShares:
+        return cls(**head, shares=tuple(_fixed_records(r, CT_BYTES, 2**20)))
+
+
+@register
+@dataclass(frozen=True)
+class ForwardedShares(Message):
+    """Server -> client: the sealed shares addressed to it, by sender (defines U2 for the client)."""
+
+    KIND = 19
+    STAGE = ServerStage.MASKED_INPUT
+    shares: tuple[tuple[int, bytes], ...] = ()  # (sender, ciphertext)
+
+    def _write_body(self, w: Writer) -> None:
+        w.u32(len(self.shares))
+        for who, ct in self.shares:
+            w.u32(who).raw(ct)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> ForwardedShares:
+        return cls(**head, shares=tuple(_fixed_records(r, CT_BYTES, 2**20)))
+
+
+@register
+@dataclass(frozen=True)
+class MaskedInput(Message):
+    """Client -> server: the masked vector ``y`` (uniform in Z_(2^64)^dim)."""
+
+    KIND = 20
+    STAGE = ServerStage.MASKED_INPUT
+    y: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+
+    def _write_body(self, w: Writer) -> None:
+        w.u64_vector(self.y)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> MaskedInput:
+        return cls(**head, y=r.u64_vector())
+
+
+@register
+@dataclass(frozen=True)
+class SurvivorList(Message):
+    """Server -> client: U3, the clients whose masked input arrived."""
+
+    KIND = 21
+    STAGE = ServerStage.CONSISTENCY
+    survivors: tuple[int, ...] = ()
+
+    def _write_body(self, w: Writer) -> None:
+        w.u32_array(list(self.survivors))
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> SurvivorList:
+        return cls(**head, survivors=tuple(int(v) for v in r.u32_array(max_len=2**24)))
+
+
+@register
+@dataclass(frozen=True)
+class ConsistencySignature(Message):
+    """Client -> server: Ed25519 signature over (instance, round, U3)."""
+
+    KIND = 22
+    STAGE = ServerStage.CONSISTENCY
+    sig: bytes = b""
+
+    def _write_body(self, w: Writer) -> None:
+        w.raw(self.sig)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> ConsistencySignature:
+        return cls(**head, sig=r.raw(SIG_BYTES))
+
+
+@register
+@dataclass(frozen=True)
+class UnmaskRequest(Message):
+    """Server -> client: the consistency signatures of the client's holders."""
+
+    KIND = 23
+    STAGE = ServerStage.UNMASK
+    signatures: tuple[tuple[int, bytes], ...] = ()
+
+    def _write_body(self, w: Writer) -> None:
+        w.u32(len(self.signatures))
+        for who, sig in self.signatures:
+            w.u32(who).raw(sig)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> UnmaskRequest:
+        return cls(**head, signatures=tuple(_fixed_records(r, SIG_BYTES, 2**24)))
+
+
+@register
+@dataclass(frozen=True)
+class UnmaskResponse(Message):
+    """Client -> server: one share per neighbour in U2 (and its own): ``b`` share or ``s`` share."""
+
+    KIND = 24
+    STAGE = ServerStage.UNMASK
+    shares: tuple[tuple[int, int, bytes], ...] = ()  # (owner, kind 0=b/1=s, share)
+
+    def _write_body(self, w: Writer) -> None:
+        w.u32(len(self.shares))
+        for owner, kind, sh in self.shares:
+            w.u32(owner).u8(kind).raw(sh)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> UnmaskResponse:
+        count = r.u32()
+        if count > 2**24:
+            raise MessageError(f"{r._what}: {count} shares exceed the limit")
+        out = []
+        for _ in range(count):
+            owner, kind = r.u32(), r.u8()
+            if kind not in (_KIND_B, _KIND_S):
+                raise MessageError(f"{r._what}: unknown share kind {kind}")
+            out.append((owner, kind, r.raw(SHARE_BYTES)))
+        return cls(**head, shares=tuple(out))
+
+
+# ----------------------------------------------------------------------------------------------
+# client
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Advertised:
+    c: KeyPair
+    s: KeyPair
+
+
+@dataclass(frozen=True)
+class _Shared:
+    c: KeyPair
+    s: KeyPair
+    b: bytes
+    peers_s_pk: Mapping[int, bytes]  # neighbours in U1 (not self)
+    enc_keys: Mapping[int, bytes]  # neighbour -> AEAD key
+    own_b_share: bytes
+    own_s_share: bytes
+
+
+@dataclass(frozen=True)
+class _Masked:
+    received: Mapping[int, tuple[bytes, bytes]]  # neighbour in U2 -> (its b share, its s share) held by me
+    u2: frozenset[int]
+    own_b_share: bytes
+
+
+@dataclass(frozen=True)
+class _Signed:
+    received: Mapping[int, tuple[bytes, bytes]]
+    u2: frozenset[int]
+    u3: frozenset[int]
+    own_b_share: bytes
+
+
+class MaskingClient:
+    """One SecAgg/SecAgg+ client (see the module docstring for the stages)."""
+
+    def __init__(self, cfg: MaskingConfig, client_id: int, identity: SigningKey, pki: Mapping[int, bytes]) -> None:
+        if type(client_id) is not int or not 0 <= client_id < cfg.n:
+            raise ValueError(f"client_id must be in [0, {cfg.n}); found {client_id!r}.")
+        self.cfg = cfg
+        self.id = client_id
+        self._identity = identity
+        self._pki = pki
+        self.stage = ClientStage.INIT
+        self._state: object = None
+        self._nbrs = frozenset(cfg.graph[client_id])
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _enter(self, method: str) -> None:
+        need, _ = CLIENT_TRANSITIONS[method]
+        if self.stage != need:
+            raise MessageError(
+                f"client {self.id}: {method} is not allowed in stage {self.stage.name} (expected {need.name})"
+            )
+
+    def _leave(self, method: str, state: object) -> None:
+        self._state = state
+        self.stage = CLIENT_TRANSITIONS[method][1]
+
+    def _check_header(self, msg: Message, stage_name: str) -> None:
+        cfg = self.cfg
+        if msg.instance != cfg.instance:
+            raise MessageError(f"stage {stage_name}: message for another protocol instance")
+        if msg.round != cfg.round:
+            raise MessageError(f"stage {stage_name}: wrong round {msg.round} (expected {cfg.round})")
+        if msg.sender != SERVER or msg.receiver != self.id:
+            raise MessageError(
+                f"stage {stage_name}: message from {msg.sender} to {msg.receiver}, expected server -> {self.id}"
+            )
+
+    def _head(self) -> dict:
+        return {"instance": self.cfg.instance, "round": self.cfg.round, "sender": self.id, "receiver": SERVER}
+
+    def _aad(self, sender: int, receiver: int) -> bytes:
+        return associated_data(
+            instance=self.cfg.instance, round=self.cfg.round, sender=sender, receiver=receiver, kind="secagg/share"
+        )
+
+    # -- stages ------------------------------------------------------------------------------
+    def advertise(self) -> AdvertiseKeys:
+        """Stage 1: fresh X25519 keys for the share channel (``c``) and the masks (``s``)."""
+        self._enter("advertise")
+        c, s = KeyPair.generate(), KeyPair.generate()
+        sig = self._identity.sign(_advert_digest(self.cfg, self.id, c.public_bytes, s.public_bytes))
+        self._leave("advertise", _Advertised(c, s))
+        return AdvertiseKeys(**self._head(), c_pk=c.public_bytes, s_pk=s.public_bytes, sig=sig)
+
+    def share_keys(self, blob: bytes) -> EncryptedShares:
+        """Stage 2: verify neighbours' keys, Shamir-share ``b`` and ``s_sk``, seal the shares."""
+        self._enter("share_keys")
+        msg = KeyBroadcast.from_bytes(blob)
+        self._check_header(msg, "SHARE_KEYS")
+        st: _Advertised = self._state  # type: ignore[assignment]
+        cfg = self.cfg
+        peers: dict[int, tuple[bytes, bytes]] = {}
+        seen_self = False
+        for who, rec in msg.entries:
+            if who in peers or (who == self.id and seen_self):
+                raise MessageError(f"stage SHARE_KEYS: client {who} listed twice")
+            if who != self.id and who not in self._nbrs:
+                raise MessageError(f"stage SHARE_KEYS: client {who} is not a neighbour of {self.id}")
+            c_pk, s_pk, sig = rec[:KEY_BYTES], rec[KEY_BYTES : 2 * KEY_BYTES], rec[2 * KEY_BYTES :]
+            if not _verify(self._pki, who, sig, _advert_digest(cfg, who, c_pk, s_pk)):
+                raise AuthenticationError("authenticated decryption failed")
+            if who == self.id:
+                if (c_pk, s_pk) != (st.c.public_bytes, st.s.public_bytes):
+                    raise MessageError("stage SHARE_KEYS: the server relayed a wrong key for this client")
+                seen_self = True
+                continue
+            if c_pk == s_pk:
+                raise MessageError(f"stage SHARE_KEYS: client {who} advertised equal keys")
+            peers[who] = (c_pk, s_pk)
+        if len(peers) + 1 < cfg.t:
+            raise AbortError(
+                f"stage SHARE_KEYS: client {self.id} has {len(peers) + 1} live holders, fewer than t = {cfg.t}"
+            )
+        b = os.urandom(SEED_BYTES)
+        holders = sorted((*peers, self.id))
+        vals = shamir.split_many([b, st.s.private_bytes()], t=cfg.t, xs=[h + 1 for h in holders])
+        out = []
+        enc_keys = {}
+        own = None
+        for i, h in enumerate(holders):
+            b_sh = shamir.encode_share(SEED_BYTES, vals[i, 0])
+            s_sh = shamir.encode_share(SEED_BYTES, vals[i, 1])
+            if h == self.id:
+                own = (b_sh, s_sh)
+                continue
+            key = st.c.agree(peers[h][0], info=cfg.info(b"secagg/enc"))
+            enc_keys[h] = key
+            pt = _SHARE_PT.pack(self.id, h, b_sh, s_sh)
+            out.append((h, seal(key, pt, aad=self._aad(self.id, h))))
+        assert own is not None
+        self._leave(
+            "share_keys",
+            _Shared(st.c, st.s, b, {v: pk[1] for v, pk in peers.items()}, enc_keys, own[0], own[1]),
+        )
+        return EncryptedShares(**self._head(), shares=tuple(out))
+
+    def mask_input(self, blob: bytes, x: np.ndarray) -> MaskedInput:
+        """Stage 3: open the shares addressed to me and send the masked input."""
+        self._enter("mask_input")
+        msg = ForwardedShares.from_bytes(blob)
+        self._check_header(msg, "MASKED_INPUT")
+        st: _Shared = self._state  # type: ignore[assignment]
+        cfg = self.cfg
+        x = np.asarray(x)
+        if x.dtype != np.uint64 or x.shape != (cfg.dim,):
+            raise ValueError(f"input must be a uint64 vector of length {cfg.dim} (encode it first); found {x.dtype} {x.shape}.")
+        received: dict[int, tuple[bytes, bytes]] = {}
+        for sender, ct in msg.shares:
+            if sender in received:
+                raise MessageError(f"stage MASKED_INPUT: replayed shares from client {sender}")
+            if sender not in st.enc_keys:
+                raise MessageError(f"stage MASKED_INPUT: shares from {sender}, not a neighbour in U1")
+            pt = open_sealed(st.enc_keys[sender], ct, aad=self._aad(sender, self.id))
+            owner, holder, b_sh, s_sh = _SHARE_PT.unpack(pt)
+            if owner != sender or holder != self.id:
+                raise AuthenticationError("authenticated decryption failed")
+            received[sender] = (b_sh, s_sh)
+        if len(received) + 1 < cfg.t:
+            raise AbortError(
+                f"stage MASKED_INPUT: client {self.id} has {len(received) + 1} holders in U2, fewer than t = {cfg.t}"
+            )
+        y = x.copy()
+        prg.expand_into(st.b, y, label=b"self")
+        info = cfg.info(b"secagg/mask")
+        for v in received:
+            seed = st.s.agree(st.peers_s_pk[v], info=info)
+            prg.expand_into(seed, y, label=b"pair", negate=self.id > v)
+        self._leave("mask_input", _Masked(received, frozenset(received) | {self.id}, st.own_b_share))
+        return MaskedInput(**self._head(), y=y)
+
+    def sign_survivors(self, blob: bytes) -> ConsistencySignature:
+        """Stage 4: check and sign U3 (the consistency check)."""
+        self._enter("sign_survivors")
+        msg = SurvivorList.from_bytes(blob)
+        self._check_header(msg, "CONSISTENCY")
+        st: _Masked = self._state  # type: ignore[assignment]
+        u3 = frozenset(msg.survivors)
+        if len(u3) != len(msg.survivors) or list(msg.survivors) != sorted(u3):
+            raise MessageError("stage CONSISTENCY: survivor list must be sorted without duplicates")
+        if self.id not in u3:
+            raise MessageError(f"stage CONSISTENCY: survivor list omits this client ({self.id})")
+        if any(not 0 <= v < self.cfg.n for v in u3):
+            raise MessageError("stage CONSISTENCY: survivor id out of range")
+        live = len(u3 & (st.u2 | {self.id}) & (self._nbrs | {self.id}))
+        if live < self.cfg.t:
+            raise AbortError(f"stage CONSISTENCY: {live} of this client's holders survived, fewer than t = {self.cfg.t}")
+        sig = self._identity.sign(self.cfg.survivors_digest(msg.survivors))
+        self._leave("sign_survivors", _Signed(st.received, st.u2, u3, st.own_b_share))
+        return ConsistencySignature(**self._head(), sig=sig)
+
+    def unmask(self, blob: bytes) -> UnmaskResponse:
+        """Stage 5: verify >= t signatures on U3, then reveal exactly one share kind per neighbour."""
+        self._enter("unmask")
+        msg = UnmaskRequest.from_bytes(blob)
+        self._check_header(msg, "UNMASK")
+        st: _Signed = self._state  # type: ignore[assignment]
+        digest = self.cfg.survivors_digest(sorted(st.u3))
+        valid = {
+            who for who, sig in msg.signatures
+            if who in st.u3 and (who in self._nbrs or who == self.id) and _verify(self._pki, who, sig, digest)
+        }
+        if len(valid) < self.cfg.t:
+            raise AbortError(
+                f"stage UNMASK: only {len(valid)} valid consistency signatures from holders, fewer than t = {self.cfg.t}"
+            )
+        out = [(self.id, _KIND_B, st.own_b_share)]
+        for v, (b_sh, s_sh) in sorted(st.received.items()):
+            out.append((v, _KIND_B, b_sh) if v in st.u3 else (v, _KIND_S, s_sh))
+        self._leave("unmask", None)
+        return UnmaskResponse(**self._head(), shares=tuple(out))
+
+
+# ----------------------------------------------------------------------------------------------
+# server
+# ----------------------------------------------------------------------------------------------
+class MaskingServer:
+    """The SecAgg/SecAgg+ server. ``receive`` validates and stores one client message; the stage
+    methods close a stage and return the messages to send (client id -> wire bytes).
+
+    ``receive`` raises :class:`MessageError` / :class:`AuthenticationError` for a bad message and
+    leaves the state unchanged (the sender is then treated as dropped unless a valid message
+    follows). Stage methods raise :class:`AbortError` when too few clients remain.
+    """
+
+    def __init__(self, cfg: MaskingConfig, pki: Mapping[int, bytes]) -> None:
+        self.cfg = cfg
+        self._pki = pki
+        self.stage = ServerStage.ADVERTISE
+        self.adverts: dict[int, bytes] = {}
+        self.shares: dict[int, tuple[tuple[int, bytes], ...]] = {}
+        self.acc = np.zeros(cfg.dim, dtype=np.uint64)
+        self.u1: frozenset[int] = frozenset()
+        self.u2: frozenset[int] = frozenset()
+        self.u3: frozenset[int] = frozenset()
+        self._u3_list: list[int] = []
+        self._u3_seen: dict[int, bool] = {}
+        self.signatures: dict[int, bytes] = {}
+        self.responses: dict[int, tuple[tuple[int, int, bytes], ...]] = {}
+        self.masks_expanded = 0  #: PRG expansions of length ``dim`` done in :meth:`finish`
+
+    def _advance(self, method: str) -> None:
+        need, nxt = SERVER_TRANSITIONS[method]
+        if self.stage != need:
+            raise MessageError(f"server: {method} is not allowed in stage {self.stage.name} (expected {need.name})")
+        self.stage = nxt
+
+    def _head(self, to: int) -> dict:
+        return {"instance": self.cfg.instance, "round": self.cfg.round, "sender": SERVER, "receiver": to}
+
+    def receive(self, blob: bytes) -> int:
+        """Validate and record one client message of the current stage; returns the sender id."""
+        from secagg.messages import decode
+
+        msg = decode(blob)
+        name = self.stage.name
+        if msg.STAGE != self.stage:
+            raise MessageError(f"stage {name}: {type(msg).__name__} belongs to stage {ServerStage(msg.STAGE).name}")
+        if msg.instance != self.cfg.instance:
+            raise MessageError(f"stage {name}: message for another protocol instance")
+        if msg.round != self.cfg.round:
+            raise MessageError(f"stage {name}: wrong round {msg.round} (expected {self.cfg.round})")
+        if msg.receiver != SERVER or not 0 <= msg.sender < self.cfg.n:
+            raise MessageError(f"stage {name}: bad sender {msg.sender} or receiver {msg.receiver}")
+        u = msg.sender
+        if isinstance(msg, AdvertiseKeys):
+            if u in self.adverts:
+                raise MessageError(f"stage {name}: replayed message from client {u} (already received)")
+            if not _verify(self._pki, u, msg.sig, _advert_digest(self.cfg, u, msg.c_pk, msg.s_pk)):
+                raise AuthenticationError("authenticated decryption failed")
+            self.adverts[u] = msg.c_pk + msg.s_pk + msg.sig
+        elif isinstance(msg, EncryptedShares):
+            self._require(u, self.u1, self.shares, name)
+            expected = {v for v in self.cfg.graph[u] if v in self.u1}
+            got = [v for v, _ in msg.shares]
+            if len(set(got)) != len(got) or set(got) != expected:
+                raise MessageError(f"stage {name}: client {u} sent shares for {sorted(got)[:8]}..., expected its neighbours in U1")
+            self.shares[u] = msg.shares
+        elif isinstance(msg, MaskedInput):
+            self._require(u, self.u2, self._u3_seen, name)
+            if msg.y.shape != (self.cfg.dim,):
+                raise MessageError(f"stage {name}: masked input of length {msg.y.size}, expected {self.cfg.dim}")
+            np.add(self.acc, msg.y, out=self.acc)
+            self._u3_list.append(u)
+            self._u3_seen[u] = True
+        elif isinstance(msg, ConsistencySignature):
+            self._require(u, self.u3, self.signatures, name)
+            if not _verify(self._pki, u, msg.sig, self.cfg.survivors_digest(sorted(self.u3))):
+                raise AuthenticationError("authenticated decryption failed")
+            self.signatures[u] = msg.sig
+        elif isinstance(msg, UnmaskResponse):
+            self._require(u, frozenset(self.signatures), self.responses, name)
+            allowed = {v for v in self.cfg.graph[u] if v in self.u2} | {u}
+            owners = [o for o, _, _ in msg.shares]
+            if len(set(owners)) != len(owners) or set(owners) != allowed:
+                raise MessageError(f"stage {name}: client {u} revealed shares for unexpected owners")
+            for owner, kind, _ in msg.shares:
+                if kind != (_KIND_B if owner in self.u3 else _KIND_S):
+                    raise MessageError(f"stage {name}: client {u} sent the wrong share kind for {owner}")
+            self.responses[u] = msg.shares
+        else:  # pragma: no cover - registry guarantees one of the above for these stages
+            raise MessageError(f"stage {name}: unexpected {type(msg).__name__}")
+        return u
+
+    @staticmethod
+    def _require(u: int, allowed: frozenset[int], done: Mapping[int, object], name: str) -> None:
+        if u not in allowed:
+            raise MessageError(f"stage {name}: client {u} is not in the previous stage's survivor set")
+        if u in done:
+            raise MessageError(f"stage {name}: replayed message from client {u} (already received)")
+
+    def _need(self, have: int, stage: str, what: str) -> None:
+        if have < self.cfg.t:
+            self.stage = ServerStage.DONE
+            raise AbortError(f"stage {stage}: only {have} {what}, fewer than t = {self.cfg.t}; aggregation aborted")
+
+    def broadcast_keys(self) -> dict[int, bytes]:
+        """Close ADVERTISE: send each client in U1 its neighbours' (and its own) signed keys."""
+        self._advance("broadcast_keys")
+        self.u1 = frozenset(self.adverts)
+        self._need(len(self.u1), "ADVERTISE", "clients advertised keys")
+        out = {}
+        for u in sorted(self.u1):
+            entries = tuple((v, self.adverts[v]) for v in self.cfg.holders(u) if v in self.u1)
+            out[u] = KeyBroadcast(**self._head(u), entries=entries).to_bytes()
+        return out
+
+    def forward_shares(self) -> dict[int, bytes]:
+        """Close SHARE_KEYS: forward to each client in U2 the ciphertexts addressed to it."""
+        self._advance("forward_shares")
+        self.u2 = frozenset(self.shares)
+        self._need(len(self.u2), "SHARE_KEYS", "clients sent shares")
+        inbox: dict[int, list[tuple[int, bytes]]] = {u: [] for u in self.u2}
+        for sender in sorted(self.u2):
+            for receiver, ct in self.shares[sender]:
+                if receiver in inbox:
+                    inbox[receiver].append((sender, ct))
+        return {u: ForwardedShares(**self._head(u), shares=tuple(inbox[u])).to_bytes() for u in sorted(self.u2)}
+
+    def request_consistency(self) -> dict[int, bytes]:
+        """Close MASKED_INPUT: send U3 to every client in it."""
+        self._advance("request_consistency")
+        self.u3 = frozenset(self._u3_list)
+        self._need(len(self.u3), "MASKED_INPUT", "masked inputs arrived")
+        surv = tuple(sorted(self.u3))
+        return {u: SurvivorList(**self._head(u), survivors=surv).to_bytes() for u in surv}
+
+    def request_unmask(self) -> dict[int, bytes]:
+        """Close CONSISTENCY: send each signer the signatures of its holders."""
+        self._advance("request_unmask")
+        self._need(len(self.signatures), "CONSISTENCY", "clients signed the survivor set")
+        out = {}
+        for u in sorted(self.signatures):
+            sigs = tuple((v, self.signatures[v]) for v in self.cfg.holders(u) if v in self.signatures)
+            out[u] = UnmaskRequest(**self._head(u), signatures=sigs).to_bytes()
+        return out
+
+    def finish(self) -> np.ndarray:
+        """Close UNMASK: reconstruct the needed secrets, strip the masks, return the sum of U3."""
+        self._advance("finish")
+        cfg, t = self.cfg, self.cfg.t
+        # Secrets needed: b of every u in U3; s of every v in U2 \ U3 with a neighbour in U3.
+        dropped = [v for v in sorted(self.u2 - self.u3) if any(u in self.u3 for u in cfg.graph[v])]
+        owners = sorted(self.u3) + dropped
+        got: dict[int, list[tuple[int, bytes]]] = {o: [] for o in owners}
+        for holder in sorted(self.responses):
+            for owner, _kind, sh in self.responses[holder]:
+                lst = got.get(owner)
+                if lst is not None and len(lst) < t:
+                    lst.append((holder + 1, sh))
+        short = [o for o in owners if len(got[o]) < t]
+        if short:
+            o = short[0]
+            raise AbortError(
+                f"stage UNMASK: {len(short)} clients lack shares (client {o} has {len(got[o])} of t = {t}); "
+                "aggregation aborted"
+            )
+        xs = np.array([[x for x, _ in got[o]] for o in owners], dtype=np.uint64).reshape(len(owners), t)
+        raw = np.frombuffer(b"".join(sh for o in owners for _, sh in got[o]), dtype=np.uint8)
+        raw = raw.reshape(len(owners), t, SHARE_BYTES)
+        ys = raw[:, :, 2:].copy().view("<u4").astype(np.uint64)
+        if np.any(raw[:, :, 0:2] != np.frombuffer(struct.pack(">H", SEED_BYTES), dtype=np.uint8)) or np.any(
+            ys >= np.uint64(shamir.PRIME)
+        ):
+            raise AbortError("stage UNMASK: malformed share revealed; aggregation aborted")
+        limbs = shamir.combine_batch(xs, ys) if owners else np.zeros((0, 11), dtype=np.uint64)
+        try:
+            secrets = {o: shamir.limbs_to_bytes(limbs[i], SEED_BYTES) for i, o in enumerate(owners)}
+        except ValueError as exc:
+            raise AbortError(f"stage UNMASK: inconsistent shares ({exc}); aggregation aborted") from exc
+        acc = self.acc.copy()
+        masks = 0
+        for u in sorted(self.u3):
+            prg.expand_into(secrets[u], acc, label=b"self", negate=True)
+            masks += 1
+        info = cfg.info(b"secagg/mask")
+        for v in dropped:
+            sk = KeyPair.from_private_bytes(secrets[v])
+            s_pk_v = self.adverts[v][KEY_BYTES : 2 * KEY_BYTES]
+            if sk.public_bytes != s_pk_v:
+                raise AbortError(f"stage UNMASK: reconstructed mask key of client {v} does not match its advertised key")
+            for u in cfg.graph[v]:
+                if u in self.u3:
+                    seed = sk.agree(self.adverts[u][KEY_BYTES : 2 * KEY_BYTES], info=info)
+                    # u added sign(u, v) * PRG(s_uv): remove it.
+                    prg.expand_into(seed, acc, label=b"pair", negate=u < v)
+                    masks += 1
+        self.masks_expanded = masks
+        return acc

@@ -1,0 +1,95 @@
+"""Tests of `secagg data download` and `secagg data info` (through the real CLI entry point)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import io
+import json
+import threading
+import zipfile
+
+import pytest
+
+from experiments.cli import main
+
+CSV = "userId,movieId,rating,timestamp\n1,10,4.0,100\n1,20,3.5,200\n2,10,5.0,150\n"
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def mirror(tmp_path):
+    www = tmp_path / "www"
+    www.mkdir()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("ml-latest-small/ratings.csv", CSV)
+    payload = buf.getvalue()
+    (www / "ml-latest-small.zip").write_bytes(payload)
+    (www / "ml-latest-small.zip.md5").write_text(f"MD5 (ml-latest-small.zip) = {hashlib.md5(payload).hexdigest()}\n")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(www)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+def last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_download_then_info_json(mirror, tmp_path, capsys):
+    root = tmp_path / "data"
+    assert main(["data", "download", "ml-latest-small", "--data-dir", str(root), "--base-url", mirror, "--json"]) == 0
+    out = last_json(capsys.readouterr().out)
+    assert out["name"] == "ml-latest-small" and out["skipped"] is False
+    assert out["ratings"] == str(root / "ml-latest-small" / "ratings.csv")
+    assert main(["data", "info", str(root / "ml-latest-small"), "--json"]) == 0
+    info = last_json(capsys.readouterr().out)
+    assert (info["n_users"], info["n_items"], info["n_interactions"]) == (2, 2, 3)
+
+
+def test_default_data_dir_from_env(mirror, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SECAGG_DATA_DIR", str(tmp_path / "cache"))
+    assert main(["data", "download", "ml-latest-small", "--base-url", mirror]) == 0
+    assert (tmp_path / "cache" / "ml-latest-small" / "ratings.csv").is_file()
+    assert "verified" in capsys.readouterr().out
+
+
+def test_info_text(tmp_path, capsys):
+    path = tmp_path / "ratings.csv"
+    path.write_text(CSV)
+    assert main(["data", "info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 users, 2 items, 3 interactions" in out and "interactions_per_user" in out
+
+
+def test_user_errors_exit_2_without_traceback(tmp_path, capsys):
+    bad = tmp_path / "u.data"
+    bad.write_text("1\t2\t3\t4\n1\tx\t3\t4\n")
+    assert main(["data", "info", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2:" in err and "Traceback" not in err
+    assert main(["data", "info", str(tmp_path / "missing.csv")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    # Unreachable mirror: the message says where to put the files by hand.
+    assert main(["data", "download", "ml-100k", "--data-dir", str(tmp_path / "d"), "--base-url", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert "could not reach" in err and str(tmp_path / "d" / "ml-100k" / "u.data") in err
+
+
+def test_help(capsys):
+    for argv in (["data", "--help"], ["data", "download", "--help"], ["data", "info", "--help"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 0
+    assert "--format" in capsys.readouterr().out

@@ -1,0 +1,129 @@
+"""Randomness sources for DP noise.
+
+Every public sampler in :mod:`dp` draws from :class:`SystemRandomSource` (``os.urandom``, the
+operating system's CSPRNG). Tests that need reproducible noise pass a
+:class:`DeterministicTestSource` (ChaCha20 keystream of a 32-byte seed, via ``cryptography``)
+through the explicit keyword ``_test_source``; nothing else in the package creates one, and the
+default path always uses the CSPRNG. numpy's and Python's ``random`` are never used for noise.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+__all__ = [
+    "DeterministicTestSource",
+    "RandomSource",
+    "SystemRandomSource",
+    "resolve_source",
+    "uniform_below",
+    "uniform_open01",
+    "uint64s",
+]
+
+
+@runtime_checkable
+class RandomSource(Protocol):
+    """Anything that returns uniformly random bytes."""
+
+    def random_bytes(self, n: int) -> bytes:
+        """Return ``n`` uniformly random bytes."""
+        ...
+
+
+class SystemRandomSource:
+    """The operating system CSPRNG (``os.urandom``). The only source used by default."""
+
+    deterministic = False
+
+    def random_bytes(self, n: int) -> bytes:
+        """Return ``n`` bytes from ``os.urandom``."""
+        return os.urandom(n)
+
+
+class DeterministicTestSource:
+    """TEST-ONLY reproducible source: the ChaCha20 keystream of a 32-byte seed.
+
+    It is cryptographically strong but reproducible, which is exactly why it must never be used
+    for real noise: anyone who knows the seed knows the noise. Samplers accept it only through
+    their ``_test_source`` keyword.
+
+    Args:
+        seed: 32 bytes, or an int that is encoded as 32 little-endian bytes.
+    """
+
+    deterministic = True
+
+    def __init__(self, seed: bytes | int) -> None:
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            if seed < 0 or seed >= 1 << 256:
+                raise ValueError(f"seed must be in [0, 2^256). Found {seed}.")
+            seed = seed.to_bytes(32, "little")
+        if not isinstance(seed, bytes) or len(seed) != 32:
+            raise ValueError(f"seed must be 32 bytes or an int. Found {seed!r}.")
+        cipher = Cipher(algorithms.ChaCha20(seed, b"\x00" * 16), mode=None)
+        self._enc = cipher.encryptor()
+
+    def random_bytes(self, n: int) -> bytes:
+        """Return the next ``n`` keystream bytes."""
+        return self._enc.update(b"\x00" * n)
+
+
+_SYSTEM = SystemRandomSource()
+
+
+def resolve_source(test_source: RandomSource | None) -> RandomSource:
+    """Return the CSPRNG unless a test explicitly injected a source."""
+    if test_source is None:
+        return _SYSTEM
+    if not isinstance(test_source, RandomSource):
+        raise TypeError(f"_test_source must provide random_bytes(n). Found {type(test_source).__name__}.")
+    return test_source
+
+
+def uint64s(n: int, source: RandomSource) -> np.ndarray:
+    """``n`` independent uniform 64-bit integers as a ``uint64`` array."""
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    return np.frombuffer(source.random_bytes(8 * n), dtype=np.uint64).copy()
+
+
+def uniform_open01(n: int, source: RandomSource) -> np.ndarray:
+    """``n`` floats uniform on the 2^53-point grid ``(k + 1/2) / 2^53`` inside (0, 1)."""
+    k = uint64s(n, source) >> np.uint64(11)
+    return (k.astype(np.float64) + 0.5) * 2.0**-53
+
+
+def uniform_below(m: np.ndarray, source: RandomSource) -> np.ndarray:
+    """Exactly uniform integers in ``[0, m_i)`` for each ``m_i`` (vectorised rejection sampling).
+
+    Args:
+        m: positive integers below 2^63 (any integer dtype or Python ints).
+        source: the randomness source.
+
+    Returns:
+        ``int64`` array, same shape as ``m``.
+    """
+    m = np.asarray(m, dtype=np.int64)
+    if m.size and (m.min() < 1):
+        raise ValueError(f"uniform_below needs m >= 1. Found {int(m.min())}.")
+    flat = m.reshape(-1)
+    out = np.empty(flat.shape, dtype=np.int64)
+    # bit mask covering m - 1: rejection probability < 1/2 per draw.
+    bits = np.zeros(flat.shape, dtype=np.int64)
+    v = flat - 1
+    while np.any(v > 0):
+        bits += (v > 0)
+        v = v >> 1
+    mask = ((np.ones_like(bits, dtype=np.uint64) << bits.astype(np.uint64)) - np.uint64(1))
+    todo = np.arange(flat.size)
+    while todo.size:
+        r = (uint64s(todo.size, source) & mask[todo]).astype(np.int64)
+        ok = r < flat[todo]
+        out[todo[ok]] = r[ok]
+        todo = todo[~ok]
+    return out.reshape(m.shape)

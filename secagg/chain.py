@@ -249,18 +249,21 @@ class ChainRing(Message):
     STAGE: ClassVar[int] = int(Kind.RING)
     attempt: int = 0
     ring_size: int = 0
+    server_key: bytes = bytes(KEY_BYTES)
     successors: tuple[tuple[int, bytes], ...] = ()
     predecessors: tuple[tuple[int, bytes], ...] = ()
 
     def _write_body(self, w: Writer) -> None:
-        w.u32(self.attempt).u32(self.ring_size)
+        if len(self.server_key) != KEY_BYTES:
+            raise ValueError(f"server_key must be {KEY_BYTES} bytes; found {len(self.server_key)}.")
+        w.u32(self.attempt).u32(self.ring_size).raw(self.server_key)
         _write_entries(w, self.successors, KEY_BYTES)
         _write_entries(w, self.predecessors, KEY_BYTES)
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> ChainRing:
-        attempt, ring_size = r.u32(), r.u32()
-        return cls(**head, attempt=attempt, ring_size=ring_size,
+        attempt, ring_size, server_key = r.u32(), r.u32(), r.raw(KEY_BYTES)
+        return cls(**head, attempt=attempt, ring_size=ring_size, server_key=server_key,
                    successors=_read_entries(r, KEY_BYTES), predecessors=_read_entries(r, KEY_BYTES))
 
 
@@ -307,20 +310,28 @@ class ChainDelivery(Message):
 @register
 @dataclass(frozen=True, eq=False)
 class ChainUpload(Message):
-    """Client -> server: the masked vector ``y_u`` (little-endian ``uint64``)."""
+    """Client -> server: the masked vector ``y_u`` (little-endian ``uint64``) and its tag.
+
+    ``tag`` is an AES-GCM tag (``nonce || tag``, 28 bytes, empty plaintext) over the header
+    fields and the vector under ``HKDF(X25519(client, server))``: a tampered or misattributed
+    upload is refused instead of silently corrupting the sum.
+    """
 
     KIND: ClassVar[int] = int(Kind.UPLOAD)
     STAGE: ClassVar[int] = int(Kind.UPLOAD)
     attempt: int = 0
     vector: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    tag: bytes = bytes(OVERHEAD)
 
     def _write_body(self, w: Writer) -> None:
-        w.u32(self.attempt).u64_vector(self.vector)
+        if len(self.tag) != OVERHEAD:
+            raise ValueError(f"tag must be {OVERHEAD} bytes; found {len(self.tag)}.")
+        w.u32(self.attempt).raw(self.tag).u64_vector(self.vector)
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> ChainUpload:
-        attempt = r.u32()
-        return cls(**head, attempt=attempt, vector=r.u64_vector())
+        attempt, tag = r.u32(), r.raw(OVERHEAD)
+        return cls(**head, attempt=attempt, tag=tag, vector=r.u64_vector())
 
 
 _CLASSES: dict[Kind, type[Message]] = {
@@ -333,10 +344,10 @@ def message_size(kind: Kind, *, s: int = 1, dim: int = 1) -> int:
     """Exact wire size in bytes of a chain message of ``kind`` for ``s`` successors and ``dim``."""
     body = {
         Kind.ADVERT: KEY_BYTES,
-        Kind.RING: 16 + 2 * s * (4 + KEY_BYTES),
+        Kind.RING: 16 + KEY_BYTES + 2 * s * (4 + KEY_BYTES),
         Kind.BUNDLE: 8 + s * (4 + _CT_BYTES),
         Kind.DELIVERY: 8 + s * (4 + _CT_BYTES),
-        Kind.UPLOAD: 8 + 8 * dim,
+        Kind.UPLOAD: 8 + OVERHEAD + 8 * dim,
     }[Kind(kind)]
     return HEADER_BYTES + body
 
@@ -360,6 +371,18 @@ def _seed_aad(config: ChainConfig, attempt: int, sender: int, receiver: int) -> 
         instance=config.instance, round=config.round, sender=sender, receiver=receiver,
         kind=f"chain/seed/attempt={attempt}",
     )
+
+
+def _upload_aad(config: ChainConfig, attempt: int, sender: int, vector: np.ndarray) -> bytes:
+    head = associated_data(
+        instance=config.instance, round=config.round, sender=sender, receiver=SERVER,
+        kind=f"chain/upload/attempt={attempt}",
+    )
+    return head + vector.astype("<u8", copy=False).tobytes()
+
+
+def _ka_info(config: ChainConfig, purpose: bytes) -> bytes:
+    return _KA_INFO + purpose + config.instance + config.round.to_bytes(4, "big")
 
 
 def _mask(x: np.ndarray, sent: Iterable[bytes], received: Iterable[bytes]) -> np.ndarray:
@@ -490,9 +513,11 @@ class ChainClient:
         for pid, seed in received.items():
             self._seed_log[(self._attempt, pid, self.client_id)] = seed
         y = _mask(self._value, self._sent.values(), received.values())
+        key = self._keys.agree(self._ring.server_key, info=_ka_info(self.config, b"/upload"))  # type: ignore[union-attr]
+        tag = seal(key, b"", aad=_upload_aad(self.config, self._attempt, self.client_id, y))
         self.stage = ClientStage.UPLOADED
         return ChainUpload(self.config.instance, self.config.round, self.client_id, SERVER,
-                           attempt=self._attempt, vector=y).to_bytes()
+                           attempt=self._attempt, vector=y, tag=tag).to_bytes()
 
     def handle(self, message: bytes) -> bytes:
         """Dispatch a server message (RING or DELIVERY) to :meth:`share` or :meth:`upload`."""
@@ -549,6 +574,12 @@ class ChainClient:
             ids = [pid for pid, _ in group]
             if len(set(ids)) != len(ids) or self.client_id in ids or SERVER in ids:
                 raise MessageError(f"{where}: invalid {name} {ids} (duplicates, self or server).")
+        if self._ring is not None and ring.server_key != self._ring.server_key:
+            raise MessageError(f"{where}: the server's key changed between attempts; refused.")
+        try:
+            self._keys.exchange(ring.server_key)  # type: ignore[union-attr]
+        except MessageError as exc:
+            raise MessageError(f"{where}: invalid server key ({exc}).") from None
         keys = dict(ring.successors)
         for pid, pk in ring.predecessors:  # a neighbour on both sides must carry one key
             if keys.setdefault(pid, pk) != pk:
@@ -561,8 +592,7 @@ class ChainClient:
         key = self._pair_keys.get(peer_public)
         if key is None:
             assert self._keys is not None
-            info = _KA_INFO + self.config.instance + self.config.round.to_bytes(4, "big")
-            key = self._keys.agree(peer_public, info=info)
+            key = self._keys.agree(peer_public, info=_ka_info(self.config, b"/pair"))
             self._pair_keys[peer_public] = key
         return key
 
@@ -629,6 +659,8 @@ class ChainServer:
         self._uploaded: set[int] = set()
         self._sum: np.ndarray | None = None
         self._shuffle = secrets.SystemRandom().shuffle  # OS CSPRNG
+        self._keys = KeyPair.generate()  # authenticates uploads (client -> server, not relayed)
+        self._upload_keys: dict[int, bytes] = {}
 
     @property
     def successors(self) -> int:
@@ -697,7 +729,13 @@ class ChainServer:
     # -- stage UPLOAD --------------------------------------------------------------------
 
     def receive_upload(self, message: bytes) -> None:
-        """Accept one UPLOAD and add it into the running sum (validated first)."""
+        """Accept one UPLOAD and add it into the running sum (validated and authenticated first).
+
+        Raises:
+            MessageError: malformed, replayed, stale or wrong-length upload (state unchanged).
+            AuthenticationError: the tag does not verify (tampered vector or header; state
+                unchanged; the client counts as dropped unless a valid upload follows).
+        """
         msg = self._accept(message, Kind.UPLOAD)
         assert isinstance(msg, ChainUpload) and self._sum is not None
         where = f"server stage UPLOAD (attempt {self.attempt})"
@@ -707,6 +745,11 @@ class ChainServer:
             raise MessageError(
                 f"{where}: upload from {msg.sender} has {msg.vector.size} values, expected dim={self.config.dim}."
             )
+        key = self._upload_keys.get(msg.sender)
+        if key is None:
+            key = self._keys.agree(self._public[msg.sender], info=_ka_info(self.config, b"/upload"))
+            self._upload_keys[msg.sender] = key
+        open_sealed(key, msg.tag, aad=_upload_aad(self.config, msg.attempt, msg.sender, msg.vector))
         np.add(self._sum, msg.vector, out=self._sum)
         self._uploaded.add(msg.sender)
 
@@ -814,7 +857,8 @@ class ChainServer:
             succ = tuple((v, self._public[v]) for v in self._successors_of(cid))
             pred = tuple((w, self._public[w]) for w in self._predecessors_of(cid))
             messages[cid] = ChainRing(self.config.instance, self.config.round, SERVER, cid, attempt=self.attempt,
-                                      ring_size=len(ring), successors=succ, predecessors=pred).to_bytes()
+                                      ring_size=len(ring), server_key=self._keys.public_bytes,
+                                      successors=succ, predecessors=pred).to_bytes()
         return ServerStep(Kind.RING, self.attempt, messages)
 
     def _successors_of(self, cid: int) -> list[int]:

@@ -131,7 +131,7 @@ def simulate(
         t = time.perf_counter()
         try:
             server.receive(data)
-        except MessageError as exc:
+        except (MessageError, AuthenticationError) as exc:
             run.rejected.append((SERVER, exc))
             return
         finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -119,7 +120,7 @@ def test_per_client_cost_is_independent_of_n():
     assert set(small.bytes_received.values()) == set(large.bytes_received.values())
     # a seed travels instead of a share vector: the bundle is independent of dim
     assert message_size(Kind.BUNDLE, s=2, dim=10) == message_size(Kind.BUNDLE, s=2, dim=10**6)
-    assert message_size(Kind.UPLOAD, dim=1000) == HEADER_BYTES + 8 + 8000
+    assert message_size(Kind.UPLOAD, dim=1000) == HEADER_BYTES + 8 + 28 + 8000
 
 
 # --------------------------------------------------------------------------- dropouts
@@ -380,6 +381,35 @@ def test_messages_from_another_round_or_instance_are_rejected():
         stranger.share(f.rings[10])
 
 
+def test_tampered_upload_fails_authentication_and_is_re_run_without_it():
+    f = Flow().advertise().share().upload()
+    first = next(iter(f.uploads))
+    good = f.uploads[first]
+    with pytest.raises(AuthenticationError):
+        f.server.receive(flip(good, len(good) - 1))  # last vector byte
+    with pytest.raises(AuthenticationError):
+        f.server.receive(flip(good, HEADER_BYTES + 6))  # inside the tag
+    other = [c for c in f.uploads if c != first][0]
+    msg = ChainUpload.from_bytes(f.uploads[other])
+    stolen = ChainUpload(msg.instance, msg.round, first, SERVER, attempt=1, vector=msg.vector, tag=msg.tag)
+    with pytest.raises(AuthenticationError):
+        f.server.receive(stolen.to_bytes())  # another client's upload claimed as first's
+    f.server.receive(good)  # the server's state was not touched by the rejections
+    for c, m in f.uploads.items():
+        if c != first:
+            f.server.receive(m)
+    f.server.close()
+    assert f.server.result().tolist() == oracle_sum(f.inputs, f.inputs)
+
+    def tamper(kind, sender, receiver, data):
+        return flip(data, len(data) - 1) if kind is Kind.UPLOAD and sender == 11 else data
+
+    inputs = rand_inputs(5, 4, seed=2)
+    run = simulate(cfg(dim=4), inputs, tamper=tamper)
+    assert run.survivors == frozenset(inputs) - {11}
+    assert run.result.tolist() == oracle_sum(inputs, run.survivors)
+
+
 def test_server_rejects_bad_bundles():
     f = Flow(s=2, n=5).advertise()
     bundles = {c: f.clients[c].share(m) for c, m in f.rings.items()}
@@ -450,22 +480,18 @@ def test_client_rejects_inconsistent_rings():
     c = next(iter(f.rings))
     ring = ChainRing.from_bytes(f.rings[c])
     pk = KeyPair.generate().public_bytes
-    bad = [
-        ChainRing(ring.instance, ring.round, SERVER, c, attempt=1, ring_size=1,
-                  successors=ring.successors, predecessors=ring.predecessors),
-        ChainRing(ring.instance, ring.round, SERVER, c, attempt=1, ring_size=4,
-                  successors=((c, pk),), predecessors=ring.predecessors),
-        ChainRing(ring.instance, ring.round, SERVER, c, attempt=1, ring_size=4,
-                  successors=ring.successors + ring.predecessors, predecessors=ring.predecessors),
-        ChainRing(ring.instance, ring.round, SERVER, c, attempt=9, ring_size=4,
-                  successors=ring.successors, predecessors=ring.predecessors),
-        ChainRing(ring.instance, ring.round, SERVER, c + 1, attempt=1, ring_size=4,
-                  successors=ring.successors, predecessors=ring.predecessors),
-        ChainRing(ring.instance, ring.round, SERVER, c, attempt=1, ring_size=4,
-                  successors=((ring.successors[0][0], bytes(32)),), predecessors=ring.predecessors),
-    ]
-    for m in bad:
-        with pytest.raises(MessageError):
+    bad = {
+        "below min_survivors": replace(ring, ring_size=1),
+        "self or server": replace(ring, successors=((c, pk),)),
+        "successors and 1 predecessors": replace(ring, successors=ring.successors + ring.predecessors),
+        "exceeds max_attempts": replace(ring, attempt=9),
+        "message routed": replace(ring, receiver=c + 1),
+        "low-order": replace(ring, successors=((ring.successors[0][0], bytes(32)),)),
+        "invalid server key": replace(ring, server_key=bytes(32)),
+        "two different public keys": replace(ring, predecessors=((ring.successors[0][0], pk),)),
+    }
+    for reason, m in bad.items():
+        with pytest.raises(MessageError, match=reason):
             f.clients[c].share(m.to_bytes())
         assert f.clients[c].stage is ClientStage.ADVERTISED  # unchanged
     f.clients[c].share(f.rings[c])

@@ -93,3 +93,13 @@ def test_help(capsys):
             main(argv)
         assert info.value.code == 0
     assert "--format" in capsys.readouterr().out
+
+
+def test_bench_json(tmp_path, capsys):
+    path = tmp_path / "u.data"
+    path.write_text("".join(f"{u}\t{i}\t{1 + (u + i) % 5}\t{u * 100 + i}\n" for u in range(1, 30) for i in range(1, 40, u % 4 + 1)))
+    assert main(["data", "bench", "--data", str(path), "--json"]) == 0
+    out = last_json(capsys.readouterr().out)
+    assert out["protocol"]["kind"] == "leave-one-out"
+    assert 0 <= out["itempop_sampled"]["HR@10"] <= 1
+    assert set(out["seconds"]) >= {"load", "full_ranking_6000x4000", "eval_candidates_99"}

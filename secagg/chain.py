@@ -405,7 +405,7 @@ class ChainClient:
         config: the round's public parameters.
         client_id: this client's id, an int in ``[0, 2^32 - 1)``.
         value: the client's input, a ``uint64`` array of shape ``(config.dim,)`` (encode reals
-            with :class:`secagg.encoding.FixedPoint` first).
+            with :class:`secagg.encoding.FixedPoint` first). It is referenced, not copied.
     """
 
     def __init__(self, config: ChainConfig, client_id: int, value: np.ndarray) -> None:
@@ -419,7 +419,7 @@ class ChainClient:
             )
         self.config = config
         self.client_id = client_id
-        self._value = np.ascontiguousarray(arr).copy()
+        self._value = arr  # not copied (n * dim * 8 bytes in simulations): do not mutate it mid-round
         self.stage = ClientStage.NEW
         self._keys: KeyPair | None = None
         self._pair_keys: dict[bytes, bytes] = {}

@@ -10,22 +10,34 @@ survivors), the view (uniform uploads) and the limits (collusions) on the same r
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from secagg.chain import ChainClient, ChainConfig, ChainServer, Kind, ServerStep
+from secagg.chain import ChainClient, ChainConfig, ChainServer, Kind, ServerStep, effective_successors
 from secagg.errors import AbortError, AuthenticationError, MessageError
 from secagg.messages import SERVER
 
-__all__ = ["DROP_STAGES", "ChainRun", "Dropout", "simulate"]
+__all__ = ["DROP_STAGES", "RUNNER_STAGES", "ChainRun", "Dropout", "run_chain", "simulate"]
 
 #: Where a client can vanish: before advertising its key; after receiving the ring but before
 #: sending its seeds; after sending its seeds but before receiving its predecessors'; after
 #: receiving them (and masking) but before its upload arrives.
 DROP_STAGES = ("advertise", "share", "receive", "upload")
+
+#: How :func:`run_chain` maps the runner's dropout stages (``secagg.runner.MASKING_STAGES``) onto
+#: the chain's: a client dropping "before sending its message of that stage". The chain has no
+#: consistency or unmask stage: by then it has finished, so those clients are in the sum.
+RUNNER_STAGES: dict[str, str | None] = {
+    "advertise": "advertise",
+    "share_keys": "share",
+    "masked_input": "receive",
+    "consistency": None,
+    "unmask": None,
+}
 
 #: ``tamper(kind, sender, receiver, data) -> data | None`` (``None`` drops the message).
 Tamper = Callable[[Kind, int, int, bytes], "bytes | None"]
@@ -193,3 +205,49 @@ def simulate(
     run.result = server.result()
     run.survivors = server.survivors
     return run
+
+
+def run_chain(inputs: np.ndarray, spec) -> object:  # noqa: ANN001 (RunSpec -> RunResult, see below)
+    """Adapter for :data:`secagg.runner.PROTOCOLS`: ``run_chain(inputs, spec) -> RunResult``.
+
+    ``spec.k`` is the number of successors ``s`` (default 1, the paper's chain; each client then
+    has ``2s`` ring neighbours); ``spec.t`` has no meaning for the chain and is reported as
+    ``None``. Dropout stages are mapped with :data:`RUNNER_STAGES`; ``masks_expanded`` is 0 (the
+    chain's server never expands a mask: recovery re-runs among survivors, it never unmasks).
+    Client seconds include every attempt a client took part in.
+    """
+    from secagg.messages import INSTANCE_BYTES
+    from secagg.runner import RunResult
+
+    arr = np.asarray(inputs)
+    if arr.dtype != np.uint64 or arr.ndim != 2 or arr.shape[1] < 1:
+        raise ValueError(f"inputs must be a (n, dim) uint64 array (encode first); found {arr.dtype} {arr.shape}.")
+    n, dim = arr.shape
+    s = 1 if spec.k is None else spec.k
+    dropouts: dict[int, Dropout] = {}
+    for stage, who in spec.dropouts.items():
+        if stage not in RUNNER_STAGES:
+            raise ValueError(f"unknown dropout stage {stage!r}; use one of {tuple(RUNNER_STAGES)}.")
+        mapped = RUNNER_STAGES[stage]
+        for c in sorted(who):
+            if mapped is not None and c not in dropouts:  # the earliest stage wins
+                dropouts[c] = Dropout(mapped)
+            elif mapped is not None and DROP_STAGES.index(mapped) < DROP_STAGES.index(dropouts[c].stage):
+                dropouts[c] = Dropout(mapped)
+    config = ChainConfig(instance=os.urandom(INSTANCE_BYTES), round=spec.round, dim=dim,
+                         successors=effective_successors(s, n))
+    chain = simulate(config, {i: arr[i] for i in range(n)}, dropouts=dropouts, keep_view=False)
+    return RunResult(
+        "chain",
+        chain.result,
+        chain.survivors,
+        None if chain.abort is None else str(chain.abort),
+        np.array([chain.client_seconds[i] for i in range(n)]),
+        chain.server_seconds,
+        np.array([chain.bytes_sent[i] for i in range(n)], dtype=np.int64),
+        chain.bytes_server_received,
+        chain.bytes_server_sent,
+        0,
+        s,
+        None,
+    )

@@ -543,3 +543,27 @@ def test_config_and_input_validation_name_the_value():
         ChainServer(config, [1, 1, 2])
     with pytest.raises(ValueError, match="invite more"):
         ChainServer(config, [1])
+
+
+# --------------------------------------------------------------------------- runner adapter
+
+
+def test_runner_adapter_maps_stages_and_reports_costs():
+    from secagg.chain_sim import run_chain
+    from secagg.runner import RunSpec
+
+    rng = np.random.default_rng(5)  # CSPRNG-OK: test inputs
+    x = rng.integers(0, 2**64, (12, 7), dtype=U64)
+    spec = RunSpec(k=2, dropouts={"advertise": frozenset({0}), "share_keys": frozenset({1}),
+                                  "masked_input": frozenset({2, 3}), "unmask": frozenset({4})})
+    res = run_chain(x, spec)
+    assert res.protocol == "chain" and res.abort is None and res.k == 2 and res.t is None
+    assert res.survivors == frozenset(range(12)) - {0, 1, 2, 3}  # 4 dropped after the chain finished
+    assert res.total.tolist() == [sum(int(x[i, j]) for i in res.survivors) % 2**64 for j in range(7)]
+    assert res.bytes_sent[0] == 0 and res.bytes_sent[5] > res.bytes_sent[2] > 0
+    assert res.bytes_server_received == int(res.bytes_sent.sum()) and res.masks_expanded == 0
+    assert res.client_s[0] == 0 and np.all(res.client_s[5:] > 0) and res.server_s > 0
+    with pytest.raises(ValueError, match="unknown dropout stage"):
+        run_chain(x, RunSpec(dropouts={"nope": frozenset({1})}))
+    aborted = run_chain(x[:3], RunSpec(dropouts={"masked_input": frozenset({0, 1})}))
+    assert aborted.total is None and "min_survivors" in aborted.abort

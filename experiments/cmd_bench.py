@@ -12,7 +12,7 @@ import importlib
 __all__ = ["BENCH_MODULES", "register"]
 
 #: Benchmark modules under ``experiments``, in help order.
-BENCH_MODULES: tuple[str, ...] = ()
+BENCH_MODULES: tuple[str, ...] = ("bench_he",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

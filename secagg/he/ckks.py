@@ -318,7 +318,7 @@ def encrypt_vector(values: np.ndarray | Sequence[float], context: CKKSContext) -
             "or lower scale_bits."
         )
     slots = context.params.slots
-    chunks = tuple(ts.ckks_vector(context._ctx, arr[i : i + slots]) for i in range(0, arr.size, slots))
+    chunks = tuple(ts.ckks_vector(context._ctx, arr[i : i + slots].tolist()) for i in range(0, arr.size, slots))
     return CKKSCiphertext(context.fingerprint, int(arr.size), 1, chunks)
 
 
@@ -344,10 +344,15 @@ def sum_vectors(vectors: Iterable[CKKSCiphertext], context: CKKSContext) -> CKKS
             raise ShapeMismatchError(
                 f"cannot add encrypted vectors of lengths {vectors[0].length} and {v.length}."
             )
-    acc = [c.copy() for c in vectors[0].chunks]
-    for v in vectors[1:]:
-        for a, b in zip(acc, v.chunks):
-            a.add_(b)
+    if len(vectors) == 1:
+        acc = list(vectors[0].chunks)
+    else:
+        # ``a + b`` makes fresh ciphertexts (inputs are never mutated); later sums add in place.
+        # (``CKKSVector.copy`` costs ~1000x an addition, so it is avoided.)
+        acc = [a + b for a, b in zip(vectors[0].chunks, vectors[1].chunks)]
+        for v in vectors[2:]:
+            for a, b in zip(acc, v.chunks):
+                a.add_(b)
     total = sum(v.summands for v in vectors)
     return CKKSCiphertext(context.fingerprint, vectors[0].length, total, tuple(acc))
 

@@ -235,3 +235,16 @@ def test_context_bytes_malformed_are_refused(client_ctx) -> None:
 def test_tenseal_raw_context_fingerprint_is_stable(client_ctx, server_ctx) -> None:
     raw = ts.context_from(client_ctx._ctx.serialize(save_secret_key=False))
     assert CKKSContext(client_ctx.params, raw).fingerprint == client_ctx.fingerprint == server_ctx.fingerprint
+
+
+def test_summing_never_mutates_the_inputs(client_ctx, server_ctx) -> None:
+    a, b, c = (encrypt_vector([v, 2 * v], client_ctx) for v in (1.0, 10.0, 100.0))
+    total = sum_vectors([a, b, c], server_ctx)
+    again = sum_vectors([a, b, c], server_ctx)
+    for ct, expected in ((a, [1.0, 2.0]), (b, [10.0, 20.0]), (c, [100.0, 200.0])):
+        np.testing.assert_allclose(decrypt_vector(ct, client_ctx), expected, atol=1e-5)
+    np.testing.assert_allclose(decrypt_vector(total, client_ctx), [111.0, 222.0], atol=1e-5)
+    np.testing.assert_allclose(decrypt_vector(again, client_ctx), [111.0, 222.0], atol=1e-5)
+    single = sum_vectors([a], server_ctx)
+    assert single.summands == 1
+    np.testing.assert_allclose(decrypt_vector(single, client_ctx), [1.0, 2.0], atol=1e-5)

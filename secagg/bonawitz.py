@@ -673,6 +673,8 @@ class MaskingServer:
         self.signatures: dict[int, bytes] = {}
         self.responses: dict[int, tuple[tuple[int, int, bytes], ...]] = {}
         self.masks_expanded = 0  #: PRG expansions of length ``dim`` done in :meth:`finish`
+        #: what the server reconstructed in :meth:`finish`: owner -> ("b" | "s", 32-byte secret)
+        self.revealed: dict[int, tuple[str, bytes]] = {}
 
     def _advance(self, method: str) -> None:
         need, nxt = SERVER_TRANSITIONS[method]
@@ -823,6 +825,7 @@ class MaskingServer:
             secrets = {o: shamir.limbs_to_bytes(limbs[i], SEED_BYTES) for i, o in enumerate(owners)}
         except ValueError as exc:
             raise AbortError(f"stage UNMASK: inconsistent shares ({exc}); aggregation aborted") from exc
+        self.revealed = {o: ("b" if o in self.u3 else "s", sec) for o, sec in secrets.items()}
         acc = self.acc.copy()
         masks = 0
         for u in sorted(self.u3):

@@ -135,7 +135,9 @@ def run_plain(inputs: np.ndarray, spec: RunSpec) -> RunResult:
     return RunResult("plain", total, frozenset(server.received), abort, client_s, server_s, sent, received, 0)
 
 
-def _run_masking(name: str, cfg: MaskingConfig, inputs: np.ndarray, spec: RunSpec) -> RunResult:
+def _run_masking(
+    name: str, cfg: MaskingConfig, inputs: np.ndarray, spec: RunSpec, record: list | None = None
+) -> RunResult:
     n = cfg.n
     identities, pki = make_pki(n)
     clients = [MaskingClient(cfg, i, identities[i], pki) for i in range(n)]
@@ -161,6 +163,8 @@ def _run_masking(name: str, cfg: MaskingConfig, inputs: np.ndarray, spec: RunSpe
             client_s[i] += t1 - t0
             sent[i] += len(blob)
             acct["recv"] += len(blob)
+            if record is not None:
+                record.append((stage, i, blob))
             server.receive(blob)
             acct["server_s"] += time.perf_counter() - t1
 
@@ -197,17 +201,20 @@ def _run_masking(name: str, cfg: MaskingConfig, inputs: np.ndarray, spec: RunSpe
     )
 
 
-def run_secagg(inputs: np.ndarray, spec: RunSpec) -> RunResult:
-    """SecAgg (complete graph); ``spec.k`` is ignored, ``spec.t`` defaults to ``floor(2n/3)+1``."""
+def run_secagg(inputs: np.ndarray, spec: RunSpec, *, record: list | None = None) -> RunResult:
+    """SecAgg (complete graph); ``spec.k`` is ignored, ``spec.t`` defaults to ``floor(2n/3)+1``.
+
+    ``record``, if given, receives ``(stage, sender, wire bytes)`` of every message the server got.
+    """
     n, dim = _check_inputs(inputs)
-    return _run_masking("secagg", MaskingConfig.secagg(n, dim, t=spec.t, round=spec.round), inputs, spec)
+    return _run_masking("secagg", MaskingConfig.secagg(n, dim, t=spec.t, round=spec.round), inputs, spec, record)
 
 
-def run_secagg_plus(inputs: np.ndarray, spec: RunSpec) -> RunResult:
+def run_secagg_plus(inputs: np.ndarray, spec: RunSpec, *, record: list | None = None) -> RunResult:
     """SecAgg+ (random k-regular graph, defaults ``k = 2 ceil(log2 n)``, ``t = ceil(k/2)+1``)."""
     n, dim = _check_inputs(inputs)
     cfg = MaskingConfig.secagg_plus(n, dim, k=spec.k, t=spec.t, round=spec.round)
-    return _run_masking("secagg+", cfg, inputs, spec)
+    return _run_masking("secagg+", cfg, inputs, spec, record)
 
 
 #: protocol name -> runner (see the module docstring for the interface)

@@ -45,16 +45,20 @@ Tamper = Callable[[Kind, int, int, bytes], "bytes | None"]
 
 @dataclass(frozen=True)
 class Dropout:
-    """A client vanishing at ``stage`` (one of :data:`DROP_STAGES`) of attempt ``attempt``."""
+    """A client vanishing at ``stage`` (one of :data:`DROP_STAGES`) of attempt ``attempt``.
+
+    ``attempt=None`` means the first attempt that reaches ``stage`` (an attempt abandoned
+    earlier never reaches its later stages).
+    """
 
     stage: str
-    attempt: int = 1
+    attempt: int | None = 1
 
     def __post_init__(self) -> None:
         if self.stage not in DROP_STAGES:
             raise ValueError(f"stage must be one of {DROP_STAGES}; found {self.stage!r}.")
-        if type(self.attempt) is not int or self.attempt < 1:
-            raise ValueError(f"attempt must be an int >= 1; found {self.attempt!r}.")
+        if self.attempt is not None and (type(self.attempt) is not int or self.attempt < 1):
+            raise ValueError(f"attempt must be None or an int >= 1; found {self.attempt!r}.")
 
 
 @dataclass
@@ -126,7 +130,7 @@ def simulate(
         d = dropouts.get(cid)
         if cid in gone:
             return True
-        if d is not None and d.stage == stage and (stage == "advertise" or d.attempt == attempt):
+        if d is not None and d.stage == stage and (stage == "advertise" or d.attempt in (None, attempt)):
             gone.add(cid)
             return True
         return False
@@ -230,10 +234,10 @@ def run_chain(inputs: np.ndarray, spec) -> object:  # noqa: ANN001 (RunSpec -> R
             raise ValueError(f"unknown dropout stage {stage!r}; use one of {tuple(RUNNER_STAGES)}.")
         mapped = RUNNER_STAGES[stage]
         for c in sorted(who):
-            if mapped is not None and c not in dropouts:  # the earliest stage wins
-                dropouts[c] = Dropout(mapped)
-            elif mapped is not None and DROP_STAGES.index(mapped) < DROP_STAGES.index(dropouts[c].stage):
-                dropouts[c] = Dropout(mapped)
+            if mapped is None:
+                continue
+            if c not in dropouts or DROP_STAGES.index(mapped) < DROP_STAGES.index(dropouts[c].stage):
+                dropouts[c] = Dropout(mapped, None)  # the earliest stage wins
     config = ChainConfig(instance=os.urandom(INSTANCE_BYTES), round=spec.round, dim=dim,
                          successors=effective_successors(s, n))
     chain = simulate(config, {i: arr[i] for i in range(n)}, dropouts=dropouts, keep_view=False)

@@ -23,11 +23,11 @@ def expected_outcome(ids, dropouts, *, min_survivors, max_attempts):
     while True:
         if len(members) < min_survivors:
             return None
-        gone = {c for c in members if c in dropouts and dropouts[c].stage == "share" and dropouts[c].attempt == attempt}
+        gone = {c for c in members if c in dropouts and dropouts[c].stage == "share" and dropouts[c].attempt in (None, attempt)}
         if not gone:
             gone = {
                 c for c in members
-                if c in dropouts and dropouts[c].stage in ("receive", "upload") and dropouts[c].attempt == attempt
+                if c in dropouts and dropouts[c].stage in ("receive", "upload") and dropouts[c].attempt in (None, attempt)
             }
         if not gone:
             return frozenset(members)
@@ -47,7 +47,8 @@ def rounds(draw):
     values = draw(st.lists(st.lists(st.integers(0, 2**64 - 1), min_size=dim, max_size=dim), min_size=n, max_size=n))
     dropping = draw(st.lists(st.sampled_from(ids), max_size=max(1, n // 3), unique=True))
     dropouts = {
-        c: Dropout(draw(st.sampled_from(DROP_STAGES)), draw(st.integers(1, max_attempts))) for c in dropping
+        c: Dropout(draw(st.sampled_from(DROP_STAGES)), draw(st.none() | st.integers(1, max_attempts)))
+        for c in dropping
     }
     return n, dim, s, max_attempts, ids, values, dropouts
 

@@ -120,7 +120,7 @@ class Interactions:
                 u, i = divmod(k, max(len(item_ids), 1))
                 raise ValueError(
                     f"Interactions has {dup.size} duplicate (user, item) pairs, e.g. user "
-                    f"{user_ids[u]!r} and item {item_ids[i]!r}; merge them with "
+                    f"{user_ids[u].item()!r} and item {item_ids[i].item()!r}; merge them with "
                     "recmodels.data.deduplicate(data) (keeps the latest)."
                 )
         object.__setattr__(self, "users", users)

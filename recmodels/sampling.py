@@ -120,7 +120,7 @@ def sample_train_negatives(
         full = np.flatnonzero(per_user >= n_items)
         if full.size:
             raise ValueError(
-                f"user {train.user_ids[int(full[0])]!r} interacted with all {n_items} items, so "
+                f"user {train.user_ids[int(full[0])].item()!r} interacted with all {n_items} items, so "
                 "no negative exists; drop such users or add items."
             )
     users = np.repeat(train.users, n_neg)
@@ -192,7 +192,7 @@ def sample_eval_candidates(
     if short.size:
         u = int(users[short[0]])
         raise ValueError(
-            f"user {train.user_ids[u]!r} has only {int(allowed[short[0]])} non-interacted items, "
+            f"user {train.user_ids[u].item()!r} has only {int(allowed[short[0]])} non-interacted items, "
             f"fewer than n_negatives={n_negatives}; lower --eval-negatives or use full ranking."
         )
     shape = (users.size, n_negatives)

@@ -101,7 +101,7 @@ def leave_one_out(data: Interactions, *, seed: int, validation: bool = False) ->
         u = int(short[0])
         raise ValueError(
             f"leave_one_out(validation={validation}) needs >= {need} interactions per user; "
-            f"{short.size} users have fewer (e.g. user {data.user_ids[u]!r} has {counts[u]}). "
+            f"{short.size} users have fewer (e.g. user {data.user_ids[u].item()!r} has {counts[u]}). "
             f"Apply recmodels.data.filter_min_interactions(data, min_user={need}) first."
         )
     order = user_time_order(data, seed)
@@ -160,7 +160,7 @@ def ratio_split(data: Interactions, *, test_ratio: float = 0.2, seed: int) -> Ra
     if short.size:
         raise ValueError(
             f"ratio_split needs >= 2 interactions per user; {short.size} users have 1 (e.g. user "
-            f"{data.user_ids[int(short[0])]!r}). Apply "
+            f"{data.user_ids[int(short[0])].item()!r}). Apply "
             "recmodels.data.filter_min_interactions(data, min_user=2) first."
         )
     order = user_time_order(data, seed)

@@ -97,7 +97,7 @@ def test_help(capsys):
 
 def test_bench_json(tmp_path, capsys):
     path = tmp_path / "u.data"
-    path.write_text("".join(f"{u}\t{i}\t{1 + (u + i) % 5}\t{u * 100 + i}\n" for u in range(1, 30) for i in range(1, 40, u % 4 + 1)))
+    path.write_text("".join(f"{u}\t{i}\t{1 + (u + i) % 5}\t{u * 100 + i}\n" for u in range(1, 30) for i in range(1, 400, u % 4 + 3)))
     assert main(["data", "bench", "--data", str(path), "--json"]) == 0
     out = last_json(capsys.readouterr().out)
     assert out["protocol"]["kind"] == "leave-one-out"

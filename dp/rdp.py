@@ -93,7 +93,7 @@ def rdp_laplace(*, noise_multiplier: float, orders: object) -> np.ndarray:
 
     ``alpha = inf`` gives the pure ``1/b``. Example:
         >>> float(rdp_laplace(noise_multiplier=1.0, orders=[2.0])[0])  # doctest: +ELLIPSIS
-        0.3665...
+        0.6191...
     """
     b = _check_noise("noise_multiplier", noise_multiplier)
     a = np.atleast_1d(np.asarray(orders, dtype=np.float64))

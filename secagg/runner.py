@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from secagg.bonawitz import MaskingClient, MaskingConfig, MaskingServer, make_pki
+from secagg.chain_sim import run_chain
 from secagg.encoding import FixedPoint, check_budget
 from secagg.errors import AbortError
 from secagg.messages import INSTANCE_BYTES
@@ -222,6 +223,7 @@ PROTOCOLS: dict[str, Runner] = {
     "plain": run_plain,
     "secagg": run_secagg,
     "secagg+": run_secagg_plus,
+    "chain": run_chain,
 }
 
 

@@ -567,3 +567,16 @@ def test_runner_adapter_maps_stages_and_reports_costs():
         run_chain(x, RunSpec(dropouts={"nope": frozenset({1})}))
     aborted = run_chain(x[:3], RunSpec(dropouts={"masked_input": frozenset({0, 1})}))
     assert aborted.total is None and "min_survivors" in aborted.abort
+
+
+def test_chain_is_registered_in_the_runner():
+    from secagg import runner
+
+    x = np.arange(40, dtype=U64).reshape(8, 5)
+    res = runner.run("chain", x, runner.RunSpec(dropouts={runner.INPUT_STAGE: frozenset({3})}))
+    assert res.survivors == frozenset(range(8)) - {3}
+    assert res.total.tolist() == np.delete(x, 3, axis=0).sum(axis=0).tolist()
+    fp = FixedPoint(frac_bits=16, clip=1.0)
+    vals = np.linspace(-1, 1, 24).reshape(6, 4)
+    decoded, _ = runner.run_real("chain", vals, fp, rounding="nearest")
+    assert np.allclose(decoded, vals.sum(axis=0), atol=6 * 2.0**-17)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import pytest
 
 from recmodels.loaders import (
@@ -167,3 +169,31 @@ def test_real_ml_latest_small(ml_latest_small):
     # Same folder via directory resolution; timing is informational only (no wall-time assert).
     assert len(load_interactions(ml_latest_small.parent)) == 100836
     print(f"loaded ml-latest-small in {elapsed:.3f}s")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(1, 10**6), st.integers(1, 10**6), st.integers(2, 10), st.integers(0, 2**31)),
+        min_size=1, max_size=40, unique_by=lambda r: (r[0], r[1]),
+    ),
+    fmt=st.sampled_from(["ml-100k", "ml-1m", "ml-csv", "csv"]),
+)
+def test_round_trip_property(tmp_path_factory, rows, fmt):
+    """Writing interactions in any format and loading them back gives the same set of events."""
+    folder = tmp_path_factory.mktemp("rt")
+    name, header, line = {
+        "ml-100k": ("u.data", "", "{}\t{}\t{}\t{}"),
+        "ml-1m": ("ratings.dat", "", "{}::{}::{}::{}"),
+        "ml-csv": ("ratings.csv", "userId,movieId,rating,timestamp\n", "{},{},{},{}"),
+        "csv": ("x.csv", "user,item,rating,timestamp\n", "{},{},{},{}"),
+    }[fmt]
+    ratings = [r[2] / 2 if fmt in ("ml-csv", "csv") else r[2] // 2 for r in rows]
+    text = header + "".join(line.format(u, i, rt, t) + "\n" for (u, i, _, t), rt in zip(rows, ratings))
+    path = folder / name
+    path.write_text(text)
+    d = load_interactions(path, fmt="csv" if fmt == "csv" else None)
+    got = set(zip(d.user_ids[d.users].tolist(), d.item_ids[d.items].tolist(), d.ratings.tolist(), d.timestamps.tolist()))
+    want = {(u, i, float(rt), t) for (u, i, _, t), rt in zip(rows, ratings)}
+    assert got == want
+    assert np.all(np.diff(d.user_ids.astype(np.int64)) > 0)  # dense indices follow raw-id order

@@ -163,7 +163,9 @@ def metrics_from_ranks(
 def _scores_array(result: Any, shape: tuple[int, int], who: str) -> np.ndarray:
     if hasattr(result, "detach"):  # a torch tensor, without importing torch here
         result = result.detach().cpu().numpy()
-    arr = np.asarray(result, dtype=np.float64)
+    arr = np.asarray(result)
+    if arr.dtype.kind != "f":  # keep float32 as is: a full-catalogue batch can be large
+        arr = arr.astype(np.float64)
     if arr.shape != shape:
         raise ValueError(f"{who} returned shape {arr.shape}; expected {shape}.")
     return arr

@@ -85,7 +85,7 @@ import numpy as np
 
 from secagg.channel import OVERHEAD, associated_data, open_sealed, seal
 from secagg.errors import AbortError, AuthenticationError, MessageError
-from secagg.keys import KEY_BYTES, KeyPair
+from secagg.keys import KEY_BYTES, KeyPair, hkdf_sha256
 from secagg.messages import HEADER_BYTES, SERVER, Message, Reader, Writer, decode, register
 from secagg.prg import SEED_BYTES, expand_into
 
@@ -328,6 +328,22 @@ class ChainUpload(Message):
             raise ValueError(f"tag must be {OVERHEAD} bytes; found {len(self.tag)}.")
         w.u32(self.attempt).raw(self.tag).u64_vector(self.vector)
 
+    def to_bytes(self) -> bytes:
+        """Same bytes as :meth:`Message.to_bytes`, with one copy of the vector instead of three."""
+        vec = np.ascontiguousarray(self.vector, dtype="<u8")
+        if vec.ndim != 1:
+            raise ValueError(f"vector must be 1-D; found shape {vec.shape}.")
+        prefix = ChainUpload(self.instance, self.round, self.sender, self.receiver, attempt=self.attempt,
+                             vector=vec[:0], tag=self.tag)._generic_bytes()
+        head, body = prefix[:HEADER_BYTES], prefix[HEADER_BYTES:-4]
+        length = len(body) + 4 + vec.nbytes
+        head = head[:-4] + length.to_bytes(4, "big")
+        return b"".join((head, body, vec.size.to_bytes(4, "big"), memoryview(vec).cast("B")))
+
+    def _generic_bytes(self) -> bytes:
+        """The generic serialisation (used for the header and short vectors)."""
+        return Message.to_bytes(self)
+
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> ChainUpload:
         attempt, tag = r.u32(), r.raw(OVERHEAD)
@@ -373,12 +389,24 @@ def _seed_aad(config: ChainConfig, attempt: int, sender: int, receiver: int) -> 
     )
 
 
-def _upload_aad(config: ChainConfig, attempt: int, sender: int, vector: np.ndarray) -> bytes:
-    head = associated_data(
+def _upload_tag(key: bytes, config: ChainConfig, attempt: int, sender: int, vector: np.ndarray,
+                tag: bytes | None = None) -> bytes:
+    """Seal (``tag=None``) or verify the AES-GCM tag of an upload (empty plaintext).
+
+    The header context (instance, round, attempt, sender) is bound through a one-upload key
+    ``HKDF(key, info=context)``; the vector's bytes are the associated data, read in place
+    (no copy of the ``8 * dim`` bytes).
+    """
+    context = associated_data(
         instance=config.instance, round=config.round, sender=sender, receiver=SERVER,
         kind=f"chain/upload/attempt={attempt}",
     )
-    return head + vector.astype("<u8", copy=False).tobytes()
+    one_time = hkdf_sha256(key, info=context)
+    data = memoryview(np.ascontiguousarray(vector, dtype="<u8")).cast("B")
+    if tag is None:
+        return seal(one_time, b"", aad=data)  # type: ignore[arg-type]
+    open_sealed(one_time, tag, aad=data)  # type: ignore[arg-type]
+    return tag
 
 
 def _ka_info(config: ChainConfig, purpose: bytes) -> bytes:
@@ -514,7 +542,7 @@ class ChainClient:
             self._seed_log[(self._attempt, pid, self.client_id)] = seed
         y = _mask(self._value, self._sent.values(), received.values())
         key = self._keys.agree(self._ring.server_key, info=_ka_info(self.config, b"/upload"))  # type: ignore[union-attr]
-        tag = seal(key, b"", aad=_upload_aad(self.config, self._attempt, self.client_id, y))
+        tag = _upload_tag(key, self.config, self._attempt, self.client_id, y)
         self.stage = ClientStage.UPLOADED
         return ChainUpload(self.config.instance, self.config.round, self.client_id, SERVER,
                            attempt=self._attempt, vector=y, tag=tag).to_bytes()
@@ -749,7 +777,7 @@ class ChainServer:
         if key is None:
             key = self._keys.agree(self._public[msg.sender], info=_ka_info(self.config, b"/upload"))
             self._upload_keys[msg.sender] = key
-        open_sealed(key, msg.tag, aad=_upload_aad(self.config, msg.attempt, msg.sender, msg.vector))
+        _upload_tag(key, self.config, msg.attempt, msg.sender, msg.vector, tag=msg.tag)
         np.add(self._sum, msg.vector, out=self._sum)
         self._uploaded.add(msg.sender)
 

@@ -580,3 +580,14 @@ def test_chain_is_registered_in_the_runner():
     vals = np.linspace(-1, 1, 24).reshape(6, 4)
     decoded, _ = runner.run_real("chain", vals, fp, rounding="nearest")
     assert np.allclose(decoded, vals.sum(axis=0), atol=6 * 2.0**-17)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 1000])
+def test_fast_upload_serialisation_matches_the_generic_one(n):
+    from secagg.messages import Message
+
+    m = ChainUpload(os.urandom(16), 3, 4, SERVER, attempt=2, vector=np.arange(n, dtype=U64) * U64(2**40 + 3),
+                    tag=os.urandom(28))
+    assert m.to_bytes() == Message.to_bytes(m)
+    back = ChainUpload.from_bytes(m.to_bytes())
+    assert back.vector.tolist() == m.vector.tolist() and back.tag == m.tag and back.attempt == 2

@@ -30,9 +30,11 @@ into several ciphertexts by this module (not by TenSEAL, which prints a warning 
 Error bound (the derivation is in ``docs/he.md``): a fresh ciphertext decrypts with per-slot error at
 most ``(B_clean + N) / 2^scale_bits`` where ``B_clean = 8*sqrt(2)*sigma*N + 6*sigma*sqrt(N) +
 16*sigma*sqrt(h*N)`` (Cheon-Kim-Kim-Song 2017, Lemma 1, canonical-embedding bound with
-``sigma = 3.2`` and Hamming weight ``h <= N`` for SEAL's ternary secret) and ``N`` bounds the encoding
+``sigma = 3.2`` and Hamming weight ``h <= N`` for SEAL's ternary secret; the first term is scaled by
+``sqrt(4/3)`` because SEAL's ephemeral ``u`` is uniform ternary) and ``N`` bounds the encoding
 rounding; errors add under addition, so the sum of ``k`` ciphertexts errs by at most ``k`` times that.
-It is a heuristic high-probability bound (6-sigma tails), about 70x above typical measured errors.
+It is a heuristic high-probability bound (6-sigma tails), 90x above the error measured for one
+vector and 1000x for a sum of 100 (independent errors grow like sqrt(k), the bound like k).
 """
 
 from __future__ import annotations
@@ -128,7 +130,13 @@ class CKKSParams:
     def fresh_error_bound(self) -> float:
         """Per-slot error bound of one fresh encryption (see the module docstring)."""
         n = self.poly_modulus_degree
-        b_clean = 8 * math.sqrt(2) * _SIGMA * n + 6 * _SIGMA * math.sqrt(n) + 16 * _SIGMA * math.sqrt(n * n)
+        # The e*u term is scaled by sqrt(4/3): SEAL draws u uniform ternary (variance 2/3), the lemma
+        # assumes ZO(0.5) (variance 1/2). h <= N bounds the secret's Hamming weight.
+        b_clean = (
+            8 * math.sqrt(2) * math.sqrt(4 / 3) * _SIGMA * n
+            + 6 * _SIGMA * math.sqrt(n)
+            + 16 * _SIGMA * math.sqrt(n * n)
+        )
         return (b_clean + n) / 2.0**self.scale_bits
 
 

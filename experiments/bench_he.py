@@ -177,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
     backends = BACKENDS if args.backend == "all" else (args.backend,)
     results: dict[str, dict[str, Any]] = {}
     for backend in backends:
-        print(f"[bench he] {backend}: {args.items}x{args.dim} values, key {args.key_bits} bits ...", file=sys.stderr)
+        key = "CKKS N=8192" if backend == "ckks" else f"key {args.key_bits} bits"
+        print(f"[bench he] {backend}: {args.items}x{args.dim} values, {key} ...", file=sys.stderr)
         results[backend] = bench_backend(backend, args)
     summary: dict[str, Any] = {
         "benchmark": "he",

@@ -12,7 +12,7 @@ import importlib
 __all__ = ["BENCH_MODULES", "register"]
 
 #: Benchmark modules under ``experiments``, in help order.
-BENCH_MODULES: tuple[str, ...] = ("bench_he",)
+BENCH_MODULES: tuple[str, ...] = ("bench_he", "bench_aggregation")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

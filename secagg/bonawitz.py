@@ -242,14 +242,11 @@ def _advert_digest(cfg: MaskingConfig, who: int, c_pk: bytes, s_pk: bytes) -> by
 # messages
 # ----------------------------------------------------------------------------------------------
 def _fixed_records(r: Reader, size: int, max_count: int) -> list[tuple[int, bytes]]:
+    """``count`` then ``count`` records of (u32 id, ``size`` bytes), parsed in one C loop."""
     count = r.u32()
     if count > max_count:
         raise MessageError(f"{r._what}: {count} records exceed the limit {max_count}")
-    out = []
-    for _ in range(count):
-        who = r.u32()
-        out.append((who, r.raw(size)))
-    return out
+    return list(struct.iter_unpack(f">I{size}s", r.raw(count * (4 + size))))
 
 
 @register
@@ -420,12 +417,9 @@ class UnmaskResponse(Message):
         count = r.u32()
         if count > 2**24:
             raise MessageError(f"{r._what}: {count} shares exceed the limit")
-        out = []
-        for _ in range(count):
-            owner, kind = r.u32(), r.u8()
-            if kind not in (_KIND_B, _KIND_S):
-                raise MessageError(f"{r._what}: unknown share kind {kind}")
-            out.append((owner, kind, r.raw(SHARE_BYTES)))
+        out = list(struct.iter_unpack(f">IB{SHARE_BYTES}s", r.raw(count * (5 + SHARE_BYTES))))
+        if any(kind not in (_KIND_B, _KIND_S) for _, kind, _ in out):
+            raise MessageError(f"{r._what}: unknown share kind")
         return cls(**head, shares=tuple(out))
 
 
@@ -673,6 +667,7 @@ class MaskingServer:
         self.signatures: dict[int, bytes] = {}
         self.responses: dict[int, tuple[tuple[int, int, bytes], ...]] = {}
         self.masks_expanded = 0  #: PRG expansions of length ``dim`` done in :meth:`finish`
+        self.key_agreements = 0  #: X25519 + HKDF evaluations done in :meth:`finish`
         #: what the server reconstructed in :meth:`finish`: owner -> ("b" | "s", 32-byte secret)
         self.revealed: dict[int, tuple[str, bytes]] = {}
 
@@ -843,5 +838,6 @@ class MaskingServer:
                     # u added sign(u, v) * PRG(s_uv): remove it.
                     prg.expand_into(seed, acc, label=b"pair", negate=u < v)
                     masks += 1
+                    self.key_agreements += 1
         self.masks_expanded = masks
         return acc

@@ -90,7 +90,7 @@ class Writer:
 class Reader:
     """Strict body parser: every read checks bounds; :meth:`done` refuses trailing bytes."""
 
-    def __init__(self, data: bytes, what: str) -> None:
+    def __init__(self, data: bytes | memoryview, what: str) -> None:
         self._mv = memoryview(data)
         self._pos = 0
         self._what = what
@@ -124,7 +124,9 @@ class Reader:
         n = self.u32()
         if n > max_len:
             raise self._fail(f"vector of {n} words exceeds the limit {max_len}")
-        return np.frombuffer(self._take(8 * n), dtype="<u8").astype(np.uint64)
+        arr = np.frombuffer(self._take(8 * n), dtype="<u8")
+        # zero-copy (read-only) on little-endian hosts: the server adds it into its sum directly
+        return arr.view(np.uint64) if arr.dtype == np.dtype(np.uint64) else arr.astype(np.uint64)
 
     def done(self) -> None:
         if self._pos != len(self._mv):
@@ -215,7 +217,7 @@ def decode(data: bytes) -> Message:
     if len(data) - HEADER_BYTES != body_len:
         reason = "truncated" if len(data) - HEADER_BYTES < body_len else "trailing bytes after"
         raise MessageError(f"{what}: {reason} body (header says {body_len} bytes, found {len(data) - HEADER_BYTES})")
-    r = Reader(data[HEADER_BYTES:], what)
+    r = Reader(memoryview(data)[HEADER_BYTES:], what)
     msg = cls._read_body(r, {"instance": instance, "round": rnd, "sender": sender, "receiver": receiver})
     r.done()
     return msg

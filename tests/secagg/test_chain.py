@@ -591,3 +591,19 @@ def test_fast_upload_serialisation_matches_the_generic_one(n):
     assert m.to_bytes() == Message.to_bytes(m)
     back = ChainUpload.from_bytes(m.to_bytes())
     assert back.vector.tolist() == m.vector.tolist() and back.tag == m.tag and back.attempt == 2
+
+
+def test_chain_bench_rows_json_and_errors(capsys):
+    import json
+
+    from secagg.chain_bench import bench_one, breakdown, main
+
+    row = bench_one(6, 16, 0.5, s=2)
+    assert row["correct"] and row["attempts"] == 2 and row["k"] == 2 and row["abort"] is None
+    assert row["bytes_per_client"] == 2 * message_size(Kind.UPLOAD, dim=16) + message_size(Kind.ADVERT) + 2 * message_size(
+        Kind.BUNDLE, s=2)
+    assert set(breakdown(8, n=4)) >= {"client.upload", "server.receive_upload", "prg_bound_client"}
+    assert main(["--clients", "5", "--dims", "4", "--dropouts", "0", "0.4"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["correct"] for r in out["rows"]] == [True, True]
+    assert main(["--dropouts", "1.5"]) == 2 and main(["--clients", "0"]) == 2

@@ -134,3 +134,18 @@ def test_tampering_any_message_never_yields_a_wrong_sum(n, s, data):
     oracle = [sum(int(inputs[c][j]) for c in run.survivors) % 2**64 for j in range(dim)]
     assert run.result.tolist() == oracle
     assert len(run.survivors) >= 2
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 64), st.integers(1, 4), st.sampled_from([0, 2**63 + 5, 2**64 - 1]))
+def test_uploads_look_uniform_whatever_the_input(n, s, constant):
+    """Every bit of every upload is balanced (6-sigma band), even for constant inputs."""
+    dim = 64
+    config = ChainConfig(instance=os.urandom(16), round=5, dim=dim, successors=s)
+    run = simulate(config, {c: np.full(dim, constant, dtype=U64) for c in range(n)})
+    ups = np.concatenate([ChainUpload.from_bytes(d).vector for k, _, _, d in run.server_view if k is Kind.UPLOAD])
+    bits = np.unpackbits(ups.view(np.uint8))
+    sigma = 0.5 / np.sqrt(bits.size)
+    assert abs(bits.mean() - 0.5) < 6 * sigma
+    per_position = np.unpackbits(ups.view(np.uint8).reshape(-1, 8), axis=1).mean(axis=0)
+    assert np.all(np.abs(per_position - 0.5) < 6 * 0.5 / np.sqrt(ups.size))

@@ -51,3 +51,11 @@ def test_help(capsys):
         main(["bench", "aggregation", "--help"])
     assert exc.value.code == 0
     assert "--flower" in capsys.readouterr().out
+
+
+def test_client_masking_only_mode(capsys):
+    assert main(["bench", "aggregation", "--protocol", "secagg+", "--clients", "20", "--dim", "1000",
+                 "--client-masking-only", "--sample", "2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["k"] == 10 and res["t"] == 6 and res["sampled"] == 2 and res["client_mask_s"] > 0
+    assert main(["bench", "aggregation", "--protocol", "plain", "--client-masking-only"]) == 2

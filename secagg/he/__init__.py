@@ -4,9 +4,11 @@ Key model of both (FedMF's): every client holds the same secret key; the server 
 (and, for CKKS, evaluation) keys, adds ciphertexts, and cannot decrypt. Any client can decrypt any
 other client's upload: this is the shared-key weakness, documented in ``docs/he.md``.
 
-``secagg.he.ckks`` imports TenSEAL and is therefore not imported here; import it explicitly.
+``secagg.he.ckks`` imports TenSEAL and is therefore not imported here; import it explicitly
+(:func:`make_backend` imports it on demand for ``scheme="ckks"``).
 """
 
+from secagg.he.backends import HEClient, HEServer, make_backend
 from secagg.he.errors import (
     CiphertextError,
     HEError,
@@ -31,7 +33,9 @@ __all__ = [
     "DEFAULT_KEY_BITS",
     "MIN_KEY_BITS",
     "CiphertextError",
+    "HEClient",
     "HEError",
+    "HEServer",
     "InsecureKeySizeWarning",
     "KeyMismatchError",
     "NoSecretKeyError",
@@ -46,5 +50,6 @@ __all__ = [
     "decrypt_packed",
     "encrypt_packed",
     "generate_keypair",
+    "make_backend",
     "sum_packed",
 ]

@@ -34,7 +34,10 @@ Limits (each demonstrated by a test in ``tests/secagg/test_chain*.py``):
     * an attempt abandoned because of a dropout must stay abandoned: a server that kept a
       dropped client's late upload of attempt ``a`` and then completed attempt ``a + 1`` would
       hold two sums over different client sets; their difference is the late clients' inputs
-      (a test shows it). The server state machine rejects late uploads for that reason.
+      (a test shows it). The server state machine rejects late uploads for that reason, and it
+      aborts (rather than re-runs) when a ring member's upload of the current attempt arrived
+      but was refused (tampered or malformed) with no valid one following, since those bytes
+      may carry the member's masked vector.
 
 Protocol, one round (instance and round are bound into every message and ciphertext):
     1. ``ADVERTISE``: each client sends a fresh X25519 public key.
@@ -86,6 +89,7 @@ import numpy as np
 from secagg.channel import OVERHEAD, associated_data, open_sealed, seal
 from secagg.errors import AbortError, AuthenticationError, MessageError
 from secagg.keys import KEY_BYTES, KeyPair, hkdf_sha256
+from secagg.messages import _HEADER as _WIRE_HEADER
 from secagg.messages import HEADER_BYTES, SERVER, Message, Reader, Writer, decode, register
 from secagg.prg import SEED_BYTES, expand_into
 
@@ -685,6 +689,7 @@ class ChainServer:
         self._s = 0
         self._bundles: dict[int, tuple[tuple[int, bytes], ...]] = {}
         self._uploaded: set[int] = set()
+        self._spoiled: set[int] = set()
         self._sum: np.ndarray | None = None
         self._shuffle = secrets.SystemRandom().shuffle  # OS CSPRNG
         self._keys = KeyPair.generate()  # authenticates uploads (client -> server, not relayed)
@@ -764,6 +769,31 @@ class ChainServer:
             AuthenticationError: the tag does not verify (tampered vector or header; state
                 unchanged; the client counts as dropped unless a valid upload follows).
         """
+        try:
+            self._receive_upload(message)
+        except (MessageError, AuthenticationError):
+            self._note_spoiled(message)
+            raise
+
+    def _note_spoiled(self, message: bytes) -> None:
+        """Remember a ring member whose upload for this attempt arrived but was refused.
+
+        Its bytes may carry that member's masked vector; re-running without the member would let
+        a server that kept them subtract two sums, so :meth:`close_upload` aborts instead.
+        """
+        if self.stage is not ServerStage.UPLOAD or not isinstance(message, (bytes, bytearray, memoryview)):
+            return
+        data = bytes(message[: HEADER_BYTES + 4])
+        if len(data) < HEADER_BYTES + 4:
+            return
+        _, _, _, _, instance, rnd, sender, _, _ = _WIRE_HEADER.unpack_from(data)
+        attempt = int.from_bytes(data[HEADER_BYTES:], "big")
+        if (instance, rnd, attempt) == (self.config.instance, self.config.round, self.attempt) and (
+            sender in self._position and sender not in self._uploaded
+        ):
+            self._spoiled.add(sender)
+
+    def _receive_upload(self, message: bytes) -> None:
         msg = self._accept(message, Kind.UPLOAD)
         assert isinstance(msg, ChainUpload) and self._sum is not None
         where = f"server stage UPLOAD (attempt {self.attempt})"
@@ -786,6 +816,16 @@ class ChainServer:
         self._require(ServerStage.UPLOAD, "close_upload")
         if len(self._uploaded) != len(self.ring):
             missing = sorted(set(self.ring) - self._uploaded)
+            spoiled = sorted(self._spoiled - self._uploaded)
+            if spoiled:
+                self._sum = None
+                self.history.append(AttemptRecord(self.attempt, self.ring, frozenset(self._uploaded), "aborted"))
+                self.stage = ServerStage.ABORTED
+                raise AbortError(
+                    f"chain round {self.config.round}, attempt {self.attempt}: uploads from {spoiled} arrived but "
+                    "were refused (tampered or malformed) and no valid one followed; re-running without them could "
+                    "expose them to a server that kept the refused bytes, so the round aborts. Check the transport."
+                )
             self._sum = None  # an abandoned attempt's sum is still masked: discard it
             return self._restart(sorted(self._uploaded), reason=f"no upload from {missing}")
         self.survivors = frozenset(self.ring)
@@ -879,6 +919,7 @@ class ChainServer:
         self._position = {cid: i for i, cid in enumerate(ring)}
         self._s = effective_successors(self.config.successors, len(ring))
         self._bundles, self._uploaded, self._sum = {}, set(), None
+        self._spoiled: set[int] = set()
         self.stage = ServerStage.SHARE
         messages = {}
         for cid in ring:

@@ -401,13 +401,19 @@ def test_tampered_upload_fails_authentication_and_is_re_run_without_it():
     f.server.close()
     assert f.server.result().tolist() == oracle_sum(f.inputs, f.inputs)
 
+    # a refused upload is never followed by a re-run without its sender: the server saw its
+    # masked vector, and a second sum over a smaller set would expose it. The round aborts.
     def tamper(kind, sender, receiver, data):
         return flip(data, len(data) - 1) if kind is Kind.UPLOAD and sender == 11 else data
 
     inputs = rand_inputs(5, 4, seed=2)
     run = simulate(cfg(dim=4), inputs, tamper=tamper)
-    assert run.survivors == frozenset(inputs) - {11}
-    assert run.result.tolist() == oracle_sum(inputs, run.survivors)
+    assert run.result is None and "were refused" in str(run.abort)
+    assert any(isinstance(err, AuthenticationError) for _, err in run.rejected)
+    # an upload lost in transit (never seen, not refused) still leads to a re-run
+    lost = simulate(cfg(dim=4), inputs, tamper=lambda k, s_, r, d: None if k is Kind.UPLOAD and s_ == 11 else d)
+    assert lost.survivors == frozenset(inputs) - {11}
+    assert lost.result.tolist() == oracle_sum(inputs, lost.survivors)
 
 
 def test_server_rejects_bad_bundles():
@@ -607,3 +613,27 @@ def test_chain_bench_rows_json_and_errors(capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [r["correct"] for r in out["rows"]] == [True, True]
     assert main(["--dropouts", "1.5"]) == 2 and main(["--clients", "0"]) == 2
+
+
+def test_refused_upload_without_a_valid_retry_aborts_but_foreign_garbage_does_not():
+    f = Flow().advertise().share().upload()
+    victim, *others = list(f.uploads)
+    for c in others:
+        f.server.receive(f.uploads[c])
+    with pytest.raises(MessageError):
+        f.server.receive(f.uploads[victim][:-5])  # truncated: the server saw most of y_victim
+    with pytest.raises(AbortError, match=rf"uploads from \[{victim}\] arrived but were refused"):
+        f.server.close()
+    assert f.server.stage is ServerStage.ABORTED
+
+    g = Flow().advertise().share().upload()
+    victim, *others = list(g.uploads)
+    for c in others:
+        g.server.receive(g.uploads[c])
+    foreign = Flow().advertise().share().upload()  # another instance: not this round's content
+    with pytest.raises(MessageError, match="protocol instance"):
+        g.server.receive(foreign.uploads[victim])
+    with pytest.raises(MessageError):
+        g.server.receive(os.urandom(100))
+    step = g.server.close()  # the victim simply never uploaded: re-run among the others
+    assert step.kind is Kind.RING and set(step.messages) == set(others)

@@ -151,7 +151,7 @@ _RUNNERS = {"paillier": _bench_paillier, "phe": _bench_phe, "ckks": _bench_ckks}
 
 def bench_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     """Time one FedMF iteration (encrypt upload, server add, decrypt) with ``backend``."""
-    rng = np.random.default_rng(args.seed)  # simulation data only: synthetic gradients and items
+    rng = np.random.default_rng(args.seed)  # CSPRNG-OK: synthetic gradients and items, not secrets
     grad = rng.normal(scale=0.1, size=(args.items, args.dim))
     matrix = rng.normal(scale=0.5, size=(args.items, args.dim))
     result = _RUNNERS[backend](grad, matrix, args)

@@ -22,6 +22,7 @@ from secagg.he.packing import PackedCiphertext, PackingSpec, decrypt_packed, enc
 from secagg.he.paillier import (
     DEFAULT_KEY_BITS,
     MIN_KEY_BITS,
+    ObfuscatorPool,
     PaillierCiphertext,
     PaillierKeyPair,
     PaillierPrivateKey,
@@ -39,6 +40,7 @@ __all__ = [
     "InsecureKeySizeWarning",
     "KeyMismatchError",
     "NoSecretKeyError",
+    "ObfuscatorPool",
     "PackedCiphertext",
     "PackingSpec",
     "PaillierCiphertext",

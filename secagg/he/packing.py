@@ -45,7 +45,7 @@ from secagg.he.errors import (
     PlaintextOverflowError,
     ShapeMismatchError,
 )
-from secagg.he.paillier import PaillierPrivateKey, PaillierPublicKey
+from secagg.he.paillier import ObfuscatorPool, PaillierPrivateKey, PaillierPublicKey
 
 __all__ = [
     "PackedCiphertext",
@@ -367,6 +367,7 @@ def encrypt_packed(
     spec: PackingSpec | None = None,
     *,
     integers: bool = False,
+    pool: ObfuscatorPool | None = None,
 ) -> PackedCiphertext:
     """Fixed-point encode, pack and encrypt a vector (any shape is flattened, C order).
 
@@ -376,6 +377,8 @@ def encrypt_packed(
             hold it).
         spec: The packing layout (default :class:`PackingSpec()`).
         integers: Treat ``values`` as already-scaled signed integers.
+        pool: Precomputed single-use randomness for ``key`` (online encryption then costs one
+            multiplication per ciphertext); entries are consumed.
 
     Returns:
         The packed ciphertext with ``summands == 1``.
@@ -389,7 +392,11 @@ def encrypt_packed(
     slot_values = spec.encode_ints(ints)
     slots = spec.slots_for(public)
     plaintexts = spec.pack(slot_values, slots)
-    if isinstance(key, PaillierPrivateKey):
+    if pool is not None:
+        if pool.public_key != public:
+            raise KeyMismatchError("the obfuscator pool was precomputed for another key.")
+        enc = [pool.encrypt_int(m).value for m in plaintexts]
+    elif isinstance(key, PaillierPrivateKey):
         enc = [key._encrypt_int_with_parts(m, *key.random_parts()) for m in plaintexts]
     else:
         enc = [public._encrypt_int_with_r(m, public.random_r()) for m in plaintexts]

@@ -31,6 +31,8 @@ def test_bench_all_backends_tiny_shape(capsys) -> None:
     assert summary["results"]["phe"]["max_abs_error"] < 1e-9
     assert summary["results"]["ckks"]["max_abs_error"] <= summary["results"]["ckks"]["error_bound"]
     assert summary["results"]["paillier"]["ciphertexts"] == 1
+    assert 0 < summary["results"]["paillier"]["encrypt_online_with_pool_s"]
+    assert 0 < summary["results"]["paillier"]["pool_offline_s"]
     assert summary["results"]["phe"]["ciphertexts"] == 10
     assert summary["paillier_speedup_vs_phe"] > 0 and summary["ckks_to_paillier_ratio"] > 0
     assert "[bench he]" in captured.err and "[bench he]" not in captured.out

@@ -312,3 +312,47 @@ def test_limit_malleability_server_adds_undetected_offset(kp1024) -> None:
     upload = sk.encrypt_int(1000)
     tampered = pk.add(upload, pk.encrypt_int(5))
     assert sk.decrypt_int(tampered) == 1005
+
+
+# -- offline/online encryption ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("holder", ["private", "public"])
+def test_pool_entries_are_distinct_single_use_encryptions_of_zero(kp1024, holder: str) -> None:
+    from secagg.he import ObfuscatorPool
+
+    key = kp1024.private_key if holder == "private" else kp1024.public_key
+    pool = ObfuscatorPool(key)
+    pool.refill(6)
+    assert len(pool) == 6
+    _, psk = _phe_keys(kp1024)
+    entries = [pool.take() for _ in range(6)]
+    assert len(pool) == 0 and len({int(e) for e in entries}) == 6
+    assert all(psk.raw_decrypt(int(e)) == 0 for e in entries)
+    # Empty pool: fresh randomness on the spot, still correct and still fresh.
+    a, b = pool.encrypt_int(99), pool.encrypt_int(99)
+    assert a.value != b.value
+    assert kp1024.private_key.decrypt_int(a) == kp1024.private_key.decrypt_int(b) == 99
+
+
+def test_pool_online_encryption_matches_plaintext_and_phe(kp1024) -> None:
+    from secagg.he import ObfuscatorPool, PackingSpec, decrypt_packed, encrypt_packed
+
+    pool = ObfuscatorPool(kp1024.private_key)
+    pool.refill(3)
+    x = np.linspace(-2.0, 2.0, 60)
+    ct = encrypt_packed(x, kp1024.public_key, PackingSpec(), pool=pool)
+    assert len(pool) == 0  # 60 values / 23 slots = 3 ciphertexts, each entry used once
+    np.testing.assert_allclose(decrypt_packed(ct, kp1024.private_key), x, atol=2.0**-17)
+    _, psk = _phe_keys(kp1024)
+    assert all(0 <= psk.raw_decrypt(int(v)) < 2 ** (23 * 42) for v in ct.values)
+
+
+def test_pool_for_another_key_is_refused(kp1024, other1024) -> None:
+    from secagg.he import ObfuscatorPool, encrypt_packed
+
+    pool = ObfuscatorPool(other1024.private_key)
+    with pytest.raises(KeyMismatchError, match="another key"):
+        encrypt_packed([1.0], kp1024.public_key, pool=pool)
+    with pytest.raises(HEError, match="non-negative"):
+        pool.refill(-1)

@@ -38,6 +38,8 @@ Decisions the papers leave open:
   and ``sq^q mod q^2`` (uniform ``sp``, ``sq``) joined by the CRT, the same distribution as ``r^n``
   at a fraction of the cost; for a given ``r`` the output is identical to the public-key path (a
   known-answer test checks it against python-paillier's ``raw_encrypt``).
+* Offline/online: :class:`ObfuscatorPool` precomputes single-use n-th residues while a client is
+  idle, so online encryption is one multiplication per ciphertext.
 * Serialization never contains ``p`` or ``q`` unless the caller asks for the secret key explicitly.
 """
 

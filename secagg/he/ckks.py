@@ -352,6 +352,11 @@ def sum_vectors(vectors: Iterable[CKKSCiphertext], context: CKKSContext) -> CKKS
             raise ShapeMismatchError(
                 f"cannot add encrypted vectors of lengths {vectors[0].length} and {v.length}."
             )
+        if len(v.chunks) != -(-v.length // context.params.slots):
+            raise ShapeMismatchError(
+                f"CKKS vector of length {v.length} holds {len(v.chunks)} chunks; expected "
+                f"{-(-v.length // context.params.slots)}."
+            )
     if len(vectors) == 1:
         acc = list(vectors[0].chunks)
     else:

@@ -424,6 +424,12 @@ def sum_packed(vectors: Iterable[PackedCiphertext], public_key: PaillierPublicKe
         )
     for other in vectors[1:]:
         first.check_compatible(other)
+    expected = -(-first.length // first.slots) if first.length else 0
+    for v in vectors:
+        if len(v.values) != expected:
+            raise ShapeMismatchError(
+                f"packed vector of length {v.length} holds {len(v.values)} ciphertexts; expected {expected}."
+            )
     total = sum(v.summands for v in vectors)
     if total > first.spec.max_summands:
         raise PlaintextOverflowError(

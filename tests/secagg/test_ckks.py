@@ -248,3 +248,12 @@ def test_summing_never_mutates_the_inputs(client_ctx, server_ctx) -> None:
     single = sum_vectors([a], server_ctx)
     assert single.summands == 1
     np.testing.assert_allclose(decrypt_vector(single, client_ctx), [1.0, 2.0], atol=1e-5)
+
+
+def test_in_memory_vector_with_missing_chunks_is_refused(client_ctx, server_ctx) -> None:
+    a = encrypt_vector(np.zeros(5000), client_ctx)
+    short = CKKSCiphertext(a.fingerprint, a.length, 1, a.chunks[:1])
+    with pytest.raises(ShapeMismatchError, match="holds 1 chunks; expected 2"):
+        sum_vectors([a, short], server_ctx)
+    with pytest.raises(ShapeMismatchError):
+        decrypt_vector(short, client_ctx)

@@ -375,3 +375,12 @@ def test_limit_malleability_in_range_shift_is_undetected(kp) -> None:
     forged = PackedCiphertext(upload.fingerprint, spec, upload.slots, 3, 1, forged_values)
     got = decrypt_packed(forged, kp.private_key, integers=True)
     np.testing.assert_array_equal(got, np.array([1, 2, 3]) * 2**16 + np.array([0, 5, 0]))
+
+
+def test_in_memory_vector_with_missing_ciphertexts_is_refused(kp) -> None:
+    a = encrypt_packed(np.arange(50.0), kp.public_key)
+    short = PackedCiphertext(a.fingerprint, a.spec, a.slots, a.length, 1, a.values[:-1])
+    with pytest.raises(ShapeMismatchError, match="holds 2 ciphertexts; expected 3"):
+        sum_packed([a, short], kp.public_key)
+    with pytest.raises(ShapeMismatchError):
+        decrypt_packed(short, kp.private_key)

@@ -15,8 +15,9 @@ masked input, the expensive case for the server. Reported:
 * ``prg_bound_s``: seconds to expand, with AES-256-CTR, as many ``dim``-long masks as the server
   expanded (``masks``), measured in the same run: the throughput bound of any pairwise-mask server;
   ``kex_bound_s``: seconds for the server's ``key_agreements`` X25519+HKDF evaluations (one per
-  mask shared between a dropped client and a survivor); ``ratio_crypto_bound`` compares
-  ``server_s`` with ``prg_bound_s + kex_bound_s + plain_s``;
+  mask shared between a dropped client and a survivor); ``sig_bound_s``: seconds for its
+  ``signatures_verified`` Ed25519 checks; ``ratio_crypto_bound`` compares ``server_s`` with
+  ``prg_bound_s + kex_bound_s + sig_bound_s + plain_s``;
 * with ``--flower``: Flower's SecAgg+ workflow run in-process on the same n, d, dropout, k and t
   (``num_shares = k + 1``, since Flower counts the client itself), in a separate interpreter
   (``--flower-python``, default ``$SECAGG_FLOWER_PYTHON`` or ``/tmp/flwr-venv/bin/python``)
@@ -112,6 +113,18 @@ def _kex_bound(count: int) -> float:
     return time.perf_counter() - t0
 
 
+def _sig_bound(count: int) -> float:
+    """Seconds for ``count`` Ed25519 verifications (the server's robustness checks)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    sk = Ed25519PrivateKey.generate()
+    pk, sig = sk.public_key(), sk.sign(b"bench")
+    t0 = time.perf_counter()
+    for _ in range(count):
+        pk.verify(sig, b"bench")
+    return time.perf_counter() - t0
+
+
 def bench(
     protocol: str, n: int, dim: int, dropout: float, *, k: int | None = None, t: int | None = None, seed: int = 0
 ) -> dict:
@@ -143,6 +156,7 @@ def bench(
     print(f"measuring PRG bound ({res.masks_expanded} masks)", file=sys.stderr)
     prg_bound = _prg_bound(res.masks_expanded, dim)
     kex_bound = _kex_bound(res.key_agreements)
+    sig_bound = _sig_bound(res.signatures_verified)
     # cost of a client that completes the protocol (dropped clients stop early)
     active = np.zeros(n, dtype=bool)
     active[survivors] = True
@@ -171,11 +185,13 @@ def bench(
         "prg_bound_s": prg_bound,
         "key_agreements": res.key_agreements,
         "kex_bound_s": kex_bound,
+        "signatures_verified": res.signatures_verified,
+        "sig_bound_s": sig_bound,
         "ratio_plain": res.server_s / plain.server_s if plain.server_s > 0 else None,
         "ratio_prg_bound": res.server_s / prg_bound if prg_bound > 0 else None,
-        # PRG + key agreements + plain summation: what any pairwise-mask server must spend
-        "ratio_crypto_bound": res.server_s / (prg_bound + kex_bound + plain.server_s)
-        if prg_bound + kex_bound + plain.server_s > 0 else None,
+        # PRG + key agreements + signature checks + plain summation: the primitives' floor
+        "ratio_crypto_bound": res.server_s / (prg_bound + kex_bound + sig_bound + plain.server_s)
+        if prg_bound + kex_bound + sig_bound + plain.server_s > 0 else None,
     }
     return out
 

@@ -58,7 +58,7 @@ import hashlib
 import math
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -269,6 +269,10 @@ class AdvertiseKeys(Message):
 
 
 _ADVERT_RECORD = 2 * KEY_BYTES + SIG_BYTES
+_REC_ADVERT = struct.Struct(f">I{_ADVERT_RECORD}s")
+_REC_CT = struct.Struct(f">I{CT_BYTES}s")
+_REC_SIG = struct.Struct(f">I{SIG_BYTES}s")
+_REC_SHARE = struct.Struct(f">IB{SHARE_BYTES}s")
 
 
 @register
@@ -281,9 +285,7 @@ class KeyBroadcast(Message):
     entries: tuple[tuple[int, bytes], ...] = ()  # (client id, c_pk || s_pk || sig)
 
     def _write_body(self, w: Writer) -> None:
-        w.u32(len(self.entries))
-        for who, rec in self.entries:
-            w.u32(who).raw(rec)
+        w.records(_REC_ADVERT, list(self.entries))
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> KeyBroadcast:
@@ -300,9 +302,7 @@ class EncryptedShares(Message):
     shares: tuple[tuple[int, bytes], ...] = ()  # (receiver, ciphertext)
 
     def _write_body(self, w: Writer) -> None:
-        w.u32(len(self.shares))
-        for who, ct in self.shares:
-            w.u32(who).raw(ct)
+        w.records(_REC_CT, list(self.shares))
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> EncryptedShares:
@@ -319,9 +319,7 @@ class ForwardedShares(Message):
     shares: tuple[tuple[int, bytes], ...] = ()  # (sender, ciphertext)
 
     def _write_body(self, w: Writer) -> None:
-        w.u32(len(self.shares))
-        for who, ct in self.shares:
-            w.u32(who).raw(ct)
+        w.records(_REC_CT, list(self.shares))
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> ForwardedShares:
@@ -389,9 +387,7 @@ class UnmaskRequest(Message):
     signatures: tuple[tuple[int, bytes], ...] = ()
 
     def _write_body(self, w: Writer) -> None:
-        w.u32(len(self.signatures))
-        for who, sig in self.signatures:
-            w.u32(who).raw(sig)
+        w.records(_REC_SIG, list(self.signatures))
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> UnmaskRequest:
@@ -408,9 +404,7 @@ class UnmaskResponse(Message):
     shares: tuple[tuple[int, int, bytes], ...] = ()  # (owner, kind 0=b/1=s, share)
 
     def _write_body(self, w: Writer) -> None:
-        w.u32(len(self.shares))
-        for owner, kind, sh in self.shares:
-            w.u32(owner).u8(kind).raw(sh)
+        w.records(_REC_SHARE, list(self.shares))
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> UnmaskResponse:
@@ -590,11 +584,10 @@ class MaskingClient:
                 f"stage MASKED_INPUT: client {self.id} has {len(received) + 1} holders in U2, fewer than t = {cfg.t}"
             )
         y = x.copy()
-        prg.expand_into(st.b, y, label=b"self")
         info = cfg.info(b"secagg/mask")
-        for v in received:
-            seed = st.s.agree(st.peers_s_pk[v], info=info)
-            prg.expand_into(seed, y, label=b"pair", negate=self.id > v)
+        masks = [(st.b, b"self", False)]
+        masks += [(st.s.agree(st.peers_s_pk[v], info=info), b"pair", self.id > v) for v in received]
+        prg.accumulate(y, masks)
         self._leave("mask_input", _Masked(received, frozenset(received) | {self.id}, st.own_b_share))
         return MaskedInput(**self._head(), y=y)
 
@@ -665,9 +658,11 @@ class MaskingServer:
         self._u3_list: list[int] = []
         self._u3_seen: dict[int, bool] = {}
         self.signatures: dict[int, bytes] = {}
+        self._digest = b""  # what U3's signers sign (set when U3 is fixed)
         self.responses: dict[int, tuple[tuple[int, int, bytes], ...]] = {}
         self.masks_expanded = 0  #: PRG expansions of length ``dim`` done in :meth:`finish`
         self.key_agreements = 0  #: X25519 + HKDF evaluations done in :meth:`finish`
+        self.signatures_verified = 0  #: Ed25519 verifications done in :meth:`receive`
         #: what the server reconstructed in :meth:`finish`: owner -> ("b" | "s", 32-byte secret)
         self.revealed: dict[int, tuple[str, bytes]] = {}
 
@@ -698,6 +693,7 @@ class MaskingServer:
         if isinstance(msg, AdvertiseKeys):
             if u in self.adverts:
                 raise MessageError(f"stage {name}: replayed message from client {u} (already received)")
+            self.signatures_verified += 1
             if not _verify(self._pki, u, msg.sig, _advert_digest(self.cfg, u, msg.c_pk, msg.s_pk)):
                 raise AuthenticationError("authenticated decryption failed")
             self.adverts[u] = msg.c_pk + msg.s_pk + msg.sig
@@ -717,11 +713,12 @@ class MaskingServer:
             self._u3_seen[u] = True
         elif isinstance(msg, ConsistencySignature):
             self._require(u, self.u3, self.signatures, name)
-            if not _verify(self._pki, u, msg.sig, self.cfg.survivors_digest(sorted(self.u3))):
+            self.signatures_verified += 1
+            if not _verify(self._pki, u, msg.sig, self._digest):
                 raise AuthenticationError("authenticated decryption failed")
             self.signatures[u] = msg.sig
         elif isinstance(msg, UnmaskResponse):
-            self._require(u, frozenset(self.signatures), self.responses, name)
+            self._require(u, self.signatures, self.responses, name)
             allowed = {v for v in self.cfg.graph[u] if v in self.u2} | {u}
             owners = [o for o, _, _ in msg.shares]
             if len(set(owners)) != len(owners) or set(owners) != allowed:
@@ -735,7 +732,7 @@ class MaskingServer:
         return u
 
     @staticmethod
-    def _require(u: int, allowed: frozenset[int], done: Mapping[int, object], name: str) -> None:
+    def _require(u: int, allowed: Collection[int], done: Mapping[int, object], name: str) -> None:
         if u not in allowed:
             raise MessageError(f"stage {name}: client {u} is not in the previous stage's survivor set")
         if u in done:
@@ -775,7 +772,8 @@ class MaskingServer:
         self.u3 = frozenset(self._u3_list)
         self._need(len(self.u3), "MASKED_INPUT", "masked inputs arrived")
         surv = tuple(sorted(self.u3))
-        return {u: SurvivorList(**self._head(u), survivors=surv).to_bytes() for u in surv}
+        self._digest = self.cfg.survivors_digest(surv)
+        return SurvivorList(**self._head(SERVER), survivors=surv).broadcast(list(surv))
 
     def request_unmask(self) -> dict[int, bytes]:
         """Close CONSISTENCY: send each signer the signatures of its holders."""
@@ -822,10 +820,8 @@ class MaskingServer:
             raise AbortError(f"stage UNMASK: inconsistent shares ({exc}); aggregation aborted") from exc
         self.revealed = {o: ("b" if o in self.u3 else "s", sec) for o, sec in secrets.items()}
         acc = self.acc.copy()
-        masks = 0
-        for u in sorted(self.u3):
-            prg.expand_into(secrets[u], acc, label=b"self", negate=True)
-            masks += 1
+        # (seed, label, subtract?) of every mask to strip, then one cache-blocked pass.
+        strip: list[tuple[bytes, bytes, bool]] = [(secrets[u], b"self", True) for u in sorted(self.u3)]
         info = cfg.info(b"secagg/mask")
         for v in dropped:
             sk = KeyPair.from_private_bytes(secrets[v])
@@ -836,8 +832,9 @@ class MaskingServer:
                 if u in self.u3:
                     seed = sk.agree(self.adverts[u][KEY_BYTES : 2 * KEY_BYTES], info=info)
                     # u added sign(u, v) * PRG(s_uv): remove it.
-                    prg.expand_into(seed, acc, label=b"pair", negate=u < v)
-                    masks += 1
+                    strip.append((seed, b"pair", u < v))
                     self.key_agreements += 1
+        prg.accumulate(acc, strip)
+        masks = len(strip)
         self.masks_expanded = masks
         return acc

@@ -83,6 +83,13 @@ class Writer:
         self._parts.append(struct.pack(">I", arr.size) + arr.astype("<u8", copy=False).tobytes())
         return self
 
+    def records(self, fmt: struct.Struct, items: list[tuple]) -> Writer:
+        """``len(items)`` as u32, then each item packed with ``fmt``."""
+        self._parts.append(struct.pack(">I", len(items)))
+        pack = fmt.pack
+        self._parts.extend(pack(*item) for item in items)
+        return self
+
     def getvalue(self) -> bytes:
         return b"".join(self._parts)
 
@@ -186,6 +193,16 @@ class Message:
         body = w.getvalue()
         head = _HEADER.pack(MAGIC, VERSION, self.KIND, self.STAGE, self.instance, self.round, self.sender, self.receiver, len(body))
         return head + body
+
+    def broadcast(self, receivers: list[int]) -> dict[int, bytes]:
+        """Wire bytes of this message for each receiver: the body is encoded once."""
+        w = Writer()
+        self._write_body(w)
+        body = w.getvalue()
+        out = {}
+        for r in receivers:
+            out[r] = _HEADER.pack(MAGIC, VERSION, self.KIND, self.STAGE, self.instance, self.round, self.sender, r, len(body)) + body
+        return out
 
     @classmethod
     def from_bytes(cls: type[M], data: bytes) -> M:

@@ -16,7 +16,7 @@ import hashlib
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-__all__ = ["SEED_BYTES", "expand", "expand_into"]
+__all__ = ["SEED_BYTES", "accumulate", "expand", "expand_into"]
 
 SEED_BYTES = 32
 _DOMAIN = b"secagg/prg/v1"
@@ -93,3 +93,44 @@ def _zeros(nbytes: int) -> bytes:
             _ZERO_CACHE.clear()
         z = _ZERO_CACHE[nbytes] = bytes(nbytes)
     return z
+
+
+def accumulate(
+    out: np.ndarray, masks: list[tuple[bytes, bytes, bool]], *, block_words: int = 16384
+) -> None:
+    """Add (or subtract) many expansions into ``out`` in place, cache-blocked.
+
+    Equivalent to ``expand_into(seed, out, label=label, negate=negate)`` for each
+    ``(seed, label, negate)`` in ``masks``, but walks ``out`` in blocks of ``block_words`` words
+    and streams every mask's keystream block by block (one live AES-CTR context per mask), so the
+    accumulator block and the keystream block stay in cache: the cost is the AES keystream plus
+    in-cache adds, instead of one full pass over memory per mask.
+    """
+    if out.dtype != np.uint64 or out.ndim != 1 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous 1-D uint64 array; found {out.dtype} {out.shape}.")
+    if not masks:
+        return
+    plus, minus = [], []
+    for seed, label, negate in masks:
+        _check_seed(seed)
+        enc = Cipher(algorithms.AES(bytes(seed)), modes.CTR(_counter_block(label))).encryptor()
+        (minus if negate else plus).append(enc)
+    n = out.size
+    block = max(2, int(block_words))  # an even number of words keeps blocks on AES-block boundaries
+    block -= block % 2
+    # update_into needs room for one extra AES block in its output buffer
+    buf = np.empty(block + 2, dtype=np.uint64)
+    raw = memoryview(buf).cast("B")
+    zeros = bytes(8 * block)
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        width = stop - start
+        acc = out[start:stop]
+        view = buf[:width]
+        z = zeros if width == block else bytes(8 * width)
+        for enc in plus:
+            enc.update_into(z, raw)
+            np.add(acc, view, out=acc)
+        for enc in minus:
+            enc.update_into(z, raw)
+            np.subtract(acc, view, out=acc)

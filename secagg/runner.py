@@ -14,7 +14,8 @@ Per-protocol interface (to add a protocol, add one line to :data:`PROTOCOLS`)::
   ``abort``), the set of clients whose inputs are in the sum, seconds spent per client and at the
   server, bytes sent per client and received/sent by the server, and ``masks_expanded`` (the
   number of ``dim``-long PRG expansions the server did, for the PRG-throughput bound) and
-  ``key_agreements`` (X25519 + HKDF evaluations the server did); both default to 0.
+  ``key_agreements`` (X25519 + HKDF evaluations the server did) and ``signatures_verified``
+  (Ed25519 verifications at the server); all default to 0.
 
 Every message crosses the runner as wire bytes (``to_bytes``/``decode``), so bytes are exact and
 every stage boundary exercises the parsers. Messages are delivered in client-id order.
@@ -91,6 +92,7 @@ class RunResult:
     k: int | None = None
     t: int | None = None
     key_agreements: int = 0
+    signatures_verified: int = 0
 
     @property
     def ok(self) -> bool:
@@ -201,6 +203,7 @@ def _run_masking(
     return RunResult(
         name, total, server.u3 if total is not None else frozenset(), abort, client_s, acct["server_s"], sent,
         acct["recv"], acct["sent"], server.masks_expanded, cfg.k, cfg.t, server.key_agreements,
+        server.signatures_verified,
     )
 
 

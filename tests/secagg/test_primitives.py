@@ -189,3 +189,15 @@ def test_shamir_rejects_bad_input():
         shamir.combine([(1, shares[0][1][:-1]), shares[1]], t=2)
     with pytest.raises(ValueError, match="share point"):
         shamir.combine([(0, shares[0][1]), shares[1]], t=2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 300), st.integers(0, 6), st.sampled_from([2, 7, 64, 16384]))
+def test_prg_accumulate_equals_sequential_expand_into(n, masks, block):
+    items = [(os.urandom(32), b"self" if i % 2 else b"pair", bool(i % 3 == 0)) for i in range(masks)]
+    a = np.arange(n, dtype=np.uint64)
+    b = a.copy()
+    for seed, label, neg in items:
+        prg.expand_into(seed, a, label=label, negate=neg)
+    prg.accumulate(b, items, block_words=block)
+    assert a.tolist() == b.tolist()

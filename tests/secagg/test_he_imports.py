@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("module", ["secagg.he", "secagg.he.ckks"])
@@ -16,7 +20,10 @@ def test_he_modules_import_no_torch_and_nothing_above_secagg(module: str) -> Non
         "{'torch', 'protocols', 'attacks', 'experiments', 'recmodels', 'dp'})\n"
         "print(','.join(bad))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT, env=env
+    )
     assert out.stdout.strip() == ""
 
 

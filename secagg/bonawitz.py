@@ -12,9 +12,11 @@ Adversary:
     for relayed shares, Ed25519 signatures under the PKI for advertised keys and for the survivor
     set), so a server that tampers with, replays or reroutes them is detected; the signed
     consistency check stops a server from telling different clients different survivor sets.
-    Not covered: clients that lie about their shares or inputs (no robust reconstruction, no
-    input validation beyond length), and a malicious server choosing the SecAgg+ graph (the graph
-    is a public parameter fixed before the round).
+    A holder that reveals a wrong share is detected (the rebuilt self-mask seed must match the
+    SHA-256 commitment its owner sent with its shares; a rebuilt mask key must match the advertised
+    public key) and the round aborts. Not covered: robust reconstruction around such a holder (no
+    retry with other share subsets), validation of inputs beyond their length, and a malicious
+    server choosing the SecAgg+ graph (the graph is a public parameter fixed before the round).
 
 Promise:
     The server obtains the exact sum in Z_(2^64) of the inputs of the clients in U3 (those whose
@@ -38,7 +40,7 @@ Stages (one method per stage on each side, driven by the server)::
    32-byte self-mask seed ``b``, Shamir-shares ``b`` and the raw ``s`` private key t-of-(k+1)
    among its holders (neighbours and itself), and seals each neighbour's pair of shares with
    AES-256-GCM under ``HKDF(X25519(c_u, c_v))``, the AAD binding instance, round, sender,
-   receiver and kind. U2 = senders.
+   receiver and kind; it also sends the server ``SHA-256(context || b)``. U2 = senders.
 3. MASKED_INPUT: the server forwards each client the ciphertexts addressed to it. The client
    sends ``y = x + PRG(b) + sum_{v in N(u) & U2} sign(u, v) PRG(s_uv)``, where
    ``s_uv = HKDF(X25519(s_u, s_v))`` and ``sign = +1`` if ``u < v`` else ``-1``. U3 = senders.
@@ -89,6 +91,7 @@ SIG_BYTES = 64
 SHARE_BYTES = shamir.share_size(SEED_BYTES)  # one Shamir share of a 32-byte secret
 _SHARE_PT = struct.Struct(f">II{SHARE_BYTES}s{SHARE_BYTES}s")
 CT_BYTES = _SHARE_PT.size + 28  # AES-GCM nonce + tag
+COMMIT_BYTES = 32
 _KIND_B, _KIND_S = 0, 1
 
 
@@ -234,6 +237,11 @@ def _verify(pki: Mapping[int, bytes], who: int, sig: bytes, data: bytes) -> bool
         return False
 
 
+def _commit_seed(cfg: MaskingConfig, who: int, b: bytes) -> bytes:
+    """Hiding, binding commitment to a 256-bit random seed: SHA-256 with domain and context."""
+    return hashlib.sha256(b"secagg/commit-b/v1" + cfg.info(b"") + struct.pack(">I", who) + b).digest()
+
+
 def _advert_digest(cfg: MaskingConfig, who: int, c_pk: bytes, s_pk: bytes) -> bytes:
     return b"secagg/advertise/v1" + cfg.info(b"") + struct.pack(">I", who) + c_pk + s_pk
 
@@ -295,18 +303,22 @@ class KeyBroadcast(Message):
 @register
 @dataclass(frozen=True)
 class EncryptedShares(Message):
-    """Client -> server: one sealed pair of shares per neighbour (constant size each)."""
+    """Client -> server: a commitment to the self-mask seed and one sealed pair of shares per
+    neighbour (constant size each). The commitment lets the server refuse a seed rebuilt from a
+    wrong share instead of returning a wrong sum."""
 
     KIND = 18
     STAGE = ServerStage.SHARE_KEYS
+    b_commit: bytes = b""
     shares: tuple[tuple[int, bytes], ...] = ()  # (receiver, ciphertext)
 
     def _write_body(self, w: Writer) -> None:
-        w.records(_REC_CT, list(self.shares))
+        w.raw(self.b_commit).records(_REC_CT, list(self.shares))
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> EncryptedShares:
-        return cls(**head, shares=tuple(_fixed_records(r, CT_BYTES, 2**20)))
+        commit = r.raw(COMMIT_BYTES)
+        return cls(**head, b_commit=commit, shares=tuple(_fixed_records(r, CT_BYTES, 2**20)))
 
 
 @register
@@ -556,7 +568,7 @@ class MaskingClient:
             "share_keys",
             _Shared(st.c, st.s, b, {v: pk[1] for v, pk in peers.items()}, enc_keys, own[0], own[1]),
         )
-        return EncryptedShares(**self._head(), shares=tuple(out))
+        return EncryptedShares(**self._head(), b_commit=_commit_seed(cfg, self.id, b), shares=tuple(out))
 
     def mask_input(self, blob: bytes, x: np.ndarray) -> MaskedInput:
         """Stage 3: open the shares addressed to me and send the masked input."""
@@ -651,6 +663,7 @@ class MaskingServer:
         self.stage = ServerStage.ADVERTISE
         self.adverts: dict[int, bytes] = {}
         self.shares: dict[int, tuple[tuple[int, bytes], ...]] = {}
+        self.commits: dict[int, bytes] = {}
         self.acc = np.zeros(cfg.dim, dtype=np.uint64)
         self.u1: frozenset[int] = frozenset()
         self.u2: frozenset[int] = frozenset()
@@ -703,7 +716,10 @@ class MaskingServer:
             got = [v for v, _ in msg.shares]
             if len(set(got)) != len(got) or set(got) != expected:
                 raise MessageError(f"stage {name}: client {u} sent shares for {sorted(got)[:8]}..., expected its neighbours in U1")
+            if len(msg.b_commit) != COMMIT_BYTES:  # pragma: no cover - the parser fixes the size
+                raise MessageError(f"stage {name}: commitment of {len(msg.b_commit)} bytes")
             self.shares[u] = msg.shares
+            self.commits[u] = msg.b_commit
         elif isinstance(msg, MaskedInput):
             self._require(u, self.u2, self._u3_seen, name)
             if msg.y.shape != (self.cfg.dim,):
@@ -818,6 +834,12 @@ class MaskingServer:
             secrets = {o: shamir.limbs_to_bytes(limbs[i], SEED_BYTES) for i, o in enumerate(owners)}
         except ValueError as exc:
             raise AbortError(f"stage UNMASK: inconsistent shares ({exc}); aggregation aborted") from exc
+        for u in sorted(self.u3):
+            if _commit_seed(cfg, u, secrets[u]) != self.commits[u]:
+                raise AbortError(
+                    f"stage UNMASK: the self-mask seed rebuilt for client {u} does not match its commitment "
+                    "(a holder revealed a wrong share); aggregation aborted instead of returning a wrong sum"
+                )
         self.revealed = {o: ("b" if o in self.u3 else "s", sec) for o, sec in secrets.items()}
         acc = self.acc.copy()
         # (seed, label, subtract?) of every mask to strip, then one cache-blocked pass.

@@ -482,3 +482,27 @@ def test_runner_reports_costs_and_rejects_bad_inputs():
         run("secagg", x, RunSpec(dropouts={"later": frozenset()}))
     assert isinstance(decode(MaskedInput(b"i" * 16, 0, 0, SERVER, y=x[0]).to_bytes()), MaskedInput)
     assert AdvertiseKeys.KIND != ForwardedShares.KIND
+
+
+def test_a_holder_revealing_a_wrong_share_causes_an_abort_never_a_wrong_sum():
+    for kind_to_corrupt in ("b", "s"):
+        cfg, clients, server, inbox, _ = _setup_to_masked(n=6, t=4)
+        x = _inputs(6, 6)
+        alive = [0, 1, 2, 3, 4] if kind_to_corrupt == "s" else [0, 1, 2, 3, 4, 5]
+        for i in alive:
+            server.receive(clients[i].mask_input(inbox[i], x[i]).to_bytes())
+        inbox2 = server.request_consistency()
+        for i in alive:
+            server.receive(clients[i].sign_survivors(inbox2[i]).to_bytes())
+        inbox3 = server.request_unmask()
+        for i in alive:
+            resp = clients[i].unmask(inbox3[i])
+            if i == 1:  # a malicious holder flips one limb of one share (message otherwise valid)
+                code = 0 if kind_to_corrupt == "b" else 1
+                owner, kind, sh = next(s for s in resp.shares if s[0] != 1 and s[1] == code)
+                # limb 3 (secret bytes 9-11): a change there survives X25519 clamping
+                bad = sh[:14] + bytes([sh[14] ^ 1]) + sh[15:]
+                resp = dataclasses.replace(resp, shares=tuple((o, k, bad if o == owner else v) for o, k, v in resp.shares))
+            server.receive(resp.to_bytes())
+        with pytest.raises(AbortError, match="does not match its (commitment|advertised key)|inconsistent shares"):
+            server.finish()

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import math
 import os
 import struct
@@ -165,9 +166,17 @@ class MaskingConfig:
             raise ValueError(f"dim must be an int in [1, 2^31); found {self.dim!r}.")
         if len(self.graph) != self.n:
             raise ValueError(f"graph has {len(self.graph)} adjacency lists; expected n = {self.n}.")
-        for u, nbrs in enumerate(self.graph):
-            if u in nbrs or any(u not in self.graph[v] for v in nbrs):
-                raise ValueError(f"graph must be symmetric without self-loops; client {u} breaks it.")
+        lens = np.fromiter((len(nb) for nb in self.graph), dtype=np.int64, count=self.n)
+        us = np.repeat(np.arange(self.n, dtype=np.int64), lens)
+        vs = np.fromiter(itertools.chain.from_iterable(self.graph), dtype=np.int64, count=int(lens.sum()))
+        fwd, rev = np.sort(us * self.n + vs), np.sort(vs * self.n + us)
+        if (
+            vs.size and (vs.min() < 0 or vs.max() >= self.n)
+            or np.any(us == vs)
+            or not np.array_equal(fwd, rev)
+            or np.any(fwd[1:] == fwd[:-1])
+        ):
+            raise ValueError("graph must be symmetric, without self-loops or repeated neighbours, over clients 0..n-1.")
         min_holders = 1 + min(len(nb) for nb in self.graph)
         if type(self.t) is not int or not 1 <= self.t <= min_holders:
             raise ValueError(

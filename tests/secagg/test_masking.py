@@ -506,3 +506,11 @@ def test_a_holder_revealing_a_wrong_share_causes_an_abort_never_a_wrong_sum():
             server.receive(resp.to_bytes())
         with pytest.raises(AbortError, match="does not match its (commitment|advertised key)|inconsistent shares"):
             server.finish()
+
+
+@pytest.mark.parametrize(
+    "graph", [((1,), (0, 2), (0,)), ((0,), (), ()), ((1, 1), (0, 0), ()), ((5,), (), ()), ((1,), (0,))]
+)
+def test_malformed_graphs_refused(graph):
+    with pytest.raises(ValueError, match="graph"):
+        MaskingConfig(3, 1, 1, graph, os.urandom(16))

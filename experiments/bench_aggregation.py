@@ -187,11 +187,12 @@ def bench(
         "kex_bound_s": kex_bound,
         "signatures_verified": res.signatures_verified,
         "sig_bound_s": sig_bound,
-        "ratio_plain": res.server_s / plain.server_s if plain.server_s > 0 else None,
-        "ratio_prg_bound": res.server_s / prg_bound if prg_bound > 0 else None,
+        # ratios only for completed runs (an abort stops before the expensive unmasking)
+        "ratio_plain": res.server_s / plain.server_s if res.ok and plain.server_s > 0 else None,
+        "ratio_prg_bound": res.server_s / prg_bound if res.ok and prg_bound > 0 else None,
         # PRG + key agreements + signature checks + plain summation: the primitives' floor
         "ratio_crypto_bound": res.server_s / (prg_bound + kex_bound + sig_bound + plain.server_s)
-        if prg_bound + kex_bound + sig_bound + plain.server_s > 0 else None,
+        if res.ok and prg_bound + kex_bound + sig_bound + plain.server_s > 0 else None,
     }
     return out
 

@@ -59,3 +59,8 @@ def test_client_masking_only_mode(capsys):
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["k"] == 10 and res["t"] == 6 and res["sampled"] == 2 and res["client_mask_s"] > 0
     assert main(["bench", "aggregation", "--protocol", "plain", "--client-masking-only"]) == 2
+
+
+def test_abort_has_no_ratios():
+    res = bench("secagg+", 12, 10, 0.5, k=4, t=5)
+    assert res["ratio_prg_bound"] is None and res["ratio_crypto_bound"] is None

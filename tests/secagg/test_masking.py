@@ -514,3 +514,17 @@ def test_a_holder_revealing_a_wrong_share_causes_an_abort_never_a_wrong_sum():
 def test_malformed_graphs_refused(graph):
     with pytest.raises(ValueError, match="graph"):
         MaskingConfig(3, 1, 1, graph, os.urandom(16))
+
+
+def test_client_rejects_a_message_of_another_stage_and_stays_put():
+    cfg, clients, server, inbox, _ = _setup_to_masked()
+    wrong = SurvivorList(cfg.instance, cfg.round, SERVER, 0, survivors=(0, 1, 2)).to_bytes()
+    with pytest.raises(MessageError, match="wrong message kind SurvivorList"):
+        clients[0].mask_input(wrong, np.zeros(6, dtype=np.uint64))
+    assert clients[0].stage == ClientStage.SHARED
+    other = dataclasses.replace(decode(inbox[1]), receiver=0).to_bytes()  # someone else's inbox
+    with pytest.raises((AuthenticationError, MessageError)):
+        clients[0].mask_input(other, np.zeros(6, dtype=np.uint64))
+    assert clients[0].stage == ClientStage.SHARED
+    y = clients[0].mask_input(inbox[0], np.zeros(6, dtype=np.uint64))  # the genuine one still works
+    assert y.y.shape == (6,)

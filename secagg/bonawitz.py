@@ -67,23 +67,33 @@ from dataclasses import dataclass, field
 import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from secagg import prg, shamir
 from secagg.channel import associated_data, open_sealed, seal
 from secagg.errors import AbortError, AuthenticationError, MessageError
 from secagg.graph import Graph, complete_graph, default_k, default_t, random_regular_graph
 from secagg.keys import KEY_BYTES, KeyPair
-from secagg.messages import INSTANCE_BYTES, SERVER, Message, Reader, Writer, register
+from secagg.messages import INSTANCE_BYTES, SERVER, Message, Reader, Writer, decode, register
 
 __all__ = [
     "CLIENT_TRANSITIONS",
     "SERVER_TRANSITIONS",
+    "AdvertiseKeys",
     "ClientStage",
+    "ConsistencySignature",
+    "EncryptedShares",
+    "ForwardedShares",
+    "KeyBroadcast",
+    "MaskedInput",
     "MaskingConfig",
     "MaskingClient",
     "MaskingServer",
     "ServerStage",
     "SigningKey",
+    "SurvivorList",
+    "UnmaskRequest",
+    "UnmaskResponse",
     "make_pki",
 ]
 
@@ -224,11 +234,13 @@ class SigningKey:
 
     def __init__(self, private: Ed25519PrivateKey | None = None) -> None:
         self._sk = private or Ed25519PrivateKey.generate()
-        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
         self.public_bytes = self._sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
+    def __repr__(self) -> str:
+        return f"SigningKey(public={self.public_bytes.hex()[:16]}...)"
+
     def sign(self, data: bytes) -> bytes:
+        """Ed25519 signature of ``data``."""
         return self._sk.sign(data)
 
 
@@ -699,8 +711,6 @@ class MaskingServer:
 
     def receive(self, blob: bytes) -> int:
         """Validate and record one client message of the current stage; returns the sender id."""
-        from secagg.messages import decode
-
         msg = decode(blob)
         name = self.stage.name
         if msg.STAGE != self.stage:

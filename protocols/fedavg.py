@@ -44,7 +44,7 @@ from recmodels.sampling import sample_train_negatives
 
 __all__ = ["FedAvgConfig", "FedAvgGMF", "ClientUpdate", "RoundStats"]
 
-_AGGREGATIONS = ("mean", "touched")
+_AGGREGATIONS = ("mean", "touched", "sum")
 _OPTIMIZERS = ("adam", "sgd")
 
 
@@ -66,7 +66,10 @@ class FedAvgConfig:
             changes weighted by ``n_k`` (a client that did not touch a row contributes 0);
             ``"touched"``: each item row averages over the clients that touched it, weighted by
             ``n_k`` (the denominator is one more linear sum, so this runs under secure
-            aggregation too). ``h`` and ``b`` are always averaged over all sampled clients.
+            aggregation too); ``"sum"``: each item row adds the clients' changes unweighted
+            (federated collaborative filtering's rule: like centralised training, an item
+            moves once per user who trained on it). ``h`` and ``b`` are always averaged over all
+            sampled clients.
         server_lr: scale of the aggregated change applied by the server.
         init_std: standard deviation of the embedding initialisation.
     """
@@ -79,7 +82,7 @@ class FedAvgConfig:
     lr: float = 0.01
     optimizer: str = "adam"
     train_negatives: int = 4
-    item_aggregation: str = "touched"
+    item_aggregation: str = "sum"
     server_lr: float = 1.0
     init_std: float = 0.01
 
@@ -144,28 +147,37 @@ class RoundStats:
 
 
 class _LazyAdam:
-    """Row-wise Adam (or SGD) over a 2-D tensor; rows update only when they get a gradient."""
+    """Row-wise lazy Adam (or SGD) over a 2-D tensor: rows move only when they get a gradient.
 
-    def __init__(self, param: torch.Tensor, lr: float, kind: str, betas=(0.9, 0.999), eps: float = 1e-8):
-        self.p, self.lr, self.kind, self.eps = param, lr, kind, eps
+    Bias correction uses the step count of the *client* that owns the row (how many local
+    steps it has taken). With ``sparse=True`` the update is ``torch.optim.SparseAdam``'s
+    (``eps`` added to the uncorrected ``sqrt(v)``), used for the embedding tables; with
+    ``sparse=False`` it is ``torch.optim.Adam``'s, used for ``h`` and ``b``, which get a gradient
+    at every step of their client. Each client therefore runs exactly what those torch
+    optimisers would run on its own parameters; the tests use them as the oracle.
+    """
+
+    def __init__(self, param: torch.Tensor, lr: float, kind: str, *, sparse: bool, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.p, self.lr, self.kind, self.eps, self.sparse = param, lr, kind, eps, sparse
         self.b1, self.b2 = betas
         if kind == "adam":
             self.m = torch.zeros_like(param)
             self.v = torch.zeros_like(param)
-            self.t = torch.zeros(param.shape[0], dtype=param.dtype)
 
-    def step(self, rows: torch.Tensor, grad: torch.Tensor) -> None:
-        """Apply ``grad`` (one row per entry of the unique index tensor ``rows``)."""
+    def step(self, rows: torch.Tensor, grad: torch.Tensor, t: torch.Tensor) -> None:
+        """Apply ``grad`` to the unique ``rows``; ``t`` is each row's owner's step count (>= 1)."""
         if self.kind == "sgd":
             self.p.index_add_(0, rows, grad, alpha=-self.lr)
             return
         m = self.m[rows].mul_(self.b1).add_(grad, alpha=1 - self.b1)
         v = self.v[rows].mul_(self.b2).addcmul_(grad, grad, value=1 - self.b2)
-        t = self.t[rows] + 1
-        self.m[rows], self.v[rows], self.t[rows] = m, v, t
-        c1 = (1 - self.b1 ** t).unsqueeze(1)
-        c2 = (1 - self.b2 ** t).unsqueeze(1)
-        self.p[rows] -= self.lr * (m / c1) / ((v / c2).sqrt() + self.eps)
+        self.m[rows], self.v[rows] = m, v
+        c1 = (1 - self.b1**t).unsqueeze(1)
+        c2 = (1 - self.b2**t).unsqueeze(1)
+        if self.sparse:
+            self.p[rows] -= (self.lr * c2.sqrt() / c1) * m / (v.sqrt() + self.eps)
+        else:
+            self.p[rows] -= (self.lr / c1) * m / (v.sqrt() / c2.sqrt() + self.eps)
 
 
 class FedAvgGMF:
@@ -220,6 +232,7 @@ class FedAvgGMF:
             timestamps=np.zeros(len(items_pos), np.int64),
             user_ids=self.train.user_ids,
             item_ids=self.train.item_ids,
+            check_duplicates=False,  # a subset of the validated training set
         )
         epochs = []
         for _ in range(cfg.local_epochs):
@@ -248,7 +261,9 @@ class FedAvgGMF:
         Q = self.item[torch.as_tensor(pair_item)].clone()
         H = self.h.expand(m, -1).clone()
         B = self.b.expand(m).clone().unsqueeze(1)
-        opts = [_LazyAdam(x, cfg.lr, cfg.optimizer) for x in (P, Q, H, B)]
+        opts = [_LazyAdam(x, cfg.lr, cfg.optimizer, sparse=x is P or x is Q) for x in (P, Q, H, B)]
+        client_steps = torch.zeros(m, dtype=torch.float32)  # local steps taken by each client
+        pair_slot_t = torch.as_tensor(pair_slot)
 
         total_loss, total_examples, offset = 0.0, 0, 0
         for slots, items, labels in epochs:
@@ -264,7 +279,9 @@ class FedAvgGMF:
                 idx = torch.as_tensor(order[bounds[s] : bounds[s + 1]])
                 if len(idx) == 0:
                     continue
-                total_loss += self._step(P, Q, H, B, opts, slots_t[idx], ex_pair[idx], labels_t[idx], m)
+                total_loss += self._step(
+                    P, Q, H, B, opts, slots_t[idx], ex_pair[idx], labels_t[idx], client_steps, pair_slot_t
+                )
                 total_examples += len(idx)
 
         # Uploads: the dense change of (Q, h, b) per client, weighted by its example count.
@@ -275,11 +292,13 @@ class FedAvgGMF:
         self._send_updates(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
 
         # Server aggregation (the sums secure aggregation would deliver).
-        pair_slot_t = torch.as_tensor(pair_slot)
         pair_item_t = torch.as_tensor(pair_item)
         wsum = weight.sum()
         num = torch.zeros_like(self.item).index_add_(0, pair_item_t, dQ * weight[pair_slot_t].unsqueeze(1))
-        if cfg.item_aggregation == "mean":
+        if cfg.item_aggregation == "sum":
+            num = torch.zeros_like(self.item).index_add_(0, pair_item_t, dQ)
+            den = torch.ones(())
+        elif cfg.item_aggregation == "mean":
             den = wsum
         else:
             den = torch.zeros(self.train.n_items).index_add_(0, pair_item_t, weight[pair_slot_t]).clamp_min(1e-12).unsqueeze(1)
@@ -307,24 +326,28 @@ class FedAvgGMF:
         return pos // self.config.local_batch_size
 
     @staticmethod
-    def _step(P, Q, H, B, opts, slot, pair, label, m) -> float:
-        """One local mini-batch step of every active client (manual GMF gradients)."""
+    def _step(P, Q, H, B, opts, slot, pair, label, client_steps, pair_slot) -> float:
+        """One local mini-batch step of every active client (manual GMF gradients).
+
+        Each client minimises the mean binary cross-entropy over its own batch; the gradients
+        below are those of that loss, accumulated per parameter row with ``index_add_``.
+        """
+        m = P.shape[0]
         p, q, h, b = P[slot], Q[pair], H[slot], B[slot, 0]
         logits = gmf_logits(p, q, h, b)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, label, reduction="none")
-        # Each client minimises the mean loss over its own batch.
         n_in_batch = torch.zeros(m).index_add_(0, slot, torch.ones_like(label))
-        g = (torch.sigmoid(logits) - label) / n_in_batch[slot]
-        g1 = g.unsqueeze(1)
-        for opt, rows, grad in (
-            (opts[0], slot, g1 * q * h),
-            (opts[1], pair, g1 * p * h),
-            (opts[2], slot, g1 * p * q),
-            (opts[3], slot, g1),
-        ):
-            uniq, inv = torch.unique(rows, return_inverse=True)
-            acc = torch.zeros(len(uniq), grad.shape[1]).index_add_(0, inv, grad)
-            opt.step(uniq, acc)
+        active = torch.nonzero(n_in_batch).squeeze(1)
+        client_steps[active] += 1
+        g = ((torch.sigmoid(logits) - label) / n_in_batch[slot]).unsqueeze(1)
+        # Per-client parameters (user row, h, b): every active client owns exactly one row.
+        for opt, grad in ((opts[0], g * q * h), (opts[2], g * p * q), (opts[3], g)):
+            acc = torch.zeros(m, grad.shape[1]).index_add_(0, slot, grad)
+            opt.step(active, acc[active], client_steps[active])
+        # Item rows: each (client, item) pair is its own row.
+        uniq, inv = torch.unique(pair, return_inverse=True)
+        acc = torch.zeros(len(uniq), q.shape[1]).index_add_(0, inv, g * p * h)
+        opts[1].step(uniq, acc, client_steps[pair_slot[uniq]])
         return float(loss.sum())
 
     def _send_updates(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight) -> None:
@@ -370,5 +393,7 @@ class FedAvgGMF:
         if state["config"] != asdict(self.config):
             raise ValueError("checkpoint was written with a different fedavg configuration")
         self.round = int(state["round"])
-        self.user, self.item, self.h, self.b = state["user"], state["item"], state["h"], state["b"]
+        # Copies: the caller's state must not change as training continues.
+        self.user, self.item = state["user"].clone(), state["item"].clone()
+        self.h, self.b = state["h"].clone(), state["b"].clone()
         self.rng.bit_generator.state = state["rng"]

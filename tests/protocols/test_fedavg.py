@@ -1,0 +1,222 @@
+"""FedAvg-GMF: the batched simulation equals each client training alone (torch autograd with
+torch's own SparseAdam/SGD as the oracle), the transcript shows what the server saw, and a
+round is reproducible from its seed."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocols.fedavg import ClientUpdate, FedAvgConfig, FedAvgGMF
+from protocols.transport import SERVER, InProcessTransport, Transcript, client
+from recmodels.data import Interactions
+from recmodels.sampling import sample_train_negatives
+
+
+def make_train(n_users: int, n_items: int, per_user: list[int], seed: int = 0) -> Interactions:
+    rng = np.random.default_rng(seed)
+    users, items = [], []
+    for u, k in enumerate(per_user):
+        chosen = rng.choice(n_items, size=min(k, n_items - 1), replace=False)
+        users += [u] * len(chosen)
+        items += list(chosen)
+    n = len(users)
+    return Interactions(
+        users=np.array(users, np.int64),
+        items=np.array(items, np.int64),
+        ratings=np.ones(n, np.float32),
+        timestamps=np.arange(n, dtype=np.int64),
+        user_ids=np.arange(n_users),
+        item_ids=np.arange(n_items),
+    )
+
+
+def reference_round(fa: FedAvgGMF) -> dict[str, torch.Tensor]:
+    """One FedAvg round computed client by client with autograd and torch optimisers.
+
+    Consumes the simulation RNG in the same order as ``FedAvgGMF.run_round`` (client choice,
+    then each epoch's negatives, then each epoch's shuffle) so that both see the same data.
+    """
+    cfg, train = fa.config, fa.train
+    rng = copy.deepcopy(fa.rng)
+    clients = np.flatnonzero(np.bincount(train.users, minlength=train.n_users) > 0)
+    m = cfg.clients_in_round(len(clients))
+    sampled = np.sort(rng.choice(clients, size=m, replace=False))
+    order = np.argsort(train.users, kind="stable")
+    pos = {int(u): train.items[order][train.users[order] == u] for u in sampled}
+    slots_pos = np.concatenate([[c] * len(pos[int(u)]) for c, u in enumerate(sampled)]).astype(np.int64)
+    items_pos = np.concatenate([pos[int(u)] for u in sampled]).astype(np.int64)
+    sub = dataclasses.replace(train, users=sampled[slots_pos], items=items_pos, ratings=np.ones(len(items_pos), np.float32), timestamps=np.zeros(len(items_pos), np.int64))
+    epochs = []
+    for _ in range(cfg.local_epochs):
+        _, neg = sample_train_negatives(sub, n_neg=cfg.train_negatives, rng=rng)
+        slots = np.concatenate([slots_pos, np.repeat(slots_pos, cfg.train_negatives)])
+        items = np.concatenate([items_pos, neg])
+        labels = np.concatenate([np.ones(len(items_pos)), np.zeros(len(neg))])
+        epochs.append((slots, items, labels))
+    batches_per_epoch = []
+    for slots, items, labels in epochs:
+        perm = rng.permutation(len(slots))
+        per_client = []
+        for c in range(m):
+            mine = perm[slots[perm] == c]  # this client's shuffled examples
+            per_client.append([mine[i : i + cfg.local_batch_size] for i in range(0, len(mine), cfg.local_batch_size)])
+        batches_per_epoch.append(per_client)
+
+    Q0, h0, b0 = fa.item.clone(), fa.h.clone(), fa.b.clone()
+    dQ_sum = torch.zeros_like(Q0)
+    dQ_w = torch.zeros_like(Q0)
+    touched_w = torch.zeros(Q0.shape[0])
+    dh_w, db_w, w_sum = torch.zeros_like(h0), torch.zeros(()), 0.0
+    users_out = {}
+    for c, u in enumerate(sampled):
+        user = torch.nn.Embedding(1, Q0.shape[1], sparse=True)
+        item = torch.nn.Embedding(Q0.shape[0], Q0.shape[1], sparse=True)
+        with torch.no_grad():
+            user.weight.copy_(fa.user[int(u)].unsqueeze(0))
+            item.weight.copy_(Q0)
+        h = torch.nn.Parameter(h0.clone())
+        b = torch.nn.Parameter(b0.clone())
+        if cfg.optimizer == "adam":
+            opts = [torch.optim.SparseAdam(list(user.parameters()) + list(item.parameters()), lr=cfg.lr), torch.optim.Adam([h, b], lr=cfg.lr)]
+        else:
+            opts = [torch.optim.SGD(list(user.parameters()) + list(item.parameters()) + [h, b], lr=cfg.lr)]
+        touched = set()
+        for (slots, items, labels), per_client in zip(epochs, batches_per_epoch):
+            for batch in per_client[c]:
+                it = torch.as_tensor(items[batch])
+                touched |= set(items[batch].tolist())
+                logits = ((user(torch.zeros(len(batch), dtype=torch.long)) * item(it)) * h).sum(-1) + b
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.as_tensor(labels[batch], dtype=torch.float32))
+                for o in opts:
+                    o.zero_grad()
+                loss.backward()
+                for o in opts:
+                    o.step()
+        weight = float(len(pos[int(u)]) * (1 + cfg.train_negatives) * cfg.local_epochs)
+        with torch.no_grad():
+            dQ = item.weight - Q0
+            dQ_sum += dQ
+            dQ_w += weight * dQ
+            for i in touched:
+                touched_w[i] += weight
+            dh_w += weight * (h - h0)
+            db_w += weight * (b - b0)
+            w_sum += weight
+            users_out[int(u)] = user.weight[0].clone()
+    if cfg.item_aggregation == "sum":
+        item_new = Q0 + cfg.server_lr * dQ_sum
+    elif cfg.item_aggregation == "mean":
+        item_new = Q0 + cfg.server_lr * dQ_w / w_sum
+    else:
+        item_new = Q0 + cfg.server_lr * dQ_w / touched_w.clamp_min(1e-12).unsqueeze(1)
+    return {"item": item_new, "h": h0 + cfg.server_lr * dh_w / w_sum, "b": b0 + cfg.server_lr * db_w / w_sum, "users": users_out}
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n_users=st.integers(2, 6),
+    n_items=st.integers(6, 14),
+    dim=st.integers(1, 5),
+    batch=st.integers(1, 9),
+    epochs=st.integers(1, 2),
+    negatives=st.integers(0, 2),
+    optimizer=st.sampled_from(["adam", "sgd"]),
+    aggregation=st.sampled_from(["sum", "mean", "touched"]),
+    fraction=st.sampled_from([1.0, 0.5]),
+    seed=st.integers(0, 1000),
+)
+def test_batched_round_equals_clients_training_alone(n_users, n_items, dim, batch, epochs, negatives, optimizer, aggregation, fraction, seed):
+    per_user = list(np.random.default_rng(seed).integers(1, 5, size=n_users))
+    train = make_train(n_users, n_items, per_user, seed)
+    cfg = FedAvgConfig(dim=dim, local_batch_size=batch, local_epochs=epochs, train_negatives=negatives, optimizer=optimizer,
+                       item_aggregation=aggregation, client_fraction=fraction, lr=0.05, init_std=0.3)
+    fa = FedAvgGMF(train, cfg, seed=seed)
+    expected = reference_round(fa)
+    fa.run_round()
+    torch.testing.assert_close(fa.item, expected["item"], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(fa.h, expected["h"], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(fa.b, expected["b"], atol=2e-5, rtol=1e-4)
+    for u, vec in expected["users"].items():
+        torch.testing.assert_close(fa.user[u], vec, atol=2e-5, rtol=1e-4)
+
+
+def test_transcript_records_what_the_server_saw():
+    train = make_train(5, 20, [4, 3, 6, 2, 5])
+    transcript = Transcript(keep_payloads=True)
+    fa = FedAvgGMF(train, FedAvgConfig(dim=4, clients_per_round=3), seed=1, transport=InProcessTransport(transcript))
+    before = fa.item.clone()
+    fa.run_round()
+    ups = transcript.view(SERVER, round=0, kind="update")
+    downs = [r for r in transcript.records if r.sender == SERVER]
+    assert len(ups) == 3 and len(downs) == 3
+    assert {r.receiver for r in downs} == {r.sender for r in ups}
+    assert all(r.nbytes == fa.model_bytes + 4 for r in ups)
+    # The uploads carry no user embedding, and their sum is exactly the server's item change.
+    total = np.zeros((20, 4), np.float32)
+    for r in ups:
+        assert isinstance(r.payload, ClientUpdate)
+        assert not any(f.name.startswith("user_") for f in dataclasses.fields(r.payload))
+        total += r.payload.dense_item_delta(20)
+    np.testing.assert_allclose(fa.item.numpy() - before.numpy(), total, atol=1e-6)
+    # Without payload retention only the sizes remain.
+    t2 = Transcript()
+    FedAvgGMF(train, FedAvgConfig(dim=4), seed=1, transport=InProcessTransport(t2)).run_round()
+    assert t2.records and all(r.payload is None for r in t2.records)
+    assert t2.round_summary(0)["bytes_per_client"] == pytest.approx(2 * (4 * (20 * 4 + 4 + 1)) + 4)
+
+
+def test_untouched_items_are_exact_zeros_in_uploads():
+    train = make_train(3, 30, [2, 2, 2])
+    transcript = Transcript(keep_payloads=True)
+    fa = FedAvgGMF(train, FedAvgConfig(dim=3, train_negatives=1), seed=3, transport=InProcessTransport(transcript))
+    fa.run_round()
+    for r in transcript.view(SERVER, kind="update"):
+        dense = r.payload.dense_item_delta(30)
+        assert (np.abs(dense).sum(1) > 0).sum() <= 4  # 2 positives + 2 negatives at most
+        u = r.payload.user
+        assert set(train.items[train.users == u]) <= set(r.payload.rows.tolist())
+
+
+def test_same_seed_same_model_and_resume_from_state():
+    train = make_train(6, 25, [5, 4, 6, 3, 5, 4])
+    cfg = FedAvgConfig(dim=4, client_fraction=0.5)
+    a, b = FedAvgGMF(train, cfg, seed=7), FedAvgGMF(train, cfg, seed=7)
+    for _ in range(3):
+        a.run_round()
+        b.run_round()
+    state = copy.deepcopy(a.state_dict())
+    a.run_round()
+    c = FedAvgGMF(train, cfg, seed=999)
+    c.load_state_dict(state)
+    c.run_round()
+    torch.testing.assert_close(a.item, c.item, rtol=0, atol=0)
+    torch.testing.assert_close(b.item, copy.deepcopy(state["item"]), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="different fedavg configuration"):
+        FedAvgGMF(train, dataclasses.replace(cfg, lr=0.5), seed=7).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"client_fraction": 0.0}, "client_fraction"),
+        ({"clients_per_round": -1}, "clients_per_round"),
+        ({"lr": 0.0}, "lr"),
+        ({"optimizer": "rmsprop"}, "optimizer"),
+        ({"item_aggregation": "median"}, "item_aggregation"),
+        ({"local_batch_size": 0}, "local_batch_size"),
+    ],
+)
+def test_bad_config_names_the_key(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FedAvgConfig(**kwargs)
+
+
+def test_client_party_names():
+    assert client(3) == "client:3" and SERVER == "server"

@@ -31,6 +31,7 @@ from dp.events import (
     SampledWithoutReplacement,
     SelfComposed,
 )
+from dp.ledger import LedgerEntry, PrivacyLedger
 from dp.ldp import LdpRelease, ldp_gaussian, ldp_laplace, ldp_repeated_uploads
 from dp.mechanisms import gaussian_noise, laplace_noise
 from dp.rdp import OrderRangeWarning, default_orders
@@ -43,12 +44,14 @@ __all__ = [
     "Gaussian",
     "Laplace",
     "LdpRelease",
+    "LedgerEntry",
     "LedgerError",
     "NoOp",
     "OrderRangeWarning",
     "ParallelComposed",
     "PldAccountant",
     "PoissonSampled",
+    "PrivacyLedger",
     "PrivacyReport",
     "RdpAccountant",
     "SampledWithoutReplacement",

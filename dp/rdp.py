@@ -33,7 +33,7 @@ import math
 import warnings
 
 import numpy as np
-from scipy.special import gammaln, logsumexp
+from scipy.special import gammaln
 
 __all__ = [
     "SAFETY_REL",
@@ -120,6 +120,14 @@ def _int_table(orders_key: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.
     with np.errstate(invalid="ignore"):
         logc = np.where(valid, gammaln(a + 1) - gammaln(k + 1) - gammaln(np.maximum(a - k, 0) + 1), -np.inf)
     return logc, k, a
+
+
+def logsumexp(x: np.ndarray, axis: int) -> np.ndarray:
+    """log(sum(exp(x))) along ``axis`` (rows of -inf give -inf)."""
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.log(np.sum(np.exp(x - m), axis=axis)) + np.squeeze(m, axis=axis)
 
 
 def _log_expm1(y: np.ndarray) -> np.ndarray:

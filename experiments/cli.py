@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cmd_run",
     "cmd_data",
     "cmd_bench",
+    "cmd_privacy",
 )
 
 

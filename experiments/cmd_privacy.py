@@ -1,0 +1,256 @@
+"""``secagg privacy ...``: account, calibrate and report differential privacy.
+
+* ``secagg privacy account --mechanism gaussian --q Q --sigma S --steps T --delta D``
+  (``--sampling fixed --population N`` for fixed-size sampling without replacement),
+  ``--mechanism laplace --epsilon0 E --count K [--delta D]`` (delta 0 = pure DP), and
+  ``--mechanism fel --sigma S --cluster Q,STEPS ... [--over-arch Q,STEPS,SIGMA --over-arch-users
+  same|disjoint|opt_in] --delta D`` (FEL: leaves on disjoint clusters, then the over-arch).
+* ``secagg privacy calibrate --epsilon E --delta D --q Q --steps T`` (noise multiplier), or
+  ``--mechanism laplace --epsilon E --count K [--delta D]`` (per-release epsilon0).
+* ``secagg privacy report RUN_DIR`` reads ``RUN_DIR/privacy_ledger.sqlite``, prints epsilon
+  against rounds and writes ``RUN_DIR/privacy.png``.
+
+``--json`` prints one JSON object as the last line of stdout with at least ``epsilon`` (the
+tightest available), ``accountant`` (which one gave it), ``epsilon_rdp``, ``order`` and ``delta``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from experiments.errors import UserError
+
+__all__ = ["register"]
+
+
+def _float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if math.isnan(v):
+        raise argparse.ArgumentTypeError("NaN is not allowed")
+    return v
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _pair(text: str) -> tuple[float, int]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected Q,STEPS (e.g. 0.02,51). Found {text!r}.")
+    return _float(parts[0]), _int(parts[1])
+
+
+def _triple(text: str) -> tuple[float, int, float]:
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"expected Q,STEPS,SIGMA (e.g. 0.05,10,2.0). Found {text!r}.")
+    return _float(parts[0]), _int(parts[1]), _float(parts[2])
+
+
+def _emit(payload: dict, human: list[str], as_json: bool) -> int:
+    for line in human:
+        print(line)
+    for note in payload.get("notes", []):
+        print(f"note: {note}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(payload, sort_keys=True))
+    return 0
+
+
+def _report_lines(rep) -> list[str]:  # noqa: ANN001 - PrivacyReport
+    lines = [
+        f"epsilon = {rep.epsilon:.6g} at delta = {rep.delta:g} (tightest: {rep.accountant}; "
+        f"{rep.neighboring_relation.replace('_', '/')} neighbours)",
+        f"  RDP : epsilon {rep.epsilon_rdp:.6g} at order {rep.order:g}",
+    ]
+    lines.append(f"  PLD : epsilon {rep.epsilon_pld:.6g} (dp-accounting)" if rep.epsilon_pld is not None else "  PLD : skipped")
+    if math.isfinite(rep.epsilon_pure):
+        lines.append(f"  pure: epsilon {rep.epsilon_pure:.6g} (basic composition)")
+    return lines
+
+
+def _account(args: argparse.Namespace) -> int:
+    from dp.accountant import best_epsilon
+    from dp.calibration import gaussian_training_event
+    from dp.events import FelTotal, Laplace, SelfComposed
+
+    relation = "add_remove"
+    params: dict[str, object] = {"mechanism": args.mechanism}
+    if args.mechanism == "gaussian":
+        _need(args, "q", "sigma", "steps", "delta")
+        if args.sampling == "fixed":
+            relation = "replace_one"
+        event = gaussian_training_event(noise_multiplier=args.sigma, q=args.q, steps=args.steps,
+                                        sampling=args.sampling, population=args.population)
+        params.update(q=args.q, sigma=args.sigma, steps=args.steps, sampling=args.sampling, population=args.population)
+        delta = args.delta
+    elif args.mechanism == "laplace":
+        _need(args, "epsilon0", "count")
+        event = SelfComposed(Laplace.from_epsilon(args.epsilon0), args.count)
+        delta = 0.0 if args.delta is None else args.delta
+        relation = "replace_one"  # LDP uploads: any two inputs are neighbours
+        params.update(epsilon0=args.epsilon0, count=args.count)
+    else:  # fel
+        _need(args, "sigma", "delta")
+        if not args.cluster:
+            raise UserError("--mechanism fel needs at least one --cluster Q,STEPS (one per leaf cluster).")
+        leaves = tuple(gaussian_training_event(noise_multiplier=args.sigma, q=q, steps=t) for q, t in args.cluster)
+        over = None
+        if args.over_arch is not None:
+            q, t, s = args.over_arch
+            over = gaussian_training_event(noise_multiplier=s, q=q, steps=t)
+        users = args.over_arch_users or ("same" if over is not None else "opt_in")
+        event = FelTotal(leaves, over, users)
+        delta = args.delta
+        params.update(sigma=args.sigma, clusters=[list(c) for c in args.cluster],
+                      over_arch=list(args.over_arch) if args.over_arch else None, over_arch_users=users)
+    rep = best_epsilon(event, delta, use_pld=not args.no_pld, neighboring_relation=relation)
+    payload = rep.to_dict() | {"parameters": params}
+    return _emit(payload, _report_lines(rep), args.json)
+
+
+def _need(args: argparse.Namespace, *names: str) -> None:
+    missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is None]
+    if missing:
+        raise UserError(f"--mechanism {args.mechanism} needs {', '.join(missing)}.")
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from dp.accountant import best_epsilon
+    from dp.calibration import calibrate_gaussian_noise_multiplier, calibrate_laplace_epsilon0, gaussian_training_event
+    from dp.events import Laplace, SelfComposed
+
+    if args.mechanism == "gaussian":
+        _need(args, "epsilon", "delta", "q", "steps")
+        sigma = calibrate_gaussian_noise_multiplier(target_epsilon=args.epsilon, delta=args.delta, q=args.q,
+                                                    steps=args.steps, sampling=args.sampling,
+                                                    population=args.population)
+        relation = "replace_one" if args.sampling == "fixed" else "add_remove"
+        event = gaussian_training_event(noise_multiplier=sigma, q=args.q, steps=args.steps,
+                                        sampling=args.sampling, population=args.population)
+        rep = best_epsilon(event, args.delta, use_pld=not args.no_pld, neighboring_relation=relation)
+        payload = rep.to_dict() | {"sigma": sigma, "target_epsilon": args.epsilon}
+        human = [f"sigma (noise multiplier) = {sigma:.6g} for target epsilon {args.epsilon:g} (RDP-calibrated)"]
+    else:
+        _need(args, "epsilon", "count")
+        delta = 0.0 if args.delta is None else args.delta
+        e0 = calibrate_laplace_epsilon0(target_epsilon=args.epsilon, count=args.count, delta=delta)
+        rep = best_epsilon(SelfComposed(Laplace.from_epsilon(e0), args.count), delta, use_pld=not args.no_pld,
+                           neighboring_relation="replace_one")
+        payload = rep.to_dict() | {"epsilon0": e0, "target_epsilon": args.epsilon}
+        human = [f"epsilon0 per release = {e0:.6g} for {args.count} releases within epsilon {args.epsilon:g}"]
+    return _emit(payload, human + _report_lines(rep), args.json)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from dp.errors import LedgerError
+    from dp.ledger import PrivacyLedger
+
+    run_dir = Path(args.run_dir)
+    path = run_dir / "privacy_ledger.sqlite"
+    if not path.is_file():
+        raise FileNotFoundError(f"no privacy ledger at {path}; pass a run directory written by 'secagg run'.")
+    try:
+        ledger = PrivacyLedger(path)
+    except LedgerError as exc:
+        raise UserError(str(exc)) from exc
+    with ledger:
+        delta = args.delta if args.delta is not None else (ledger.budget[1] if ledger.budget else 1e-5)
+        history = ledger.history(delta)
+        rep = ledger.spent(delta, use_pld=not args.no_pld)
+        n_entries = len(ledger.entries())
+    png = run_dir / "privacy.png"
+    _plot(history, rep, delta, png)
+    human = [f"{'round':>6}  {'epsilon (RDP/pure)':>18}"] + [f"{r:>6}  {e:>18.6g}" for r, e in history]
+    human += _report_lines(rep) + [f"wrote {png}"]
+    payload = rep.to_dict() | {
+        "rounds": [r for r, _ in history],
+        "epsilon_by_round": [e for _, e in history],
+        "entries": n_entries,
+        "budget": list(ledger.budget) if ledger.budget else None,
+        "png": str(png),
+    }
+    return _emit(payload, human, args.json)
+
+
+def _plot(history: list[tuple[int, float]], rep, delta: float, png: Path) -> None:  # noqa: ANN001
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if history:
+        ax.plot([r for r, _ in history], [e for _, e in history], marker=".", label="RDP / pure, per round")
+        ax.scatter([history[-1][0]], [rep.epsilon], color="red", zorder=3, label=f"final ({rep.accountant})")
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"epsilon at delta={delta:g}")
+    ax.set_title("Privacy spent")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``secagg privacy`` with ``account``, ``calibrate`` and ``report``."""
+    parser = subparsers.add_parser("privacy", help="differential privacy: account, calibrate, report",
+                                   description="Differential privacy accounting (RDP, PLD via dp-accounting, pure DP).")
+    sub = parser.add_subparsers(dest="privacy_command", metavar="ACTION")
+    parser.set_defaults(func=lambda args: (parser.print_help(sys.stderr), 2)[1])
+
+    acc = sub.add_parser("account", help="epsilon of a mechanism and its composition",
+                         description="Epsilon of a mechanism: the tightest of RDP, PLD and pure-DP accounting.")
+    acc.add_argument("--mechanism", choices=("gaussian", "laplace", "fel"), default="gaussian",
+                     help="gaussian (DP-FedAvg/DP-SGD), laplace (LDP uploads), fel (leaves + over-arch)")
+    acc.add_argument("--q", type=_float, help="sampling rate per step (Poisson unless --sampling fixed)")
+    acc.add_argument("--sigma", type=_float, help="noise multiplier (noise std / sensitivity)")
+    acc.add_argument("--steps", type=_int, help="number of steps/rounds")
+    acc.add_argument("--delta", type=_float, help="target delta (laplace: default 0 = pure DP)")
+    acc.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
+                     help="poisson (add/remove neighbours) or fixed-size without replacement (replace-one)")
+    acc.add_argument("--population", type=_int, help="population size for --sampling fixed")
+    acc.add_argument("--epsilon0", type=_float, help="laplace: pure epsilon per release")
+    acc.add_argument("--count", type=_int, help="laplace: number of releases by the same user")
+    acc.add_argument("--cluster", type=_pair, action="append", metavar="Q,STEPS",
+                     help="fel: one leaf cluster's sampling rate and rounds (repeat per cluster)")
+    acc.add_argument("--over-arch", type=_triple, metavar="Q,STEPS,SIGMA", help="fel: over-arch training")
+    acc.add_argument("--over-arch-users", choices=("same", "disjoint", "opt_in"),
+                     help="fel: who trains the over-arch (default same if --over-arch else opt_in)")
+    acc.add_argument("--no-pld", action="store_true", help="skip the (slower) PLD accountant")
+    acc.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    acc.set_defaults(func=_account)
+
+    cal = sub.add_parser("calibrate", help="noise for a target epsilon",
+                         description="Smallest noise meeting a target (epsilon, delta); never overshoots.")
+    cal.add_argument("--mechanism", choices=("gaussian", "laplace"), default="gaussian")
+    cal.add_argument("--epsilon", type=_float, help="target epsilon")
+    cal.add_argument("--delta", type=_float, help="target delta")
+    cal.add_argument("--q", type=_float, help="gaussian: sampling rate")
+    cal.add_argument("--steps", type=_int, help="gaussian: number of steps")
+    cal.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson")
+    cal.add_argument("--population", type=_int, help="population size for --sampling fixed")
+    cal.add_argument("--count", type=_int, help="laplace: number of releases")
+    cal.add_argument("--no-pld", action="store_true", help="skip the PLD check of the result")
+    cal.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    cal.set_defaults(func=_calibrate)
+
+    rep = sub.add_parser("report", help="epsilon against rounds from a run's privacy ledger",
+                         description="Read RUN_DIR/privacy_ledger.sqlite, print epsilon per round, write RUN_DIR/privacy.png.")
+    rep.add_argument("run_dir", metavar="RUN_DIR")
+    rep.add_argument("--delta", type=_float, help="delta (default: the ledger budget's, else 1e-5)")
+    rep.add_argument("--no-pld", action="store_true", help="skip the PLD accountant for the final value")
+    rep.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    rep.set_defaults(func=_report)

@@ -1,0 +1,112 @@
+"""``secagg privacy``: account, calibrate, report (JSON last line, exit 2 on user errors)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dp.accountant import RdpAccountant
+from dp.events import Gaussian, PoissonSampled, SelfComposed
+from dp.ledger import PrivacyLedger
+from experiments.cli import main
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict | None, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    payload = json.loads(lines[-1]) if "--json" in argv and code == 0 else None
+    return code, payload, out, err
+
+
+def test_account_gaussian_json(capsys) -> None:
+    code, p, _, _ = _run(capsys, "privacy", "account", "--mechanism", "gaussian", "--q", "0.01", "--sigma", "1.1",
+                         "--steps", "1000", "--delta", "1e-5", "--json")
+    assert code == 0
+    assert {"epsilon", "accountant", "epsilon_rdp", "order", "delta"} <= set(p)
+    assert p["delta"] == 1e-5 and p["accountant"] in {"rdp", "pld"}
+    rdp = RdpAccountant().compose(SelfComposed(PoissonSampled(0.01, Gaussian(1.1)), 1000))
+    assert p["epsilon_rdp"] == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-12)
+    assert p["epsilon"] == min(p["epsilon_rdp"], p["epsilon_pld"])
+
+
+def test_account_gaussian_fixed_sampling(capsys) -> None:
+    code, p, _, _ = _run(capsys, "privacy", "account", "--q", "0.01", "--sigma", "1.0", "--steps", "50",
+                         "--delta", "1e-5", "--sampling", "fixed", "--population", "1000", "--no-pld", "--json")
+    assert code == 0 and p["neighboring_relation"] == "replace_one" and math.isfinite(p["epsilon"])
+
+
+def test_account_laplace_pure_by_default(capsys) -> None:
+    code, p, out, _ = _run(capsys, "privacy", "account", "--mechanism", "laplace", "--epsilon0", "0.5",
+                           "--count", "4", "--json")
+    assert code == 0 and p["epsilon"] == pytest.approx(2.0) and p["accountant"] == "pure" and p["delta"] == 0
+    code, p, _, _ = _run(capsys, "privacy", "account", "--mechanism", "laplace", "--epsilon0", "1", "--count", "100",
+                         "--delta", "1e-5", "--json")
+    assert p["epsilon"] == pytest.approx(68.25, abs=0.01) and p["epsilon_rdp"] == pytest.approx(70.78, abs=0.01)
+
+
+def test_account_fel_forms(capsys) -> None:
+    base = ["privacy", "account", "--mechanism", "fel", "--sigma", "1.0", "--cluster", "0.02,51", "--cluster",
+            "0.01,100", "--delta", "1e-6", "--no-pld", "--json"]
+    _, leaves_only, _, _ = _run(capsys, *base)
+    _, same, _, _ = _run(capsys, *base, "--over-arch", "0.05,10,2.0", "--over-arch-users", "same")
+    _, disjoint, _, _ = _run(capsys, *base, "--over-arch", "0.05,10,2.0", "--over-arch-users", "disjoint")
+    assert leaves_only["epsilon"] <= disjoint["epsilon"] < same["epsilon"]
+    assert leaves_only["parameters"]["over_arch_users"] == "opt_in"
+
+
+def test_calibrate_gaussian_and_laplace(capsys) -> None:
+    code, p, _, _ = _run(capsys, "privacy", "calibrate", "--epsilon", "1.0", "--delta", "1e-5", "--q", "0.01",
+                         "--steps", "1000", "--no-pld", "--json")
+    assert code == 0 and p["epsilon_rdp"] <= 1.0 and 1.4 < p["sigma"] < 1.7
+    code, p, _, _ = _run(capsys, "privacy", "calibrate", "--mechanism", "laplace", "--epsilon", "5", "--count", "10",
+                         "--json")
+    assert code == 0 and p["epsilon0"] == pytest.approx(0.5) and p["epsilon"] == pytest.approx(5.0)
+
+
+def test_report_reads_ledger_and_writes_png(tmp_path: Path, capsys) -> None:
+    ev = PoissonSampled(0.05, Gaussian(1.0))
+    with PrivacyLedger(tmp_path / "privacy_ledger.sqlite", budget=(5.0, 1e-5)) as ledger:
+        for r in range(5):
+            with ledger.round(r) as rnd:
+                rnd.record(ev, who="server", what="aggregate")
+    code, p, out, _ = _run(capsys, "privacy", "report", str(tmp_path), "--json")
+    assert code == 0
+    assert p["rounds"] == [0, 1, 2, 3, 4] and p["entries"] == 5 and p["budget"] == [5.0, 1e-5]
+    assert p["epsilon_by_round"] == sorted(p["epsilon_by_round"])
+    png = tmp_path / "privacy.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "round" in out
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["privacy", "account", "--q", "2", "--sigma", "1", "--steps", "3", "--delta", "1e-5"], "sampling_probability"),
+        (["privacy", "account", "--mechanism", "laplace", "--count", "3"], "needs --epsilon0"),
+        (["privacy", "account", "--mechanism", "fel", "--sigma", "1", "--delta", "1e-5"], "--cluster"),
+        (["privacy", "calibrate", "--epsilon", "-1", "--delta", "1e-5", "--q", "0.1", "--steps", "3"], "target_epsilon"),
+    ],
+)
+def test_user_errors_exit_2_without_traceback(capsys, argv: list[str], match: str) -> None:
+    code, _, _, err = _run(capsys, *argv)
+    assert code == 2 and match in err and "Traceback" not in err
+
+
+def test_report_missing_or_bad_ledger(tmp_path: Path, capsys) -> None:
+    code, _, _, err = _run(capsys, "privacy", "report", str(tmp_path))
+    assert code == 2 and "no privacy ledger" in err
+    (tmp_path / "privacy_ledger.sqlite").write_bytes(b"not sqlite at all" * 100)
+    code, _, _, err = _run(capsys, "privacy", "report", str(tmp_path))
+    assert code == 2 and "not a privacy ledger" in err
+
+
+@pytest.mark.parametrize("sub", [[], ["account"], ["calibrate"], ["report"]])
+def test_help_works(capsys, sub: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["privacy", *sub, "--help"])
+    assert info.value.code == 0
+    assert "usage" in capsys.readouterr().out

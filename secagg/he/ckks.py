@@ -387,7 +387,13 @@ def decrypt_vector(ciphertext: CKKSCiphertext, context: CKKSContext) -> np.ndarr
         )
     if not ciphertext.chunks:
         return np.zeros(0, dtype=np.float64)
-    out = np.concatenate([np.asarray(c.decrypt(), dtype=np.float64) for c in ciphertext.chunks])
+    secret = context._ctx.secret_key()
+    try:
+        # Pass the key explicitly: chunks parsed under the server's (public) context stay linked to it.
+        parts = [np.asarray(c.decrypt(secret), dtype=np.float64) for c in ciphertext.chunks]
+    except (ValueError, RuntimeError, TypeError) as exc:
+        raise CiphertextError(f"CKKS decryption failed: {exc}") from None
+    out = np.concatenate(parts)
     if out.size != ciphertext.length:
         raise ShapeMismatchError(f"decrypted {out.size} values; the vector claims {ciphertext.length}.")
     return out

@@ -257,3 +257,45 @@ def test_in_memory_vector_with_missing_chunks_is_refused(client_ctx, server_ctx)
         sum_vectors([a, short], server_ctx)
     with pytest.raises(ShapeMismatchError):
         decrypt_vector(short, client_ctx)
+
+
+def test_client_decrypts_objects_parsed_under_the_server_context(client_ctx, server_ctx) -> None:
+    """In-process simulations pass objects around: a vector linked to the public context still
+    decrypts with the client's context."""
+    on_server = CKKSCiphertext.from_bytes(encrypt_vector([1.5, -2.5], client_ctx).to_bytes(), server_ctx)
+    total = sum_vectors([on_server, on_server], server_ctx)
+    np.testing.assert_allclose(decrypt_vector(total, client_ctx), [3.0, -5.0], atol=sum_error_bound(2))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=FIXTURE_OK)
+@given(position=st.integers(0, 10**9), flip=st.integers(1, 255))
+def test_random_byte_flip_is_refused_or_decrypts_within_reach(client_ctx, server_ctx, position, flip) -> None:
+    """A flipped byte is refused with a typed error, or (CKKS is unauthenticated) yields a value;
+    it never raises anything but a SecAggError."""
+    from secagg.errors import SecAggError
+
+    x = np.linspace(-1, 1, 100)
+    blob = bytearray(encrypt_vector(x, client_ctx).to_bytes())
+    blob[position % len(blob)] ^= flip
+    try:
+        got = decrypt_vector(CKKSCiphertext.from_bytes(bytes(blob), server_ctx), client_ctx)
+    except SecAggError:
+        return
+    assert got.shape == x.shape
+
+
+def test_limit_ckks_ciphertexts_are_unauthenticated(client_ctx, server_ctx) -> None:
+    """Stated limit: some byte flips in a CKKS ciphertext parse and decrypt to garbage, silently
+    (about half of them, measured); uploads must travel over the authenticated channel."""
+    x = np.linspace(-1, 1, 100)
+    blob = encrypt_vector(x, client_ctx).to_bytes()
+    silent = 0
+    for pos in range(100, len(blob), len(blob) // 40):
+        tampered = bytearray(blob)
+        tampered[pos] ^= 0x5A
+        try:
+            got = decrypt_vector(CKKSCiphertext.from_bytes(bytes(tampered), server_ctx), client_ctx)
+        except CiphertextError:
+            continue
+        silent += int(np.max(np.abs(got - x)) > 1e-3)
+    assert silent >= 1

@@ -17,7 +17,7 @@ raises a typed :class:`~secagg.errors.SecAggError` and never reaches the sum.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -36,7 +36,7 @@ class HEServer:
     """The server's side: public material only; validates and adds encrypted uploads."""
 
     scheme: Scheme
-    public_bytes: bytes
+    public_bytes: bytes = field(repr=False)
 
     def add(self, uploads: Sequence[bytes], length: int) -> bytes:
         """Validate every upload, then return the encrypted sum.
@@ -67,8 +67,8 @@ class HEClient:
     """A client's side: holds the shared secret key (FedMF's model)."""
 
     scheme: Scheme
-    secret_bytes: bytes
-    public_bytes: bytes
+    secret_bytes: bytes = field(repr=False)
+    public_bytes: bytes = field(repr=False)
 
     def encrypt(self, values: np.ndarray | Sequence[float]) -> bytes:
         """Encrypt a real vector (flattened) and serialize it for the server."""

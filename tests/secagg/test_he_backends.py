@@ -137,3 +137,7 @@ def test_any_flipped_byte_fails_only_with_typed_errors(client: HEClient, positio
         return
     if client.scheme == "paillier":
         np.testing.assert_allclose(got, x, atol=2.0**-24)
+
+
+def test_repr_never_shows_key_material(client: HEClient) -> None:
+    assert len(repr(client)) < 100 and len(repr(client.server())) < 100

@@ -76,7 +76,7 @@ class RdpAccountant:
     """Renyi-DP accountant.
 
     Args:
-        orders: RDP orders (> 1); default :func:`dp.rdp.default_orders` (352 orders, 1.1..1024).
+        orders: RDP orders (> 1); default :func:`dp.rdp.default_orders` (345 orders, 1.1..1024).
         neighboring_relation: ``"add_remove"`` (default) or ``"replace_one"``.
 
     Example:

@@ -56,7 +56,7 @@ class OrderRangeWarning(UserWarning):
 
 def default_orders() -> np.ndarray:
     """Default RDP orders: 1.1..9.9 (step 0.1, non-integers), every integer 2..256, and
-    288, 320, 384, 448, 512, 640, 768, 896, 1024 (352 orders)."""
+    288, 320, 384, 448, 512, 640, 768, 896, 1024 (345 orders)."""
     frac = np.round(np.arange(11, 100) / 10.0, 10)
     frac = frac[frac != np.round(frac)]
     ints = np.arange(2, 257, dtype=np.float64)

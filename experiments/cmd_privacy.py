@@ -204,6 +204,118 @@ def _plot(history: list[tuple[int, float]], rep, delta: float, png: Path) -> Non
     plt.close(fig)
 
 
+def _median_ms(fn, repeat: int) -> float:  # noqa: ANN001
+    import statistics
+    import time
+
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import warnings
+
+    from dp import discrete, mechanisms
+    from dp.accountant import PldAccountant, RdpAccountant
+    from dp.events import Gaussian, PoissonSampled, SelfComposed
+    from dp.rdp import default_orders
+
+    q, z, steps, delta = args.q, args.sigma, args.steps, args.delta
+    event = SelfComposed(PoissonSampled(q, Gaussian(z)), steps)
+    warnings.simplefilter("ignore")
+    res: dict[str, object] = {"q": q, "sigma": z, "steps": steps, "delta": delta, "orders": int(default_orders().size),
+                              "note": "median wall time in ms on a shared machine (measured under load)"}
+    res["rdp_epsilon_ms"] = _median_ms(lambda: RdpAccountant().compose(event).get_epsilon(delta), args.repeat)
+    try:
+        from opacus.accountants.analysis import rdp as opacus_rdp
+
+        orders = list(default_orders())
+
+        def opacus_query() -> None:
+            r = opacus_rdp.compute_rdp(q=q, noise_multiplier=z, steps=steps, orders=orders)
+            opacus_rdp.get_privacy_spent(orders=orders, rdp=r, delta=delta)
+
+        res["opacus_epsilon_ms"] = _median_ms(opacus_query, max(1, args.repeat // 5))
+        res["speedup_vs_opacus"] = res["opacus_epsilon_ms"] / res["rdp_epsilon_ms"]  # type: ignore[operator]
+    except ImportError:
+        res["opacus_epsilon_ms"] = None
+    res["pld_epsilon_ms"] = _median_ms(lambda: PldAccountant().compose(event).get_epsilon(delta), 1)
+    n = args.dim
+    res["dim"] = n
+    res["float_gaussian_ms"] = _median_ms(lambda: mechanisms.gaussian_noise(n, 1.0), 3)
+    res["float_laplace_ms"] = _median_ms(lambda: mechanisms.laplace_noise(n, 1.0), 3)
+    res["discrete_gaussian_grid16_ms"] = _median_ms(lambda: discrete.discrete_gaussian_noise(n, 1.0, 16), 3)
+    res["discrete_laplace_grid16_ms"] = _median_ms(lambda: discrete.discrete_laplace_noise(n, 1.0, 16), 3)
+    res["discrete_gaussian_sigma3_ms"] = _median_ms(lambda: discrete.discrete_gaussian(n, 3.0), 3)
+    human = [f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in res.items()]
+    return _emit(res, human, args.json)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    import warnings
+
+    import mpmath
+    import numpy as np
+
+    from dp.accountant import best_epsilon
+    from dp.events import Gaussian, PoissonSampled, SelfComposed
+    from dp.rdp import rdp_sampled_gaussian
+
+    try:
+        from opacus.accountants.analysis import rdp as opacus_rdp
+    except ImportError as exc:
+        raise UserError("validate needs opacus (pip install -e '.[dev]').") from exc
+    warnings.simplefilter("ignore")
+    gen = np.random.default_rng(args.seed)  # simulation choice of test points, not noise
+    orders = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+    worst_opacus = (0.0, None)
+    for _ in range(args.samples):
+        q = float(10 ** gen.uniform(-3, math.log10(0.99)))
+        z = float(gen.uniform(0.5, 10.0))
+        ours = rdp_sampled_gaussian(q=q, noise_multiplier=z, orders=orders)
+        theirs = np.asarray(opacus_rdp.compute_rdp(q=q, noise_multiplier=z, steps=1, orders=orders))
+        ok = np.isfinite(theirs) & (theirs > 0)
+        rel = np.abs(ours[ok] - theirs[ok]) / theirs[ok]
+        i = int(np.argmax(rel))
+        if rel[i] > worst_opacus[0]:
+            worst_opacus = (float(rel[i]), {"q": q, "sigma": z, "order": float(np.asarray(orders)[ok][i])})
+    worst_mp = (0.0, None)
+    below = 0
+    for _ in range(args.mp_samples):
+        q = float(10 ** gen.uniform(-4, math.log10(0.99)))
+        z = float(gen.uniform(0.4, 20.0))
+        a = float(gen.choice([1.1, 1.5, 2.3, 4.7, 7.5, 9.9]))
+        with mpmath.workdps(40):
+            qq, zz, aa = mpmath.mpf(q), mpmath.mpf(z), mpmath.mpf(a)
+            z0 = zz * zz * mpmath.log(1 / qq - 1) + mpmath.mpf(1) / 2
+            f = lambda t: mpmath.npdf(t, 0, zz) * (1 - qq + qq * mpmath.exp((2 * t - 1) / (2 * zz * zz))) ** aa  # noqa: E731
+            exact = float(mpmath.log(mpmath.quad(f, sorted({-mpmath.inf, mpmath.mpf(0), z0, aa, mpmath.inf}))) / (aa - 1))
+        ours = float(rdp_sampled_gaussian(q=q, noise_multiplier=z, orders=[a])[0])
+        below += ours < exact
+        rel = abs(ours - exact) / exact
+        if rel > worst_mp[0]:
+            worst_mp = (rel, {"q": q, "sigma": z, "order": a})
+    gaps = []
+    settings_list = [] if args.no_gaps else [(0.01, 1.0, 100), (0.01, 1.0, 1000), (0.001, 1.0, 10000), (0.02, 0.8, 500),
+                        (0.1, 2.0, 50), (0.004, 0.7, 251), (1.0, 5.0, 10)]
+    for q, z, steps in settings_list:
+        rep = best_epsilon(SelfComposed(PoissonSampled(q, Gaussian(z)), steps), args.delta)
+        gaps.append({"q": q, "sigma": z, "steps": steps, "epsilon_rdp": rep.epsilon_rdp, "epsilon_pld": rep.epsilon_pld,
+                     "rdp_over_pld": rep.epsilon_rdp / rep.epsilon_pld if rep.epsilon_pld else None})
+    res = {"max_rel_dev_opacus": worst_opacus[0], "at_opacus": worst_opacus[1],
+           "max_rel_dev_mpmath": worst_mp[0], "at_mpmath": worst_mp[1], "below_mpmath": int(below),
+           "samples": args.samples, "mp_samples": args.mp_samples, "delta": args.delta, "pld_vs_rdp": gaps}
+    human = [f"max relative deviation from Opacus: {worst_opacus[0]:.3g} at {worst_opacus[1]}",
+             f"max relative deviation from mpmath: {worst_mp[0]:.3g} at {worst_mp[1]} (below exact: {below})"]
+    human += [f"q={g['q']:g} sigma={g['sigma']:g} steps={g['steps']}: RDP {g['epsilon_rdp']:.4g}, "
+              f"PLD {g['epsilon_pld']:.4g}" for g in gaps]
+    return _emit(res, human, args.json)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``secagg privacy`` with ``account``, ``calibrate`` and ``report``."""
     parser = subparsers.add_parser("privacy", help="differential privacy: account, calibrate, report",
@@ -254,3 +366,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rep.add_argument("--no-pld", action="store_true", help="skip the PLD accountant for the final value")
     rep.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     rep.set_defaults(func=_report)
+
+    ben = sub.add_parser("bench", help="time the accountants (vs Opacus) and the samplers",
+                         description="Median wall times; the machine is shared, so read them as ratios.")
+    ben.add_argument("--q", type=_float, default=0.01)
+    ben.add_argument("--sigma", type=_float, default=1.0)
+    ben.add_argument("--steps", type=_int, default=100_000)
+    ben.add_argument("--delta", type=_float, default=1e-5)
+    ben.add_argument("--repeat", type=_int, default=20, help="repetitions of the RDP query")
+    ben.add_argument("--dim", type=_int, default=100_000, help="vector length for the samplers")
+    ben.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ben.set_defaults(func=_bench)
+
+    val = sub.add_parser("validate", help="deviation from Opacus and from an mpmath integral; PLD-vs-RDP gaps",
+                         description="Random points over the property tests' ranges (needs opacus).")
+    val.add_argument("--samples", type=_int, default=300, help="points compared with Opacus")
+    val.add_argument("--mp-samples", type=_int, default=60, help="points compared with mpmath (slow)")
+    val.add_argument("--seed", type=_int, default=0)
+    val.add_argument("--delta", type=_float, default=1e-5)
+    val.add_argument("--no-gaps", action="store_true", help="skip the PLD-vs-RDP table (slow)")
+    val.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    val.set_defaults(func=_validate)

@@ -110,3 +110,10 @@ def test_help_works(capsys, sub: list[str]) -> None:
         main(["privacy", *sub, "--help"])
     assert info.value.code == 0
     assert "usage" in capsys.readouterr().out
+
+
+def test_bench_and_validate_small(capsys) -> None:
+    code, p, _, _ = _run(capsys, "privacy", "bench", "--steps", "1000", "--dim", "2000", "--repeat", "2", "--json")
+    assert code == 0 and p["rdp_epsilon_ms"] > 0 and p["orders"] == 345
+    code, p, _, _ = _run(capsys, "privacy", "validate", "--samples", "3", "--mp-samples", "2", "--no-gaps", "--json")
+    assert code == 0 and p["below_mpmath"] == 0 and p["max_rel_dev_mpmath"] < 1e-6 and p["max_rel_dev_opacus"] < 1e-5

@@ -84,7 +84,7 @@ class CentralTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-            total += float(loss) * len(logits)
+            total += float(loss.detach()) * len(logits)
         self.round += 1
         return {"loss": total / max(len(perm), 1), "examples": len(perm)}
 

@@ -1,0 +1,61 @@
+"""Imports only go down (ARCHITECTURE.md): a lower layer importing a higher one fails here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("secagg", "dp", "recmodels", "protocols", "attacks", "experiments")
+#: What each package may import from the project.
+ALLOWED = {
+    "secagg": {"secagg"},
+    "dp": {"dp"},
+    "recmodels": {"recmodels"},
+    "protocols": {"protocols", "secagg", "dp", "recmodels"},
+    "attacks": {"attacks", "protocols", "secagg", "dp", "recmodels"},
+    "experiments": set(PACKAGES),
+}
+#: Third-party modules a package must never import (secagg and the dp core stay torch-free).
+FORBIDDEN_THIRD_PARTY = {"secagg": {"torch"}, "dp": {"torch"}}
+
+
+def project_imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module.split(".")[0]))
+    return out
+
+
+def violations(package: str, root: Path = ROOT) -> list[str]:
+    found = []
+    for path in sorted((root / package).rglob("*.py")):
+        for line, top in project_imports(path):
+            if top in PACKAGES and top not in ALLOWED[package]:
+                found.append(f"{path.relative_to(root)}:{line} imports {top}")
+            if top in FORBIDDEN_THIRD_PARTY.get(package, ()):
+                found.append(f"{path.relative_to(root)}:{line} imports {top}")
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_only_go_down(package):
+    assert violations(package) == []
+
+
+def test_nothing_imports_experiments():
+    for package in PACKAGES[:-1]:
+        assert not any("imports experiments" in v for v in violations(package))
+
+
+def test_checker_catches_an_upward_import(tmp_path):
+    pkg = tmp_path / "secagg"
+    pkg.mkdir()
+    (pkg / "bad.py").write_text("import numpy\nfrom protocols.fedavg import FedAvgGMF\nimport torch\n")
+    assert violations("secagg", tmp_path) == ["secagg/bad.py:2 imports protocols", "secagg/bad.py:3 imports torch"]

@@ -92,8 +92,9 @@ def _bernoulli_exp_neg_unit(num: np.ndarray, den: np.ndarray, source: RandomSour
     k = np.ones(n, dtype=np.int64)
     active = np.arange(n)
     while active.size:
-        d = den[active] * k[active] if den.dtype == object else den[active].astype(np.int64) * k[active]
-        if d.dtype != object and int(d.max()) >= _INT64_SAFE:
+        if den.dtype != object and int(den[active].max()) * int(k[active].max()) < _INT64_SAFE:
+            d = den[active].astype(np.int64) * k[active]
+        else:  # exact big-integer products (never a silent int64 wrap-around)
             d = _as_object(den[active]) * k[active].astype(object)
         a = bernoulli_rational(num[active], d, source)
         active = active[a]
@@ -220,15 +221,10 @@ def discrete_gaussian(
     while todo.size:
         y = _dlap_core(todo.size, t, 1, source)
         ay = np.abs(y)
-        if small:
-            num = (ay * (t * b) - a) ** 2
-            if int(num.max()) >= _INT64_SAFE:
-                small_now = False
-            else:
-                small_now = True
-        else:
-            small_now = False
+        # int64 only when |Y| t b + a < 2^31, so the square stays below 2^62 (no wrap-around).
+        small_now = small and int(ay.max()) * t * b + a < (1 << 31)
         if small_now:
+            num = (ay * (t * b) - a) ** 2
             den = np.full(ay.size, den_int, dtype=np.int64)
         else:
             ay_o = _as_object(ay)

@@ -96,6 +96,15 @@ def _check_budget_arg(budget: object) -> tuple[float, float] | None:
     return eps, delta
 
 
+def _parse_event(text: str, round_: int | None = None, seq: int | None = None) -> DpEvent:
+    """A stored event, or LedgerError if the row was tampered with or corrupted."""
+    try:
+        return event_from_dict(json.loads(text))
+    except (json.JSONDecodeError, ValueError, TypeError) as exc:
+        where = f" (round {round_}, seq {seq})" if round_ is not None else ""
+        raise LedgerError(f"corrupt ledger entry{where}: {exc}. The ledger file was modified outside PrivacyLedger.") from exc
+
+
 def _included(small: dict[str | None, Counter], big: dict[str | None, Counter]) -> bool:
     """Multiset inclusion per cohort (adding events never lowers epsilon)."""
     return all(n <= big.get(c, Counter()).get(ev, 0) for c, cnt in small.items() for ev, n in cnt.items())
@@ -277,13 +286,19 @@ class PrivacyLedger:
         rows = self._db.execute(
             "SELECT round, seq, who, what, cohort, event, params, recorded_at FROM entries ORDER BY round, seq"
         ).fetchall()
-        return [LedgerEntry(r[0], r[1], r[2], r[3], r[4], event_from_dict(json.loads(r[5])), json.loads(r[6]), r[7])
-                for r in rows]
+        out = []
+        for r in rows:
+            try:
+                params = json.loads(r[6])
+            except json.JSONDecodeError as exc:
+                raise LedgerError(f"ledger entry (round {r[0]}, seq {r[1]}) has corrupt params: {exc}.") from exc
+            out.append(LedgerEntry(r[0], r[1], r[2], r[3], r[4], _parse_event(r[5], r[0], r[1]), params, r[7]))
+        return out
 
     def _curve(self, event_json: str) -> np.ndarray:
         curve = self._curve_cache.get(event_json)
         if curve is None:
-            curve = self._rdp_acc.rdp_of(event_from_dict(json.loads(event_json)))
+            curve = self._rdp_acc.rdp_of(_parse_event(event_json))
             self._curve_cache[event_json] = curve
         return curve
 
@@ -318,7 +333,7 @@ class PrivacyLedger:
     @staticmethod
     def _total_event(groups: dict[str | None, Counter]) -> DpEvent:
         def seq(counter: Counter) -> DpEvent:
-            return Composed(tuple(SelfComposed(event_from_dict(json.loads(ev)), n) for ev, n in sorted(counter.items())))
+            return Composed(tuple(SelfComposed(_parse_event(ev), n) for ev, n in sorted(counter.items())))
         common = [seq(c) for k, c in groups.items() if k is None]
         cohorts = [seq(c) for k, c in sorted((k, c) for k, c in groups.items() if k is not None)]
         parts = common + ([ParallelComposed(tuple(cohorts))] if cohorts else [])

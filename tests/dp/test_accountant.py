@@ -225,3 +225,34 @@ def test_ldp_rejects_bad_parameters() -> None:
         ldp_laplace(np.ones(3), clip_bound=1.0, epsilon=0.0)
     with pytest.raises(ValueError, match="clip_bound"):
         ldp_gaussian(np.ones(3), clip_bound=-1.0, noise_multiplier=1.0)
+
+
+_leaf = st.builds(Gaussian, st.floats(0.1, 10)) | st.builds(Laplace, st.floats(0.1, 10))
+_events = st.recursive(
+    _leaf,
+    lambda inner: st.builds(PoissonSampled, st.floats(0, 1), inner)
+    | st.builds(SelfComposed, inner, st.integers(0, 5))
+    | st.builds(Composed, st.lists(inner, max_size=3).map(tuple))
+    | st.builds(ParallelComposed, st.lists(inner, min_size=1, max_size=3).map(tuple)),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_events)
+def test_event_serialisation_round_trip(ev: DpEvent) -> None:
+    import json
+
+    assert event_from_dict(json.loads(json.dumps(event_to_dict(ev)))) == ev
+
+
+@settings(max_examples=30, deadline=None)
+@given(q=st.floats(1e-3, 1.0), z=st.floats(0.5, 5.0), steps=st.integers(1, 2000), delta=st.floats(1e-10, 1e-2))
+def test_epsilon_delta_conversions_are_consistent(q: float, z: float, steps: int, delta: float) -> None:
+    acc = RdpAccountant().compose(_sgm(q, z, steps))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eps = acc.get_epsilon(delta)
+        if eps > 0:
+            assert acc.get_delta(eps) == pytest.approx(delta, rel=1e-6)
+        assert acc.get_delta(eps) <= delta * (1 + 1e-6)

@@ -91,8 +91,10 @@ def test_kill_mid_round_then_resume_neither_loses_nor_double_counts(tmp_path: Pa
 def test_kill_at_random_times_never_leaves_a_partial_round(tmp_path: Path) -> None:
     path = tmp_path / "privacy_ledger.sqlite"
     script = _child(tmp_path)
-    for delay in (0.6, 0.9, 1.2):
+    for delay in (0.05, 0.13, 0.31):
         proc = _run_child(script, path, last=10_000, stop_mid=-1)
+        assert proc.stdout is not None
+        proc.stdout.readline()  # the child committed at least one round; now kill it at an arbitrary point
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -187,3 +189,21 @@ def test_history_and_entries(tmp_path: Path) -> None:
     assert (e.round, e.who, e.what, e.event, e.params) == (2, "server", "aggregate", EV, {"clip": 1.0, "round": 2})
     rep = ledger.spent(1e-5)
     assert rep.epsilon <= rep.epsilon_rdp and rep.accountant in {"rdp", "pld"}
+
+
+def test_tampered_entry_is_rejected_with_a_typed_error(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "l.sqlite"
+    with PrivacyLedger(path) as ledger:
+        with ledger.round(0) as rnd:
+            rnd.record(EV, who="server")
+    db = sqlite3.connect(path)
+    db.execute("""UPDATE entries SET event='{"type": "Gaussian", "noise_multiplier": "1e9"}'""")
+    db.commit()
+    db.close()
+    with PrivacyLedger(path) as ledger:
+        with pytest.raises(LedgerError, match="corrupt ledger entry"):
+            ledger.entries()
+        with pytest.raises(LedgerError, match="corrupt ledger entry"):
+            ledger.spent(1e-5)

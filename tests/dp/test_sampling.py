@@ -196,3 +196,10 @@ def test_discrete_rejects_bad_parameter(bad: object) -> None:
         discrete.discrete_gaussian(3, bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="frac_bits"):
         discrete.grid_value(1.0, 60)
+
+
+def test_discrete_laplace_huge_scale_uses_exact_big_integers() -> None:
+    """scale near 2^61: products t*K exceed int64 and must take the big-integer path."""
+    scale = (1 << 61) + 1
+    x = discrete.discrete_laplace(3000, scale, _test_source=_src(31)).astype(float) / scale
+    assert stats.kstest(x, "laplace").pvalue > P_MIN

@@ -94,7 +94,10 @@ def test_kill_at_random_times_never_leaves_a_partial_round(tmp_path: Path) -> No
     for delay in (0.05, 0.13, 0.31):
         proc = _run_child(script, path, last=10_000, stop_mid=-1)
         assert proc.stdout is not None
-        proc.stdout.readline()  # the child committed at least one round; now kill it at an arbitrary point
+        line = proc.stdout.readline()  # the child committed at least one round; now kill it at an arbitrary point
+        if not line.startswith("COMMITTED"):
+            proc.kill()
+            pytest.fail(f"child did not commit a round: {line!r} {proc.stderr.read()}")
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)

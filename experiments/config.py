@@ -53,7 +53,7 @@ class RunSection:
     """
 
     protocol: str = "fedavg"
-    rounds: int = 40
+    rounds: int = 20
     seed: int = 0
     eval_every: int = 5
     checkpoint_every: int = 1

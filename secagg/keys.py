@@ -8,11 +8,10 @@ A peer key that yields the all-zero shared secret (a low-order point) is refused
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from secagg.errors import MessageError
@@ -24,8 +23,21 @@ _KA_DOMAIN = b"secagg/ka/v1"
 
 
 def hkdf_sha256(ikm: bytes, *, info: bytes, salt: bytes | None = None, length: int = KEY_BYTES) -> bytes:
-    """HKDF-SHA256 (RFC 5869) of ``ikm``: extract with ``salt`` then expand with ``info``."""
-    return HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(ikm)
+    """HKDF-SHA256 (RFC 5869) of ``ikm``: extract with ``salt`` then expand with ``info``.
+
+    Written over :func:`hmac.digest` (OpenSSL's HMAC-SHA256 in C): the server runs one per
+    dropped-survivor pair, and this is several times faster than building a ``cryptography`` HKDF
+    object each time. Checked against RFC 5869 and against ``cryptography``'s HKDF in the tests.
+    """
+    if not 0 < length <= 255 * 32:
+        raise ValueError(f"HKDF-SHA256 output length must be in [1, 8160]; found {length}.")
+    prk = hmac.digest(salt if salt else bytes(32), ikm, "sha256")
+    out, block, counter = b"", b"", 1
+    while len(out) < length:
+        block = hmac.digest(prk, block + info + bytes([counter]), "sha256")
+        out += block
+        counter += 1
+    return out[:length]
 
 
 @dataclass(frozen=True, eq=False)

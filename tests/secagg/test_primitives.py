@@ -201,3 +201,14 @@ def test_prg_accumulate_equals_sequential_expand_into(n, masks, block):
         prg.expand_into(seed, a, label=label, negate=neg)
     prg.accumulate(b, items, block_words=block)
     assert a.tolist() == b.tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.binary(max_size=80), st.binary(max_size=40), st.one_of(st.none(), st.binary(min_size=1, max_size=80)),
+       st.integers(1, 200))
+def test_hkdf_matches_cryptography_hkdf(ikm, info, salt, length):
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    ref = HKDF(algorithm=hashes.SHA256(), length=length, salt=salt, info=info).derive(ikm)
+    assert hkdf_sha256(ikm, info=info, salt=salt, length=length) == ref

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cmd_data",
     "cmd_bench",
     "cmd_privacy",
+    "cmd_attack",
 )
 
 

@@ -169,15 +169,17 @@ class _LazyAdam:
         if self.kind == "sgd":
             self.p.index_add_(0, rows, grad, alpha=-self.lr)
             return
-        m = self.m[rows].mul_(self.b1).add_(grad, alpha=1 - self.b1)
-        v = self.v[rows].mul_(self.b2).addcmul_(grad, grad, value=1 - self.b2)
-        self.m[rows], self.v[rows] = m, v
+        m = self.m.index_select(0, rows).mul_(self.b1).add_(grad, alpha=1 - self.b1)
+        v = self.v.index_select(0, rows).mul_(self.b2).addcmul_(grad, grad, value=1 - self.b2)
+        self.m.index_copy_(0, rows, m)
+        self.v.index_copy_(0, rows, v)
         c1 = (1 - self.b1**t).unsqueeze(1)
         c2 = (1 - self.b2**t).unsqueeze(1)
         if self.sparse:
-            self.p[rows] -= (self.lr * c2.sqrt() / c1) * m / (v.sqrt() + self.eps)
+            step = m.mul_(self.lr * c2.sqrt() / c1).div_(v.sqrt_().add_(self.eps))
         else:
-            self.p[rows] -= (self.lr / c1) * m / (v.sqrt() / c2.sqrt() + self.eps)
+            step = m.mul_(self.lr / c1).div_(v.sqrt_().div_(c2.sqrt()).add_(self.eps))
+        self.p.index_add_(0, rows, step, alpha=-1.0)
 
 
 class FedAvgGMF:

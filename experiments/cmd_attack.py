@@ -92,7 +92,15 @@ def run_attack(args: argparse.Namespace, data: Any, defense: str, epsilon: float
     keep = lambda r: r.round <= 1 and (r.receiver == SERVER or r.sender == SERVER)  # noqa: E731
     model = FedMF(split.train, cfg, seed=args.seed, transport=InProcessTransport(Transcript(keep_payloads=keep)))
     t0 = time.perf_counter()
-    stats = model.fit(progress=lambda s: print(f"round {s.round}: {s.seconds:.2f} s", file=sys.stderr))
+    stats, diverged = [], None
+    try:
+        for _ in range(cfg.rounds):
+            stats.append(model.run_round())
+            print(f"round {stats[-1].round}: {stats[-1].seconds:.2f} s", file=sys.stderr)
+    except ValueError as exc:  # e.g. LDP noise at small epsilon blows the model up
+        if model.round < 2:
+            raise UserError(f"training failed in round {model.round}: {exc}") from exc
+        diverged = f"training stopped in round {model.round}: {exc}"
     train_s = time.perf_counter() - t0
     name = "fedmf-one-round" if args.user_update == "sequential" else "fedmf-two-round"
     pub = model.public_info()
@@ -100,14 +108,18 @@ def run_attack(args: argparse.Namespace, data: Any, defense: str, epsilon: float
     lists = model.lists
     sc = score(result, lists.rated_sets(), [lists.ratings[u, :c] for u, c in enumerate(lists.counts)],
                model.n_items, pub["rating_scale"])
-    metrics = model.evaluate(split.test)
+    with np.errstate(all="ignore"):
+        metrics = model.evaluate(split.test)
+    if diverged or not np.isfinite(metrics["rmse"]):
+        metrics = {"rmse": None, "mae": None}  # null in JSON: the model diverged
     return {
+        "diverged": diverged,
         "defense": defense, "variant": args.variant, "epsilon": epsilon if defense == "ldp" else None,
         "rmse": metrics["rmse"], "mae": metrics["mae"], "attack_name": name,
         "attack": sc.to_dict(),
         "data": data.source, "users": model.n_users, "items": model.n_items, "factors": args.factors,
         "rounds": args.rounds, "train_seconds": train_s,
-        "seconds_per_user_iteration": float(np.mean([s.client_s_per_user for s in stats])),
+        "seconds_per_user_iteration": float(np.mean([s.client_s_per_user for s in stats])) if stats else None,
         "split": split.protocol["kind"],
     }
 
@@ -119,7 +131,10 @@ def _main(args: argparse.Namespace) -> int:
     out = run_attack(args, data, args.defense, args.epsilon)
     a = out["attack"]
     rr = "n/a" if a["rating_rmse"] is None else f"{a['rating_rmse']:.3f}"
-    print(f"FedMF {out['variant']} / {out['defense']}: model RMSE {out['rmse']:.4f} MAE {out['mae']:.4f}")
+    if out["rmse"] is None:
+        print(f"FedMF {out['variant']} / {out['defense']}: model diverged ({out['diverged']})")
+    else:
+        print(f"FedMF {out['variant']} / {out['defense']}: model RMSE {out['rmse']:.4f} MAE {out['mae']:.4f}")
     print(f"attack {out['attack_name']}: {a['status']}")
     print(f"  F1 {a['f1']:.3f} (random {a['random_f1']:.3f})  precision {a['precision']:.3f}  recall {a['recall']:.3f}")
     print(f"  rating RMSE {rr} (random {a['random_rating_rmse']:.3f})")
@@ -173,7 +188,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.bar(x - 0.3, [r["attack_f1"] for r in rows], 0.2, label="attack F1")
     ax.bar(x - 0.1, [r["random_f1"] for r in rows], 0.2, label="random F1")
     ax.bar(x + 0.1, [nan(r["rating_rmse"]) for r in rows], 0.2, label="attack rating RMSE")
-    ax.bar(x + 0.3, [r["model_rmse"] for r in rows], 0.2, label="model RMSE (held out)")
+    ax.bar(x + 0.3, [nan(r["model_rmse"]) for r in rows], 0.2, label="model RMSE (held out)")
     ax.set_xticks(x, names, rotation=20)
     ax.set_title("FedMF: gradient inversion vs defense (privacy and utility)")
     ax.legend(fontsize=8)

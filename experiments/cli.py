@@ -8,13 +8,14 @@ import-time discovery). Conventions shared by every command:
 * progress bars and logs go to stderr;
 * user errors (:class:`experiments.errors.UserError`, or ``ValueError``/``FileNotFoundError`` from a
   lower layer reporting bad input) print one clear line on stderr and exit 2, without a
-  traceback.
+  traceback (``SECAGG_DEBUG=1`` re-raises them with the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -61,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(func(args) or 0)
     except (UserError, ValueError, FileNotFoundError) as exc:
+        if os.environ.get("SECAGG_DEBUG"):
+            raise  # a developer asked for the traceback
         print(f"secagg: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -196,7 +196,6 @@ def test_default_job_learns_beyond_popularity(tmp_path, capsys):
     assert fed["metrics"]["HR@10"] > pop["metrics"]["HR@10"] + 0.15
 
 
-@pytest.mark.slow
 @pytest.mark.realdata
 def test_movielens_small_reaches_the_reference_accuracy(ml_latest_small, tmp_path, capsys):
     res = {}

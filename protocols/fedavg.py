@@ -217,15 +217,47 @@ class FedAvgGMF:
 
     # -- one round ---------------------------------------------------------------------------
     def run_round(self) -> RoundStats:
+        """Sample clients, train them locally (batched), collect their updates and aggregate."""
         cfg, rng, t = self.config, self.rng, self.round
         m = cfg.clients_in_round(len(self._clients))
         sampled = np.sort(rng.choice(self._clients, size=m, replace=False))
         for u in sampled:
             self.transport.send(SERVER, client(u), t, "model", None, self.model_bytes)
 
-        # Local data of the sampled clients, as one batch: slot c <-> user sampled[c].
+        counts, epochs = self._local_data(sampled)
+        # Each client's private copy of every item row it touches this round: one row per
+        # (client slot, item) pair, so that clients never share a parameter.
+        keys = np.concatenate([e[0] for e in epochs]) * self.train.n_items + np.concatenate([e[1] for e in epochs])
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        pair_slot, pair_item = uniq // self.train.n_items, uniq % self.train.n_items
+        P, Q, H, B, loss, examples = self._train_locally(sampled, epochs, pair_slot, pair_item, torch.as_tensor(inverse))
+
+        # Uploads: the dense change of (Q, h, b) per client, weighted by its example count.
+        weight = torch.as_tensor(counts * (1 + cfg.train_negatives) * cfg.local_epochs, dtype=torch.float32)
+        dQ = Q - self.item[torch.as_tensor(pair_item)]
+        dH = H - self.h
+        dB = B.squeeze(1) - self.b
+        self._send_updates(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
+        self._aggregate(torch.as_tensor(pair_slot), torch.as_tensor(pair_item), dQ, dH, dB, weight)
+        self.user[torch.as_tensor(sampled)] = P  # stays on the clients
+
+        self.round += 1
+        return RoundStats(
+            round=t,
+            clients=m,
+            examples=examples,
+            loss=loss / max(examples, 1),
+            bytes_per_client=2.0 * self.model_bytes + 4,
+        )
+
+    def _local_data(self, sampled: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """Positive counts and, per local epoch, ``(slot, item, label)`` of every example.
+
+        Slot ``c`` is client ``sampled[c]``; negatives are fresh every epoch.
+        """
+        cfg = self.config
         counts = self._pos_start[sampled + 1] - self._pos_start[sampled]
-        slots_pos = np.repeat(np.arange(m), counts)
+        slots_pos = np.repeat(np.arange(len(sampled)), counts)
         items_pos = np.concatenate([self._pos_items[self._pos_start[u] : self._pos_start[u + 1]] for u in sampled])
         sub = Interactions(
             users=sampled[slots_pos].astype(np.int64),
@@ -239,26 +271,18 @@ class FedAvgGMF:
         epochs = []
         for _ in range(cfg.local_epochs):
             if cfg.train_negatives:
-                _, neg_items = sample_train_negatives(sub, n_neg=cfg.train_negatives, rng=rng)
-                neg_slots = np.repeat(slots_pos, cfg.train_negatives) if len(neg_items) == len(slots_pos) * cfg.train_negatives else None
-                if neg_slots is None:
-                    raise RuntimeError("sample_train_negatives returned an unexpected number of negatives")
-                slots = np.concatenate([slots_pos, neg_slots])
+                _, neg_items = sample_train_negatives(sub, n_neg=cfg.train_negatives, rng=self.rng)
+                slots = np.concatenate([slots_pos, np.repeat(slots_pos, cfg.train_negatives)])
                 items = np.concatenate([items_pos, neg_items])
                 labels = np.concatenate([np.ones(len(items_pos)), np.zeros(len(neg_items))])
             else:
                 slots, items, labels = slots_pos, items_pos, np.ones(len(items_pos))
             epochs.append((slots, items, labels))
+        return counts, epochs
 
-        # Each client's private copy of every item row it touches this round.
-        all_slots = np.concatenate([e[0] for e in epochs])
-        all_items = np.concatenate([e[1] for e in epochs])
-        keys = all_slots.astype(np.int64) * self.train.n_items + all_items
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        pair_slot = uniq // self.train.n_items
-        pair_item = uniq % self.train.n_items
-        pair_of_example = torch.as_tensor(inverse)
-
+    def _train_locally(self, sampled, epochs, pair_slot, pair_item, pair_of_example):
+        """Every sampled client's local epochs at once; returns its final parameters."""
+        cfg, m = self.config, len(sampled)
         P = self.user[torch.as_tensor(sampled)].clone()
         Q = self.item[torch.as_tensor(pair_item)].clone()
         H = self.h.expand(m, -1).clone()
@@ -266,57 +290,40 @@ class FedAvgGMF:
         opts = [_LazyAdam(x, cfg.lr, cfg.optimizer, sparse=x is P or x is Q) for x in (P, Q, H, B)]
         client_steps = torch.zeros(m, dtype=torch.float32)  # local steps taken by each client
         pair_slot_t = torch.as_tensor(pair_slot)
-
         total_loss, total_examples, offset = 0.0, 0, 0
-        for slots, items, labels in epochs:
-            n = len(slots)
-            ex_pair = pair_of_example[offset : offset + n]
-            offset += n
-            steps = self._local_steps(slots, m, rng)
+        for slots, _, labels in epochs:
+            ex_pair = pair_of_example[offset : offset + len(slots)]
+            offset += len(slots)
+            steps = self._local_steps(slots, m, self.rng)
             order = np.argsort(steps, kind="stable")
             bounds = np.searchsorted(steps[order], np.arange(steps.max() + 2))
             slots_t = torch.as_tensor(slots)
             labels_t = torch.as_tensor(labels, dtype=torch.float32)
             for s in range(len(bounds) - 1):
                 idx = torch.as_tensor(order[bounds[s] : bounds[s + 1]])
-                if len(idx) == 0:
-                    continue
-                total_loss += self._step(
-                    P, Q, H, B, opts, slots_t[idx], ex_pair[idx], labels_t[idx], client_steps, pair_slot_t
-                )
-                total_examples += len(idx)
+                if len(idx):
+                    total_loss += self._step(
+                        P, Q, H, B, opts, slots_t[idx], ex_pair[idx], labels_t[idx], client_steps, pair_slot_t
+                    )
+                    total_examples += len(idx)
+        return P, Q, H, B, total_loss, total_examples
 
-        # Uploads: the dense change of (Q, h, b) per client, weighted by its example count.
-        weight = torch.as_tensor(counts * (1 + cfg.train_negatives) * cfg.local_epochs, dtype=torch.float32)
-        dQ = Q - self.item[torch.as_tensor(pair_item)]
-        dH = H - self.h
-        dB = (B.squeeze(1) - self.b)
-        self._send_updates(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
-
-        # Server aggregation (the sums secure aggregation would deliver).
-        pair_item_t = torch.as_tensor(pair_item)
+    def _aggregate(self, pair_slot, pair_item, dQ, dH, dB, weight) -> None:
+        """Apply the aggregate of the uploads: linear sums, as secure aggregation delivers them."""
+        cfg = self.config
         wsum = weight.sum()
-        num = torch.zeros_like(self.item).index_add_(0, pair_item_t, dQ * weight[pair_slot_t].unsqueeze(1))
         if cfg.item_aggregation == "sum":
-            num = torch.zeros_like(self.item).index_add_(0, pair_item_t, dQ)
-            den = torch.ones(())
-        elif cfg.item_aggregation == "mean":
-            den = wsum
+            item_change = torch.zeros_like(self.item).index_add_(0, pair_item, dQ)
         else:
-            den = torch.zeros(self.train.n_items).index_add_(0, pair_item_t, weight[pair_slot_t]).clamp_min(1e-12).unsqueeze(1)
-        self.item += cfg.server_lr * num / den
+            num = torch.zeros_like(self.item).index_add_(0, pair_item, dQ * weight[pair_slot].unsqueeze(1))
+            if cfg.item_aggregation == "mean":
+                item_change = num / wsum
+            else:  # "touched": average over the clients that touched each row
+                den = torch.zeros(self.train.n_items).index_add_(0, pair_item, weight[pair_slot])
+                item_change = num / den.clamp_min(1e-12).unsqueeze(1)
+        self.item += cfg.server_lr * item_change
         self.h += cfg.server_lr * (dH * weight.unsqueeze(1)).sum(0) / wsum
         self.b += cfg.server_lr * (dB * weight).sum() / wsum
-        self.user[torch.as_tensor(sampled)] = P  # stays on the clients
-
-        self.round += 1
-        return RoundStats(
-            round=t,
-            clients=m,
-            examples=total_examples,
-            loss=total_loss / max(total_examples, 1),
-            bytes_per_client=2.0 * self.model_bytes,
-        )
 
     def _local_steps(self, slots: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
         """Step index of every example: a per-client shuffle cut into mini-batches."""

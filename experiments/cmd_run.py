@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Train and evaluate one configuration. With no preset it runs 'fedavg-gmf' on the embedded "
             f"synthetic data. Presets: {', '.join(cfgmod.PRESETS)}. Writes config.toml, metrics.jsonl, "
-            "costs.jsonl, checkpoint.pt, summary.json and metrics.png into the run directory."
+            "costs.jsonl, transcript.csv, checkpoint.pt, summary.json and metrics.png into the run directory."
         ),
     )
     p.add_argument("preset", nargs="?", help=f"preset name (default {DEFAULT_PRESET}): {', '.join(cfgmod.PRESETS)}")
@@ -200,10 +200,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     history: list[dict[str, Any]] = []
     costs: list[dict[str, Any]] = []
+    parties: list[str] = []  # transcript.csv rows: bytes per party per round
     elapsed = 0.0
     if state is not None:
         trainer.load_state_dict(state["trainer"])
         history, costs, elapsed = state["history"], state["costs"], state["seconds"]
+        parties = state.get("parties", [])
     start_round = getattr(trainer, "round", 0)
     rounds = config.run.rounds if hasattr(trainer, "run_round") else 0
 
@@ -213,8 +215,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def checkpoint() -> None:
         rd.write_jsonl("metrics.jsonl", history)
         rd.write_jsonl("costs.jsonl", costs)
+        if parties:
+            rd.write_text("transcript.csv", "round,party,sent_bytes,received_bytes\n" + "".join(parties))
         if hasattr(trainer, "state_dict"):
-            rd.save_checkpoint({"trainer": trainer.state_dict(), "history": history, "costs": costs, "seconds": elapsed})
+            rd.save_checkpoint(
+                {"trainer": trainer.state_dict(), "history": history, "costs": costs, "parties": parties, "seconds": elapsed}
+            )
 
     t0 = time.perf_counter() - elapsed
     bar = tqdm(total=rounds, initial=start_round, desc=f"{preset}", unit="round", file=sys.stderr, disable=args.quiet or rounds == 0)
@@ -222,9 +228,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stats = trainer.run_round()
         row = {"round": r + 1, "loss": round(float(stats["loss"] if isinstance(stats, dict) else stats.loss), 6)}
         if isinstance(trainer, FedAvgGMF):
-            cost = trainer.transport.transcript.round_summary(r)
-            trainer.transport.transcript.drop_before(r + 1)
-            costs.append(cost)
+            transcript = trainer.transport.transcript
+            costs.append(transcript.round_summary(r))
+            parties.extend(
+                f"{r},{party},{b['sent']},{b['received']}\n" for party, b in sorted(transcript.bytes_by_party(r).items())
+            )
+            transcript.drop_before(r + 1)
         if config.run.eval_every and ((r + 1) % config.run.eval_every == 0 or r + 1 == rounds):
             row.update(eval_sampled())
         row["seconds"] = round(time.perf_counter() - t0, 3)

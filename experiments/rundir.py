@@ -6,6 +6,7 @@ Layout::
       config.toml        resolved configuration (what --resume reads back)
       metrics.jsonl      one JSON object per evaluation (round, sampled metrics, loss, seconds)
       costs.jsonl        one JSON object per round (messages, bytes up/down, bytes per client)
+      transcript.csv     bytes sent and received by every party in every round (federated runs)
       checkpoint.pt      latest state (model, optimiser, RNG, history); --resume continues from it
       summary.json       final metrics (sampled and full ranking), protocol, costs, versions, seed
       metrics.png        metrics against rounds

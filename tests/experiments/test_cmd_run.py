@@ -59,6 +59,12 @@ def test_run_writes_the_run_directory_and_json_summary(tmp_path, capsys):
     assert (out_dir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out_dir / "summary.json").read_text())["metrics"] == summary["metrics"]
     assert len((out_dir / "costs.jsonl").read_text().splitlines()) == 4
+    rows = (out_dir / "transcript.csv").read_text().splitlines()
+    assert rows[0] == "round,party,sent_bytes,received_bytes"
+    server_rows = [r.split(",") for r in rows[1:] if r.split(",")[1] == "server"]
+    assert [int(r[0]) for r in server_rows] == [0, 1, 2, 3]
+    clients = [r for r in rows[1:] if r.split(",")[1].startswith("client:") and r.startswith("0,")]
+    assert len(clients) == 60  # every client took part in round 0 (client_fraction 1.0)
     assert not [p for p in out_dir.iterdir() if p.name.startswith(".")]  # no temporary leftovers
 
 
@@ -126,6 +132,7 @@ def test_resume_after_kill_loses_nothing(tmp_path, capsys):
     whole = json.loads(out.splitlines()[-1])
     assert resumed["metrics"] == whole["metrics"]
     assert len((out_dir / "costs.jsonl").read_text().splitlines()) == 300
+    assert (out_dir / "transcript.csv").read_text() == (tmp_path / "whole" / "transcript.csv").read_text()
 
 
 @pytest.mark.parametrize(

@@ -37,3 +37,12 @@ def test_user_errors_exit_2_without_traceback(capsys):
     err = capsys.readouterr().err
     assert "--rounds" in err and "Traceback" not in err
     assert main(["attack", "fedmf", "--data", "/nonexistent/ratings.csv"]) == 2
+
+
+def test_ldp_reports_the_epsilon_composed_over_all_uploads(capsys):
+    out = _json(capsys, [*TINY, "--defense", "ldp", "--epsilon", "2", "--json"])
+    p = out["privacy"]
+    assert p["uploads"] == 2 and p["epsilon_per_upload"] == 2.0
+    # Two pure 2-DP uploads: never more than basic composition, never less than one upload.
+    assert 2.0 <= p["epsilon_total"] <= 4.0 + 1e-9
+    assert _json(capsys, [*TINY, "--json"])["privacy"] is None

@@ -12,6 +12,7 @@ against NIST SP 800-38A F.5.5.
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -50,7 +51,7 @@ def expand(seed: bytes, n: int, *, label: bytes = b"") -> np.ndarray:
     Returns:
         A fresh writable ``uint64`` array of shape ``(n,)``.
     """
-    out = np.zeros(int(n), dtype=np.uint64)
+    out = np.empty(int(n), dtype=np.uint64)
     expand_into(seed, out, label=label, add=False)
     return out
 
@@ -60,7 +61,9 @@ def expand_into(
 ) -> None:
     """Expand ``seed`` and add (or subtract, or write) it into ``out`` in place.
 
-    This is the server's hot loop: no extra allocation beyond one scratch buffer of ``out``'s size.
+    No allocation proportional to ``out``: accumulating streams the keystream block by block
+    through a reusable per-thread scratch buffer (see :func:`accumulate`); overwriting writes the
+    keystream directly into ``out``.
 
     Args:
         seed: 32 secret bytes.
@@ -72,14 +75,37 @@ def expand_into(
     _check_seed(seed)
     if out.dtype != np.uint64 or out.ndim != 1 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a contiguous 1-D uint64 array; found {out.dtype} {out.shape}.")
+    if add:
+        accumulate(out, [(seed, label, negate)])
+        return
+    # Overwrite: AES-CTR writes the keystream straight into ``out``'s memory. ``update_into``
+    # needs one AES block of slack after the data, so all but the last two words go in place
+    # and the tail goes through the small per-thread scratch buffer.
     enc = Cipher(algorithms.AES(bytes(seed)), modes.CTR(_counter_block(label))).encryptor()
-    stream = np.frombuffer(enc.update(_zeros(out.nbytes)), dtype=np.uint64)
-    if not add:
-        out[...] = stream
-    elif negate:
-        np.subtract(out, stream, out=out)
-    else:
-        np.add(out, stream, out=out)
+    n = out.size
+    head = max(0, n - 2)
+    if head:
+        enc.update_into(_zeros(8 * head), memoryview(out).cast("B"))
+    if n - head:
+        buf, raw = _scratch(2)
+        enc.update_into(bytes(8 * (n - head)), raw)
+        out[head:] = buf[: n - head]
+
+
+_LOCAL = threading.local()
+
+
+def _scratch(words: int) -> tuple[np.ndarray, memoryview]:
+    """A per-thread reusable ``uint64`` buffer of at least ``words + 2`` words and its byte view.
+
+    ``update_into`` needs room for one extra AES block in its output buffer, hence the 2 words.
+    Reusing it avoids allocating (and page-faulting in) a fresh keystream buffer on every call.
+    """
+    buf = getattr(_LOCAL, "buf", None)
+    if buf is None or buf.size < words + 2:
+        buf = _LOCAL.buf = np.empty(words + 2, dtype=np.uint64)
+        _LOCAL.raw = memoryview(buf).cast("B")
+    return buf, _LOCAL.raw
 
 
 _ZERO_CACHE: dict[int, bytes] = {}
@@ -118,10 +144,8 @@ def accumulate(
     n = out.size
     block = max(2, int(block_words))  # an even number of words keeps blocks on AES-block boundaries
     block -= block % 2
-    # update_into needs room for one extra AES block in its output buffer
-    buf = np.empty(block + 2, dtype=np.uint64)
-    raw = memoryview(buf).cast("B")
-    zeros = bytes(8 * block)
+    buf, raw = _scratch(block)
+    zeros = _zeros(8 * block)
     for start in range(0, n, block):
         stop = min(start + block, n)
         width = stop - start

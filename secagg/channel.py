@@ -46,6 +46,17 @@ def _check_key(key: bytes) -> None:
         raise ValueError(f"an AES-256-GCM key is 32 bytes; found {len(key) if isinstance(key, (bytes, bytearray)) else type(key).__name__}.")
 
 
+def _buffer(data: bytes | memoryview) -> bytes | memoryview:
+    """``data`` as AES-GCM input without copying it when it already is bytes or a contiguous view.
+
+    The chain authenticates a whole ``8 * dim``-byte upload as associated data: ``bytes(view)``
+    would allocate and copy it once more per seal/open.
+    """
+    if isinstance(data, bytes) or (isinstance(data, memoryview) and data.c_contiguous and data.format == "B"):
+        return data
+    return bytes(data)
+
+
 def seal(key: bytes, plaintext: bytes, *, aad: bytes) -> bytes:
     """Encrypt and authenticate ``plaintext`` under ``key`` with a fresh random nonce."""
     return _seal_with_nonce(key, os.urandom(NONCE_BYTES), plaintext, aad=aad)
@@ -56,7 +67,7 @@ def _seal_with_nonce(key: bytes, nonce: bytes, plaintext: bytes, *, aad: bytes) 
     _check_key(key)
     if len(nonce) != NONCE_BYTES:
         raise ValueError(f"nonce must be {NONCE_BYTES} bytes; found {len(nonce)}.")
-    return bytes(nonce) + AESGCM(bytes(key)).encrypt(bytes(nonce), bytes(plaintext), bytes(aad))
+    return bytes(nonce) + AESGCM(bytes(key)).encrypt(bytes(nonce), bytes(plaintext), _buffer(aad))
 
 
 def open_sealed(key: bytes, blob: bytes, *, aad: bytes) -> bytes:
@@ -69,6 +80,6 @@ def open_sealed(key: bytes, blob: bytes, *, aad: bytes) -> bytes:
     if not isinstance(blob, (bytes, bytearray)) or len(blob) < OVERHEAD:
         raise AuthenticationError("authenticated decryption failed")
     try:
-        return AESGCM(bytes(key)).decrypt(bytes(blob[:NONCE_BYTES]), bytes(blob[NONCE_BYTES:]), bytes(aad))
+        return AESGCM(bytes(key)).decrypt(bytes(blob[:NONCE_BYTES]), bytes(blob[NONCE_BYTES:]), _buffer(aad))
     except InvalidTag:
         raise AuthenticationError("authenticated decryption failed") from None

@@ -14,9 +14,16 @@ Round ``t``:
        (kind ``"update"``); ``p_u`` never leaves the client;
     4. the server applies ``server_lr`` times the aggregate (see ``item_aggregation``).
 
-Adversary and promise: none beyond data locality. The server is honest-but-curious and sees
-every client's plaintext update: this is the baseline the attacks in :mod:`attacks` break, and
-that secure aggregation (which needs exactly the sums computed in step 4) protects.
+Adversary and promise: with ``secure_aggregation = "none"`` (the default), nothing beyond data
+locality: the honest-but-curious server sees every client's plaintext update, including which
+item rows it changed. With ``"secagg"`` or ``"secagg+"`` each client encodes its update as one
+fixed-point vector in Z_(2^64) and the round's sums go through :mod:`secagg`'s state machines
+(Bonawitz et al. 2017 / Bell et al. 2020): the server receives uniformly masked vectors and
+learns only the sum over the sampled clients (for SecAgg+, against collusions of fewer than
+``t`` of a client's neighbours; see docs/secagg.md), from which it computes exactly the same
+aggregate as in plaintext, up to the fixed-point quantisation (``frac_bits``; deterministic
+nearest rounding, so runs stay reproducible from their seed). Step 4 only needs linear sums,
+which is what makes this possible.
 
 Simulation: all sampled clients train at once as one batched computation. Every client owns
 separate parameter rows (its user row, its own copy of each item row it touches, its own
@@ -41,11 +48,16 @@ from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
 from recmodels.models import gmf_logits
 from recmodels.sampling import sample_train_negatives
+from secagg.bonawitz import MaskedInput
+from secagg.encoding import FixedPoint, check_budget
+from secagg.runner import RunSpec, run_secagg, run_secagg_plus
 
 __all__ = ["FedAvgConfig", "FedAvgGMF", "ClientUpdate", "RoundStats"]
 
 _AGGREGATIONS = ("mean", "touched", "sum")
 _OPTIMIZERS = ("adam", "sgd")
+#: Secure-aggregation protocols of :mod:`secagg.runner` FedAvg can route its sums through.
+_SECURE = {"none": None, "secagg": run_secagg, "secagg+": run_secagg_plus}
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,12 @@ class FedAvgConfig:
             sampled clients.
         server_lr: scale of the aggregated change applied by the server.
         init_std: standard deviation of the embedding initialisation.
+        secure_aggregation: ``"none"`` (plaintext uploads), ``"secagg"`` or ``"secagg+"``.
+        frac_bits: fixed-point fractional bits of the secure-aggregation encoding.
+        value_clip: largest absolute value a client may put in its encoded update (item
+            changes, and the output-layer changes times ``n_k``); a larger value refuses the
+            round with an error naming this key. The bit budget ``clients x value_clip x
+            2^frac_bits < 2^63`` is checked before the first round.
     """
 
     dim: int = 32
@@ -85,6 +103,9 @@ class FedAvgConfig:
     item_aggregation: str = "sum"
     server_lr: float = 1.0
     init_std: float = 0.01
+    secure_aggregation: str = "none"
+    frac_bits: int = 24
+    value_clip: float = 65536.0
 
     def __post_init__(self) -> None:
         if self.dim < 1:
@@ -108,6 +129,14 @@ class FedAvgConfig:
             )
         if not (self.server_lr > 0):
             raise ValueError(f"fedavg.server_lr must be positive; found {self.server_lr}")
+        if self.secure_aggregation not in _SECURE:
+            raise ValueError(
+                f"fedavg.secure_aggregation must be one of {tuple(_SECURE)}; found {self.secure_aggregation!r}"
+            )
+        if not (0 < self.frac_bits < 62) or not (self.value_clip > 0 and math.isfinite(self.value_clip)):
+            raise ValueError(
+                f"fedavg.frac_bits must be in 1..61 and fedavg.value_clip positive; found {self.frac_bits}, {self.value_clip}"
+            )
 
     def clients_in_round(self, n_clients: int) -> int:
         """Clients sampled per round out of ``n_clients``."""
@@ -208,6 +237,12 @@ class FedAvgGMF:
         self._pos_start = np.concatenate([[0], np.cumsum(np.bincount(train.users, minlength=train.n_users))])
         self._clients = np.flatnonzero(np.diff(self._pos_start) > 0)
         self.round = 0
+        if config.secure_aggregation != "none":
+            check_budget(
+                n_summands=config.clients_in_round(len(self._clients)),
+                clip=config.value_clip,
+                frac_bits=config.frac_bits,
+            )
 
     # -- sizes on the wire -------------------------------------------------------------------
     @property
@@ -237,8 +272,13 @@ class FedAvgGMF:
         dQ = Q - self.item[torch.as_tensor(pair_item)]
         dH = H - self.h
         dB = B.squeeze(1) - self.b
-        self._send_updates(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
-        self._aggregate(torch.as_tensor(pair_slot), torch.as_tensor(pair_item), dQ, dH, dB, weight)
+        if cfg.secure_aggregation == "none":
+            self._send_updates(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
+            sums = self._plain_sums(torch.as_tensor(pair_slot), torch.as_tensor(pair_item), dQ, dH, dB, weight)
+            upload_bytes = self.model_bytes + 4.0
+        else:
+            sums, upload_bytes = self._secure_sums(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
+        self._apply(*sums)
         self.user[torch.as_tensor(sampled)] = P  # stays on the clients
 
         self.round += 1
@@ -247,7 +287,7 @@ class FedAvgGMF:
             clients=m,
             examples=examples,
             loss=loss / max(examples, 1),
-            bytes_per_client=2.0 * self.model_bytes + 4,
+            bytes_per_client=self.model_bytes + upload_bytes,
         )
 
     def _local_data(self, sampled: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
@@ -308,22 +348,98 @@ class FedAvgGMF:
                     total_examples += len(idx)
         return P, Q, H, B, total_loss, total_examples
 
-    def _aggregate(self, pair_slot, pair_item, dQ, dH, dB, weight) -> None:
-        """Apply the aggregate of the uploads: linear sums, as secure aggregation delivers them."""
+    def _plain_sums(self, pair_slot, pair_item, dQ, dH, dB, weight):
+        """The sums the server needs, from plaintext uploads.
+
+        Returns ``(item_num, touched, h_num, b_num, w_sum)``: ``item_num`` is the sum of the
+        clients' item changes (``"sum"``) or of their ``n_k``-weighted changes (otherwise);
+        ``touched`` the per-item sum of ``n_k`` over the clients that touched it (``"touched"``
+        only); ``h_num``, ``b_num`` the ``n_k``-weighted output-layer changes; ``w_sum`` the sum of
+        ``n_k``.
+        """
+        agg = self.config.item_aggregation
+        rows = dQ if agg == "sum" else dQ * weight[pair_slot].unsqueeze(1)
+        item_num = torch.zeros_like(self.item).index_add_(0, pair_item, rows)
+        touched = None
+        if agg == "touched":
+            touched = torch.zeros(self.train.n_items).index_add_(0, pair_item, weight[pair_slot])
+        h_num = (dH * weight.unsqueeze(1)).sum(0)
+        return item_num, touched, h_num, (dB * weight).sum(), weight.sum()
+
+    def _client_vectors(self, sampled, pair_slot, pair_item, dQ, dH, dB, weight) -> np.ndarray:
+        """Each client's update as one dense float vector whose column sums are the round's sums.
+
+        Layout: ``item change (n_items x dim) | [n_k per touched item (n_items), "touched" only]
+        | n_k * dh (dim) | n_k * db | n_k``, so that summing the vectors gives exactly what
+        :meth:`_plain_sums` computes.
+        """
+        n_items, d, m = self.train.n_items, self.config.dim, len(sampled)
+        touched = self.config.item_aggregation == "touched"
+        width = n_items * d + (n_items if touched else 0) + d + 2
+        out = np.zeros((m, width))
+        w = weight.numpy().astype(np.float64)
+        rows = dQ.numpy().astype(np.float64)
+        if self.config.item_aggregation != "sum":
+            rows = rows * w[pair_slot][:, None]
+        items = out[:, : n_items * d].reshape(m, n_items, d)
+        items[pair_slot, pair_item] = rows
+        off = n_items * d
+        if touched:
+            out[pair_slot, off + pair_item] = w[pair_slot]
+            off += n_items
+        out[:, off : off + d] = dH.numpy() * w[:, None]
+        out[:, off + d] = dB.numpy() * w
+        out[:, off + d + 1] = w
+        return out
+
+    def _secure_sums(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):
+        """The same sums through secure aggregation; the transcript records the masked uploads."""
+        cfg, m = self.config, len(sampled)
+        vectors = self._client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB, weight)
+        big = float(np.abs(vectors).max())
+        if big > cfg.value_clip:
+            raise ValueError(
+                f"round {t}: a client's update holds {big:.4g}, above fedavg.value_clip={cfg.value_clip:g}; "
+                "raise fedavg.value_clip (and check the bit budget) or lower fedavg.lr"
+            )
+        codec = FixedPoint(cfg.frac_bits, cfg.value_clip)
+        record: list = []
+        res = _SECURE[cfg.secure_aggregation](codec.encode(vectors, rounding="nearest"), RunSpec(round=t), record=record)
+        keep = bool(self.transport.transcript.keep_payloads)
+        for stage, sender, blob in record:
+            if stage == "masked_input":
+                payload = MaskedInput.from_bytes(blob).y if keep else None
+                self.transport.send(client(sampled[sender]), SERVER, t, "update", payload, len(blob))
+            else:
+                self.transport.send(client(sampled[sender]), SERVER, t, f"secagg:{stage}", None, len(blob))
+        for u in sampled:  # the server's broadcasts, apportioned evenly over the clients
+            self.transport.send(SERVER, client(u), t, "secagg:server", None, res.bytes_server_sent // m)
+        if res.total is None:
+            raise RuntimeError(f"secure aggregation aborted in round {t}: {res.abort}")
+        total = codec.decode(res.total)
+        n_items, d = self.train.n_items, cfg.dim
+        item_num = torch.as_tensor(total[: n_items * d].reshape(n_items, d), dtype=torch.float32)
+        off, touched = n_items * d, None
+        if cfg.item_aggregation == "touched":
+            touched = torch.as_tensor(total[off : off + n_items], dtype=torch.float32)
+            off += n_items
+        h_num = torch.as_tensor(total[off : off + d], dtype=torch.float32)
+        sums = (item_num, touched, h_num, torch.tensor(float(total[off + d])), torch.tensor(float(total[off + d + 1])))
+        upload = float(np.mean(res.bytes_sent)) + res.bytes_server_sent / m
+        return sums, upload
+
+    def _apply(self, item_num, touched, h_num, b_num, w_sum) -> None:
+        """The server's update from the round's sums (the same for plaintext and secure sums)."""
         cfg = self.config
-        wsum = weight.sum()
         if cfg.item_aggregation == "sum":
-            item_change = torch.zeros_like(self.item).index_add_(0, pair_item, dQ)
-        else:
-            num = torch.zeros_like(self.item).index_add_(0, pair_item, dQ * weight[pair_slot].unsqueeze(1))
-            if cfg.item_aggregation == "mean":
-                item_change = num / wsum
-            else:  # "touched": average over the clients that touched each row
-                den = torch.zeros(self.train.n_items).index_add_(0, pair_item, weight[pair_slot])
-                item_change = num / den.clamp_min(1e-12).unsqueeze(1)
+            item_change = item_num
+        elif cfg.item_aggregation == "mean":
+            item_change = item_num / w_sum
+        else:  # "touched": average over the clients that touched each row
+            item_change = item_num / touched.clamp_min(1e-12).unsqueeze(1)
         self.item += cfg.server_lr * item_change
-        self.h += cfg.server_lr * (dH * weight.unsqueeze(1)).sum(0) / wsum
-        self.b += cfg.server_lr * (dB * weight).sum() / wsum
+        self.h += cfg.server_lr * h_num / w_sum
+        self.b += cfg.server_lr * b_num / w_sum
 
     def _local_steps(self, slots: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
         """Step index of every example: a per-client shuffle cut into mini-batches."""

@@ -80,7 +80,7 @@ def test_same_seed_same_metrics_and_other_seed_differs(tmp_path, capsys):
     assert results[0]["metrics"] != results[2]["metrics"]
 
 
-@pytest.mark.parametrize("preset", ["itempop", "random", "centralized-gmf"])
+@pytest.mark.parametrize("preset", ["itempop", "random", "centralized-gmf", "fedavg-gmf-secagg"])
 def test_presets_run(tmp_path, capsys, preset):
     cfg = tiny_config(tmp_path, rounds=2)
     code, out, _ = run_cli(capsys, "run", preset, "--config", str(cfg), "--out", str(tmp_path / preset), "--json", "--quiet")

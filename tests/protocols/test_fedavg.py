@@ -220,3 +220,52 @@ def test_bad_config_names_the_key(kwargs, message):
 
 def test_client_party_names():
     assert client(3) == "client:3" and SERVER == "server"
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    protocol=st.sampled_from(["secagg", "secagg+"]),
+    aggregation=st.sampled_from(["sum", "mean", "touched"]),
+    n_users=st.integers(3, 9),
+    seed=st.integers(0, 10_000),
+)
+def test_secure_aggregation_gives_the_plaintext_model(protocol, aggregation, n_users, seed):
+    """The server's view is masked, yet it computes the same aggregate (up to 2^-24 quantisation)."""
+    per_user = list(np.random.default_rng(seed).integers(2, 6, size=n_users))
+    train = make_train(n_users, 15, per_user, seed)
+    base = dict(dim=3, item_aggregation=aggregation, lr=0.05, init_std=0.3)
+    plain = FedAvgGMF(train, FedAvgConfig(**base), seed=seed)
+    transcript = Transcript(keep_payloads=True)
+    secure = FedAvgGMF(train, FedAvgConfig(**base, secure_aggregation=protocol), seed=seed, transport=InProcessTransport(transcript))
+    for _ in range(2):
+        plain.run_round()
+        secure.run_round()
+    torch.testing.assert_close(secure.item, plain.item, atol=1e-5, rtol=0)
+    torch.testing.assert_close(secure.h, plain.h, atol=1e-5, rtol=0)
+    torch.testing.assert_close(secure.user, plain.user, atol=1e-5, rtol=0)
+    ups = transcript.view(SERVER, round=1, kind="update")
+    assert len(ups) == n_users and all(r.payload.dtype == np.uint64 for r in ups)
+    assert any(r.kind.startswith("secagg:") for r in transcript.records)
+
+
+def test_masked_uploads_look_uniform_and_hide_the_update():
+    train = make_train(6, 40, [8, 6, 7, 5, 9, 6], seed=5)
+    transcript = Transcript(keep_payloads=True)
+    fa = FedAvgGMF(train, FedAvgConfig(dim=4, secure_aggregation="secagg+"), seed=5, transport=InProcessTransport(transcript))
+    fa.run_round()
+    y = np.concatenate([r.payload for r in transcript.view(SERVER, kind="update")])
+    # A plaintext update is mostly exact zeros (untouched rows); masked, the top bit is a fair coin.
+    assert (y == 0).mean() < 0.01
+    top = (y >> np.uint64(63)).astype(float)
+    assert abs(top.mean() - 0.5) < 4 * 0.5 / np.sqrt(len(top))
+
+
+def test_secure_aggregation_refuses_values_beyond_the_clip_and_the_budget():
+    train = make_train(4, 12, [3, 3, 3, 3])
+    fa = FedAvgGMF(train, FedAvgConfig(dim=2, secure_aggregation="secagg", value_clip=1e-6), seed=0)
+    with pytest.raises(ValueError, match="fedavg.value_clip"):
+        fa.run_round()
+    with pytest.raises(ValueError, match="frac"):
+        FedAvgGMF(train, FedAvgConfig(dim=2, secure_aggregation="secagg", value_clip=2.0**40, frac_bits=30), seed=0)
+    with pytest.raises(ValueError, match="secure_aggregation"):
+        FedAvgConfig(secure_aggregation="paillier")

@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import enum
 import secrets
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -91,7 +92,7 @@ from secagg.errors import AbortError, AuthenticationError, MessageError
 from secagg.keys import KEY_BYTES, KeyPair, hkdf_sha256
 from secagg.messages import _HEADER as _WIRE_HEADER
 from secagg.messages import HEADER_BYTES, SERVER, Message, Reader, Writer, decode, register
-from secagg.prg import SEED_BYTES, expand_into
+from secagg.prg import SEED_BYTES, accumulate
 
 __all__ = [
     "ChainAdvert",
@@ -417,14 +418,39 @@ def _ka_info(config: ChainConfig, purpose: bytes) -> bytes:
     return _KA_INFO + purpose + config.instance + config.round.to_bytes(4, "big")
 
 
-def _mask(x: np.ndarray, sent: Iterable[bytes], received: Iterable[bytes]) -> np.ndarray:
-    """Known-answer core of the upload: ``x - sum PRG(sent) + sum PRG(received)`` mod 2^64."""
-    y = np.array(x, dtype=np.uint64, copy=True)
-    for seed in sent:
-        expand_into(seed, y, label=_MASK_LABEL, negate=True)
-    for seed in received:
-        expand_into(seed, y, label=_MASK_LABEL)
+def _mask(
+    x: np.ndarray, sent: Iterable[bytes], received: Iterable[bytes], *, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Known-answer core of the upload: ``x - sum PRG(sent) + sum PRG(received)`` mod 2^64.
+
+    Written into ``out`` (a uint64 array of ``x``'s shape) if given, else into a fresh array.
+    """
+    if out is None:
+        y = np.array(x, dtype=np.uint64, copy=True)
+    else:
+        y = out
+        np.copyto(y, x, casting="unsafe")
+    # one cache-blocked pass over y for all 2s masks (same sum mod 2^64 as one pass per mask)
+    masks = [(seed, _MASK_LABEL, True) for seed in sent]
+    masks += [(seed, _MASK_LABEL, False) for seed in received]
+    accumulate(y, masks)
     return y
+
+
+_LOCAL = threading.local()
+
+
+def _upload_scratch(dim: int) -> np.ndarray:
+    """A per-thread reusable ``uint64`` buffer of ``dim`` words for the masked upload.
+
+    :meth:`ChainClient.upload` serialises the masked vector at once (``to_bytes`` copies it into
+    the message), so the buffer can be reused by the next upload instead of allocating and
+    page-faulting in ``8 * dim`` fresh bytes per client.
+    """
+    buf = getattr(_LOCAL, "upload", None)
+    if buf is None or buf.size < dim:
+        buf = _LOCAL.upload = np.empty(dim, dtype=np.uint64)
+    return buf[:dim]
 
 
 # --------------------------------------------------------------------------- client
@@ -544,7 +570,8 @@ class ChainClient:
             raise
         for pid, seed in received.items():
             self._seed_log[(self._attempt, pid, self.client_id)] = seed
-        y = _mask(self._value, self._sent.values(), received.values())
+        # masked into a reused per-thread buffer: the only fresh 8*dim bytes are the wire message
+        y = _mask(self._value, self._sent.values(), received.values(), out=_upload_scratch(self.config.dim))
         key = self._keys.agree(self._ring.server_key, info=_ka_info(self.config, b"/upload"))  # type: ignore[union-attr]
         tag = _upload_tag(key, self.config, self._attempt, self.client_id, y)
         self.stage = ClientStage.UPLOADED

@@ -16,7 +16,7 @@ independent dropouts and the union bound over clients.
 from __future__ import annotations
 
 import math
-import random
+import secrets
 
 import numpy as np
 from scipy.stats import binom
@@ -62,7 +62,7 @@ def random_regular_graph(n: int, k: int) -> Graph:
     if k % 2:
         raise ValueError(f"degree k must be even (k/2 neighbours on each side of the ring); found k = {k}: use {k + 1}.")
     order = list(range(n))
-    random.SystemRandom().shuffle(order)  # CSPRNG-backed shuffle
+    secrets.SystemRandom().shuffle(order)  # os.urandom-backed shuffle
     pos = {u: i for i, u in enumerate(order)}
     half = k // 2
     return tuple(

@@ -100,6 +100,8 @@ def split_many(secrets: Sequence[bytes], *, t: int, xs: Sequence[int]) -> np.nda
     Returns:
         ``uint64`` array of shape ``(N, S, L)``: limb values of each holder's share of each secret.
     """
+    xs = list(xs)
+    _check_params(t, xs)  # before drawing (t - 1) * S * L random words: a huge t must not exhaust memory
     limbs = _to_limbs(secrets)
     coeffs = _random_field((t - 1,) + limbs.shape)
     return _split_with_coefficients(limbs, coeffs, t=t, xs=xs)

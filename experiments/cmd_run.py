@@ -189,25 +189,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trainer = _build(config, prep)
     ks = tuple(config.eval.ks)
 
-    if args.resume:
-        rd = RunDir.open_existing(Path(args.resume))
-        state = rd.load_checkpoint()
-    else:
-        rd = RunDir.create(Path(args.out) if args.out else default_run_dir(preset))
-        state = None
-        rd.write_json("run.json", {"preset": preset})
-    rd.write_text("config.toml", cfgmod.to_toml(config))
-
     history: list[dict[str, Any]] = []
     costs: list[dict[str, Any]] = []
     parties: list[str] = []  # transcript.csv rows: bytes per party per round
     elapsed = 0.0
-    if state is not None:
-        trainer.load_state_dict(state["trainer"])
-        history, costs, elapsed = state["history"], state["costs"], state["seconds"]
-        parties = state.get("parties", [])
-    start_round = getattr(trainer, "round", 0)
     rounds = config.run.rounds if hasattr(trainer, "run_round") else 0
+    if args.resume:
+        rd = RunDir.open_existing(Path(args.resume))
+        state = rd.load_checkpoint()
+        if state is not None:
+            trainer.load_state_dict(state["trainer"])
+            history, costs, elapsed = state["history"], state["costs"], state["seconds"]
+            parties = state.get("parties", [])
+        if getattr(trainer, "round", 0) > rounds:  # checked before config.toml is rewritten
+            raise UserError(
+                f"{rd.path} already completed {trainer.round} rounds; --rounds {rounds} would not undo them "
+                f"(resume with --rounds >= {trainer.round})"
+            )
+    else:
+        rd = RunDir.create(Path(args.out) if args.out else default_run_dir(preset))
+        rd.write_json("run.json", {"preset": preset})
+    rd.write_text("config.toml", cfgmod.to_toml(config))
+    start_round = getattr(trainer, "round", 0)
 
     def eval_sampled() -> dict[str, float]:
         return evaluate_sampled(trainer.score, prep.candidates, ks=ks)

@@ -103,6 +103,9 @@ def test_resume_continues_to_the_same_result(tmp_path, capsys):
     assert resumed["metrics_full"] == full["metrics_full"]
     rows = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    code, _, err = run_cli(capsys, "run", "--resume", str(tmp_path / "part"), "--rounds", "3", "--quiet")
+    assert code == 2 and "already completed 4 rounds" in err
+    assert "rounds = 4" in (tmp_path / "part" / "config.toml").read_text()  # the refused resume changed nothing
 
 
 def test_resume_after_kill_loses_nothing(tmp_path, capsys):

@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 _INT64_SAFE = 1 << 62
+_INT64_MAX = (1 << 63) - 1
 
 
 def _as_object(a: np.ndarray) -> np.ndarray:
@@ -154,10 +155,13 @@ def _dlap_core(n: int, t: int, s: int, source: RandomSource) -> np.ndarray:
             a = _bernoulli_exp_neg_unit(np.repeat(one, alive.size), np.repeat(one, alive.size), source)
             alive = alive[a]
             v[alive] += 1
-        x = u[idx] + t * v
+        # u + t*v must not wrap around int64: such a draw (|y| near 2^63, probability about
+        # exp(-2^63 / t)) is rejected and redrawn, so the output is conditioned on fitting int64.
+        fits = v <= (_INT64_MAX - (t - 1)) // t
+        x = u[idx] + t * np.where(fits, v, 0)
         y = x // s
         b = (uint64s(idx.size, source) & np.uint64(1)).astype(bool)
-        ok = ~(b & (y == 0))
+        ok = fits & ~(b & (y == 0))
         accepted = idx[ok]
         out[todo[accepted]] = np.where(b[ok], -y[ok], y[ok])
         rejected = np.ones(m, dtype=bool)
@@ -180,7 +184,9 @@ def discrete_laplace(
         _test_source: TEST-ONLY deterministic source; default is the OS CSPRNG.
 
     Returns:
-        ``int64`` array. With integer L1 sensitivity ``Delta`` this is ``Delta/scale``-DP.
+        ``int64`` array. With integer L1 sensitivity ``Delta`` this is ``Delta/scale``-DP. A draw
+        that would not fit int64 is redrawn (the output is conditioned on fitting; the excluded
+        mass, about ``exp(-2^63 / scale_numerator)``, is negligible below ``2^56``).
     """
     b = _to_fraction(scale, "scale")
     if b.numerator >= _INT64_SAFE:

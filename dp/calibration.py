@@ -44,7 +44,7 @@ def gaussian_training_event(
     return SelfComposed(step, steps)
 
 
-def _bisect(eps_of, target: float, lo: float, hi: float, rtol: float, increasing_noise_helps: bool = True) -> float:
+def _bisect(eps_of, target: float, lo: float, hi: float, rtol: float) -> float:
     # find hi with eps(hi) <= target
     for _ in range(200):
         if eps_of(hi) <= target:
@@ -105,6 +105,8 @@ def calibrate_laplace_epsilon0(
         raise ValueError(f"count must be a positive int. Found {count!r}.")
     if not (isinstance(target_epsilon, (int, float)) and target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise ValueError(f"target_epsilon must be positive and finite. Found {target_epsilon!r}.")
+    if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
+        raise ValueError(f"delta must be in [0, 1). Found {delta!r}.")
     basic = target_epsilon / count
     if delta == 0:
         return basic

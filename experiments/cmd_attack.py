@@ -85,6 +85,7 @@ def run_attack(args: argparse.Namespace, data: Any, defense: str, epsilon: float
     from protocols.transport import SERVER, InProcessTransport, Transcript
     from recmodels.mf import MFConfig
     from recmodels.splits import ratio_split
+    from secagg.he.errors import HEError
 
     if args.rounds < 2:
         raise UserError(f"--rounds must be >= 2 (the two-round attack needs rounds 0 and 1); found {args.rounds}.")
@@ -94,7 +95,10 @@ def run_attack(args: argparse.Namespace, data: Any, defense: str, epsilon: float
         rounds=args.rounds, key_bits=args.key_bits, epsilon=epsilon, ldp_clip=args.ldp_clip,
     )
     keep = lambda r: r.round <= 1 and (r.receiver == SERVER or r.sender == SERVER)  # noqa: E731
-    model = FedMF(split.train, cfg, seed=args.seed, transport=InProcessTransport(Transcript(keep_payloads=keep)))
+    try:
+        model = FedMF(split.train, cfg, seed=args.seed, transport=InProcessTransport(Transcript(keep_payloads=keep)))
+    except HEError as exc:  # bad HE parameters (e.g. a Paillier key size) are the user's input
+        raise UserError(f"--defense {defense} --key-bits {args.key_bits}: {exc}") from exc
     t0 = time.perf_counter()
     stats, diverged = [], None
     try:

@@ -46,3 +46,10 @@ def test_ldp_reports_the_epsilon_composed_over_all_uploads(capsys):
     # Two pure 2-DP uploads: never more than basic composition, never less than one upload.
     assert 2.0 <= p["epsilon_total"] <= 4.0 + 1e-9
     assert _json(capsys, [*TINY, "--json"])["privacy"] is None
+
+
+def test_bad_paillier_key_bits_is_a_user_error(capsys):
+    """An invalid --key-bits is the user's input: exit 2 with the backend's reason, no traceback."""
+    assert main([*TINY, "--defense", "paillier", "--key-bits", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "--key-bits" in err and "1024" in err and "Traceback" not in err

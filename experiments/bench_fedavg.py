@@ -18,6 +18,7 @@ import torch
 
 from experiments import config as cfgmod
 from experiments.cmd_run import prepare_data
+from experiments.errors import UserError
 from protocols.fedavg import FedAvgGMF
 from recmodels.metrics import evaluate_full, evaluate_sampled
 from recmodels.train import CentralTrainer
@@ -80,6 +81,9 @@ def bench(data: str, rounds: int, threads: int) -> dict:
 
 
 def _main(args: argparse.Namespace) -> int:
+    for flag, value in (("--rounds", args.rounds), ("--threads", args.threads)):
+        if value < 1:  # checked before any work: 0 rounds has no median, torch refuses 0 threads
+            raise UserError(f"{flag} must be >= 1; found {value}")
     result = bench(args.data, args.rounds, args.threads)
     print(
         f"{result['clients']} clients x {result['items']} items: {result['seconds_per_round']:.3f} s/round "

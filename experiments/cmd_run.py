@@ -94,7 +94,11 @@ def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
         overrides.setdefault("run", {})["seed"] = args.seed
     if args.eval_negatives is not None:
         overrides.setdefault("eval", {})["negatives"] = args.eval_negatives
-    return preset, cfgmod.merge(config, overrides)
+    config = cfgmod.merge(config, overrides)
+    if not args.resume and config.data.source != "synthetic":
+        # config.toml must name the data wherever --resume is later run from, not relative to today's cwd
+        config = cfgmod.merge(config, {"data": {"source": str(Path(config.data.source).expanduser().resolve())}})
+    return preset, config
 
 
 @dataclass

@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
     if args.resume:
-        if args.preset or args.config or args.data or args.format or args.seed is not None or args.eval_negatives or args.out:
+        if args.preset or args.config or args.data or args.format or args.seed is not None or args.eval_negatives is not None or args.out:
             raise UserError("--resume continues a run with its saved config; only --rounds may be changed")
         rd = RunDir.open_existing(Path(args.resume))
         config = cfgmod.load_config_file(rd.file("config.toml"))
@@ -326,7 +326,8 @@ def _main(args: argparse.Namespace) -> int:
     print(f"data      {summary['data']['preprocessed']} (positives: {summary['data']['positives']})", file=sys.stderr)
     print(f"protocol  {ev['split'].get('kind', ev['split'])}; {ev['sampled']}; {ev['ties']}", file=sys.stderr)
     print(_format_metrics("sampled", summary["metrics"]))
-    print(_format_metrics("full", summary["metrics_full"]))
+    if summary["metrics_full"]:
+        print(_format_metrics("full", summary["metrics_full"]))
     print(f"seconds {summary['seconds']:.1f}  bytes/client/round {summary['bytes_per_client_per_round']:.0f}  run dir {summary['run_dir']}")
     if args.json:
         print(json.dumps(summary, sort_keys=True))

@@ -234,7 +234,7 @@ def evaluate_full(
     train = split.train
     n_items = train.n_items
     csr = user_item_csr(train)
-    users_all = np.flatnonzero(split.test_items >= 0).astype(np.int64)
+    users_all = split.test_users.astype(np.int64)
     ranks = np.empty(users_all.size, dtype=np.int64)
     n_cand = np.empty(users_all.size, dtype=np.int64)
     for start in range(0, users_all.size, batch_users):

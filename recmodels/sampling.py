@@ -173,7 +173,7 @@ def sample_eval_candidates(
     rng = _check_rng(rng)
     train = split.train
     n_items = train.n_items
-    users = np.flatnonzero(split.test_items >= 0).astype(np.int64)
+    users = split.test_users.astype(np.int64)
     key_parts = [pair_keys(train.users, train.items, n_items), pair_keys(users, split.test_items[users], n_items)]
     if split.valid_items is not None:
         vu = np.flatnonzero(split.valid_items >= 0)

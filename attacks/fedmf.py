@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from protocols.fedmf import BROADCAST, Upload
+from attacks.registry import AttackSpec, register_attack
 from protocols.transport import SERVER, Record, Transcript
 
 __all__ = [
@@ -274,6 +275,13 @@ ATTACKS: dict[str, Callable[..., AttackResult]] = {
     "fedmf-one-round": one_round_attack,
     "fedmf-two-round": two_round_attack,
 }
+
+
+for _name, _fn, _summary in (
+    ("fedmf-one-round", one_round_attack, "closed-form ratings from one round of FedMF's item-by-item update"),
+    ("fedmf-two-round", two_round_attack, "ratings from two consecutive rounds of the batch update"),
+):
+    register_attack(AttackSpec(protocol="fedmf", name=_name, view=SERVER, run=_fn, summary=_summary))
 
 
 def get_attack(name: str) -> Callable[..., AttackResult]:

@@ -35,6 +35,7 @@ from dp.events import (
     Gaussian,
     Laplace,
     NoOp,
+    NonPrivate,
     ParallelComposed,
     PoissonSampled,
     SampledWithoutReplacement,
@@ -114,6 +115,8 @@ class RdpAccountant:
         o = self._orders
         if isinstance(event, NoOp):
             return np.zeros(o.shape)
+        if isinstance(event, NonPrivate):
+            return np.full(o.shape, np.inf)
         if isinstance(event, Gaussian):
             return rdp_gaussian(noise_multiplier=event.noise_multiplier, orders=o)
         if isinstance(event, Laplace):
@@ -201,6 +204,8 @@ def pure_epsilon(event: DpEvent) -> float:
     """
     if isinstance(event, NoOp):
         return 0.0
+    if isinstance(event, NonPrivate):
+        return math.inf
     if isinstance(event, Laplace):
         return event.epsilon0
     if isinstance(event, Gaussian):
@@ -232,6 +237,8 @@ def _to_dpa_paths(event: DpEvent) -> list:
 
     if isinstance(event, NoOp):
         return [dpa.NoOpDpEvent()]
+    if isinstance(event, NonPrivate):
+        return [dpa.NonPrivateDpEvent()]
     if isinstance(event, Gaussian):
         if event.noise_multiplier == 0:
             return [dpa.NonPrivateDpEvent()]

@@ -23,6 +23,7 @@ __all__ = [
     "Gaussian",
     "Laplace",
     "NoOp",
+    "NonPrivate",
     "ParallelComposed",
     "PoissonSampled",
     "SampledWithoutReplacement",
@@ -54,6 +55,16 @@ class DpEvent:
 @dataclass(frozen=True, slots=True)
 class NoOp(DpEvent):
     """Nothing private was released (e.g. an over-arch trained only on opt-in users)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NonPrivate(DpEvent):
+    """Data derived from private inputs was released without any DP mechanism.
+
+    Epsilon is infinite at every order and for every delta < 1: a plaintext model update, or a
+    secure-aggregation sum without noise (secure aggregation hides the individual inputs from
+    the server, but the released sum itself carries no differential-privacy guarantee).
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +247,7 @@ class FelTotal(DpEvent):
 
 _CLASSES: dict[str, type[DpEvent]] = {
     c.__name__: c
-    for c in (NoOp, Gaussian, Laplace, PoissonSampled, SampledWithoutReplacement, SelfComposed,
+    for c in (NoOp, NonPrivate, Gaussian, Laplace, PoissonSampled, SampledWithoutReplacement, SelfComposed,
               Composed, ParallelComposed, FelTotal)
 }
 

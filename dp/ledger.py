@@ -369,6 +369,19 @@ class PrivacyLedger:
             delta = self.budget[1]
         return self._report(self._groups(), delta, use_pld)
 
+    def spent_by_cohort(self, delta: float, *, use_pld: bool = False) -> dict[str, PrivacyReport]:
+        """Per cohort label: what a user in that cohort spent (its entries plus the common ones).
+
+        The run's total (:meth:`spent`) is the worst of these when there are cohorts.
+        """
+        groups = self._groups()
+        common = groups.get(None, Counter())
+        return {
+            c: self._report({None: common, c: g}, delta, use_pld)
+            for c, g in sorted(groups.items(), key=lambda kv: str(kv[0]))
+            if c is not None
+        }
+
     def history(self, delta: float) -> list[tuple[int, float]]:
         """``(round, epsilon after that round)`` for every committed round (RDP and pure DP)."""
         out = []

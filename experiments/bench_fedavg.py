@@ -17,7 +17,7 @@ import time
 import torch
 
 from experiments import config as cfgmod
-from experiments.cmd_run import prepare_data
+from experiments.prepare import prepare_data
 from experiments.errors import UserError
 from protocols.fedavg import FedAvgGMF
 from recmodels.metrics import evaluate_full, evaluate_sampled
@@ -44,7 +44,7 @@ def bench(data: str, rounds: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     config = cfgmod.merge(cfgmod.load_preset("fedavg-gmf"), {"data": {"source": data}})
     prep = prepare_data(config)
-    fed = FedAvgGMF(prep.split.train, config.fedavg, seed=config.run.seed)
+    fed = FedAvgGMF(prep.split.train, config.section("fedavg"), seed=config.run.seed)
     times, cpu = [], []
     for r in range(rounds):
         t, c = time.perf_counter(), time.process_time()
@@ -58,7 +58,7 @@ def bench(data: str, rounds: int, threads: int) -> dict:
     t = time.perf_counter()
     evaluate_full(fed.score_all, prep.split)
     full_s = time.perf_counter() - t
-    central = CentralTrainer(prep.split.train, config.centralized, seed=0)
+    central = CentralTrainer(prep.split.train, config.section("centralized"), seed=0)
     t = time.perf_counter()
     central.run_round()
     epoch_s = time.perf_counter() - t

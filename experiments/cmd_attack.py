@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import json
 import sys
 import time
@@ -27,6 +28,10 @@ from experiments.errors import UserError
 __all__ = ["register", "run_attack"]
 
 SWEEP_EPSILONS = (1.0, 10.0, 100.0, 1000.0)
+
+#: Modules under ``experiments`` that add one ``secagg attack <protocol>`` sub-command each
+#: (``register(subparsers)``), listed explicitly; ``fedmf`` is defined in this module.
+PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = ()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,6 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sweep", type=Path, default=None, metavar="OUT_DIR",
                    help="run all defenses (LDP at several epsilons); write CSV, Markdown and PNG")
     p.set_defaults(func=_main)
+    for name in PROTOCOL_ATTACK_COMMANDS:
+        importlib.import_module(f"experiments.{name}").register(sub)
     attack.set_defaults(func=lambda args: (attack.print_help(sys.stderr), 2)[1])
 
 
@@ -104,7 +111,7 @@ def run_attack(args: argparse.Namespace, data: Any, defense: str, epsilon: float
     try:
         for _ in range(cfg.rounds):
             stats.append(model.run_round())
-            print(f"round {stats[-1].round}: {stats[-1].seconds:.2f} s", file=sys.stderr)
+            print(f"round {stats[-1].round}: {stats[-1].seconds['round']:.2f} s", file=sys.stderr)
     except ValueError as exc:  # e.g. LDP noise at small epsilon blows the model up
         if model.round < 2:
             raise UserError(f"training failed in round {model.round}: {exc}") from exc
@@ -139,7 +146,7 @@ def run_attack(args: argparse.Namespace, data: Any, defense: str, epsilon: float
         "attack": sc.to_dict(),
         "data": data.source, "users": model.n_users, "items": model.n_items, "factors": args.factors,
         "rounds": args.rounds, "train_seconds": train_s,
-        "seconds_per_user_iteration": float(np.mean([s.client_s_per_user for s in stats])) if stats else None,
+        "seconds_per_user_iteration": float(np.mean([s.seconds["client"] for s in stats])) if stats else None,
         "split": split.protocol["kind"],
     }
 

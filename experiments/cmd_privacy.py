@@ -155,32 +155,64 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from dp.errors import LedgerError
+    from dp.events import NonPrivate
     from dp.ledger import PrivacyLedger
 
     run_dir = Path(args.run_dir)
     path = run_dir / "privacy_ledger.sqlite"
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
     if not path.is_file():
-        raise FileNotFoundError(f"no privacy ledger at {path}; pass a run directory written by 'secagg run'.")
+        raise FileNotFoundError(
+            f"no privacy ledger at {path}: every 'secagg run' writes one, so {run_dir} is not a run directory "
+            "or was written by an older version"
+        )
+    delta = args.delta
+    if delta is None:
+        try:
+            delta = json.loads((run_dir / "run.json").read_text())["config"]["privacy"]["delta"]
+        except (OSError, ValueError, KeyError, TypeError):
+            delta = None
     try:
         ledger = PrivacyLedger(path)
     except LedgerError as exc:
         raise UserError(str(exc)) from exc
     with ledger:
-        delta = args.delta if args.delta is not None else (ledger.budget[1] if ledger.budget else 1e-5)
+        if delta is None:
+            delta = ledger.budget[1] if ledger.budget else 1e-5
+        entries = ledger.entries()
+        unprotected = sorted({e.what for e in entries if isinstance(e.event, NonPrivate)})
         history = ledger.history(delta)
-        rep = ledger.spent(delta, use_pld=not args.no_pld)
-        n_entries = len(ledger.entries())
+        rep = ledger.spent(delta, use_pld=not args.no_pld and not unprotected)
+        cohorts = ledger.spent_by_cohort(delta)
     png = run_dir / "privacy.png"
     _plot(history, rep, delta, png)
-    human = [f"{'round':>6}  {'epsilon (RDP/pure)':>18}"] + [f"{r:>6}  {e:>18.6g}" for r, e in history]
-    human += _report_lines(rep) + [f"wrote {png}"]
     payload = rep.to_dict() | {
         "rounds": [r for r, _ in history],
-        "epsilon_by_round": [e for _, e in history],
-        "entries": n_entries,
+        "epsilon_by_round": [e if math.isfinite(e) else "inf" for _, e in history],
+        "entries": len(entries),
         "budget": list(ledger.budget) if ledger.budget else None,
+        "unprotected_releases": unprotected,
+        "cohorts": [{"cohort": c, "epsilon": r.to_dict()["epsilon"], "accountant": r.accountant}
+                    for c, r in cohorts.items()],
+        "composition": "parallel over cohorts" if cohorts else "sequential",
         "png": str(png),
     }
+    if not entries:
+        human = ["nothing was released: the ledger is empty (no round ran), epsilon = 0"]
+        payload["statement"] = human[0]
+    elif unprotected:
+        human = [f"epsilon = inf: this run released data without differential privacy ({'; '.join(unprotected)})."]
+        payload["statement"] = human[0]
+    else:
+        human = [f"{'round':>6}  {'epsilon (RDP/pure)':>18}"] + [f"{r:>6}  {e:>18.6g}" for r, e in history]
+        human += _report_lines(rep)
+        payload["statement"] = f"({rep.epsilon:.6g}, {delta:g})-DP ({rep.accountant})"
+        if cohorts:
+            worst = max(cohorts.items(), key=lambda kv: kv[1].epsilon)
+            human.append(f"  {len(cohorts)} disjoint cohorts (parallel composition); worst: {worst[0]} "
+                         f"epsilon {worst[1].epsilon:.6g}")
+    human.append(f"wrote {png}")
     return _emit(payload, human, args.json)
 
 
@@ -191,14 +223,19 @@ def _plot(history: list[tuple[int, float]], rep, delta: float, png: Path) -> Non
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    if history:
-        ax.plot([r for r, _ in history], [e for _, e in history], marker=".", label="RDP / pure, per round")
-        ax.scatter([history[-1][0]], [rep.epsilon], color="red", zorder=3, label=f"final ({rep.accountant})")
+    finite = [(r, e) for r, e in history if math.isfinite(e)]
+    if finite:
+        ax.plot([r for r, _ in finite], [e for _, e in finite], marker=".", label="RDP / pure, per round")
+        if math.isfinite(rep.epsilon):
+            ax.scatter([history[-1][0]], [rep.epsilon], color="red", zorder=3, label=f"final ({rep.accountant})")
+        ax.legend()
+    else:
+        msg = "epsilon = inf: releases without DP" if history else "nothing released"
+        ax.text(0.5, 0.5, msg, ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("round")
     ax.set_ylabel(f"epsilon at delta={delta:g}")
     ax.set_title("Privacy spent")
     ax.grid(alpha=0.3)
-    ax.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)

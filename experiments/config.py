@@ -21,8 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from protocols.fedavg import FedAvgConfig
-from recmodels.train import CentralConfig
+from protocols.registry import all_protocols, get_protocol, sections as protocol_sections
 
 __all__ = [
     "PRESETS",
@@ -30,23 +29,23 @@ __all__ = [
     "DataSection",
     "SplitSection",
     "EvalSection",
+    "PrivacySection",
     "RunConfig",
+    "all_sections",
     "load_preset",
     "load_config_file",
     "merge",
     "to_toml",
 ]
 
-PROTOCOLS = ("itempop", "random", "centralized", "fedavg")
-
-
 @dataclass(frozen=True)
 class RunSection:
     """``[run]``: what to run.
 
     Attributes:
-        protocol: ``itempop`` | ``random`` | ``centralized`` | ``fedavg``.
-        rounds: federated rounds (``fedavg``) or epochs (``centralized``); 0 for baselines.
+        protocol: a registered protocol (``secagg run --help`` lists them): ``fedavg``,
+            ``fedmf``, ``centralized``, ``itempop``, ``random``, ...
+        rounds: federated rounds, or epochs for centralised trainers; 0 for fixed baselines.
         seed: seeds every simulation choice (split, sampling, init, client selection).
         eval_every: evaluate the sampled metrics every N rounds (0: only at the end).
         checkpoint_every: write a checkpoint every N rounds (>= 1).
@@ -59,8 +58,8 @@ class RunSection:
     checkpoint_every: int = 1
 
     def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"run.protocol must be one of {PROTOCOLS}; found {self.protocol!r}")
+        if self.protocol not in all_protocols():
+            raise ValueError(f"run.protocol must be one of {tuple(all_protocols())}; found {self.protocol!r}")
         if self.rounds < 0 or self.eval_every < 0 or self.checkpoint_every < 1:
             raise ValueError(
                 "run.rounds and run.eval_every must be >= 0 and run.checkpoint_every >= 1; "
@@ -119,7 +118,8 @@ class EvalSection:
     """``[eval]``: the evaluation protocol (printed with every result).
 
     Attributes:
-        negatives: sampled negatives per held-out item (NCF 99, FedFast 50, LightFR 49).
+        negatives: sampled negatives per held-out item (NCF 99, FedFast 50, LightFR 49); 0 turns
+            the sampled metrics off (full ranking only).
         ks: cut-offs for HR/NDCG/Precision/Recall.
         full_ranking: also rank the held-out item among all items the user has not trained on.
     """
@@ -129,35 +129,88 @@ class EvalSection:
     full_ranking: bool = True
 
     def __post_init__(self) -> None:
-        if self.negatives < 1:
-            raise ValueError(f"eval.negatives must be >= 1; found {self.negatives}")
+        if self.negatives < 0:
+            raise ValueError(f"eval.negatives must be >= 0 (0: full ranking only); found {self.negatives}")
+        if self.negatives == 0 and not self.full_ranking:
+            raise ValueError("eval.negatives = 0 needs eval.full_ranking = true (otherwise nothing is evaluated)")
         if not self.ks or any(k < 1 for k in self.ks):
             raise ValueError(f"eval.ks must be a non-empty list of cut-offs >= 1; found {self.ks}")
 
 
-SECTIONS: dict[str, type] = {
+@dataclass(frozen=True)
+class PrivacySection:
+    """``[privacy]``: how the run's privacy ledger is reported and limited.
+
+    Attributes:
+        delta: the delta at which epsilon is reported (summary.json, ``secagg privacy report``).
+        budget_epsilon: stop the run before a round whose releases would push epsilon (at
+            ``delta``) past this; ``inf`` (default) records without a limit.
+    """
+
+    delta: float = 1e-5
+    budget_epsilon: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not (0 < self.delta < 1):
+            raise ValueError(f"privacy.delta must be in (0, 1); found {self.delta}")
+        if not (self.budget_epsilon > 0):
+            raise ValueError(f"privacy.budget_epsilon must be positive (inf: no budget); found {self.budget_epsilon}")
+
+
+#: The sections every run has; protocol sections come from :mod:`protocols.registry`.
+CORE_SECTIONS: dict[str, type] = {
     "run": RunSection,
     "data": DataSection,
     "split": SplitSection,
     "eval": EvalSection,
-    "centralized": CentralConfig,
-    "fedavg": FedAvgConfig,
+    "privacy": PrivacySection,
 }
+
+
+def all_sections() -> dict[str, type]:
+    """Every known TOML section: the core ones, then each registered protocol's."""
+    return {**CORE_SECTIONS, **protocol_sections()}
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A fully resolved configuration: one instance of every section."""
+    """A fully resolved configuration: the core sections and every protocol section.
+
+    ``config.toml`` holds the core sections and the active protocol's section only
+    (:meth:`to_dict`); the other protocols' sections keep their defaults.
+    """
 
     run: RunSection = field(default_factory=RunSection)
     data: DataSection = field(default_factory=DataSection)
     split: SplitSection = field(default_factory=SplitSection)
     eval: EvalSection = field(default_factory=EvalSection)
-    centralized: CentralConfig = field(default_factory=CentralConfig)
-    fedavg: FedAvgConfig = field(default_factory=FedAvgConfig)
+    privacy: PrivacySection = field(default_factory=PrivacySection)
+    sections: dict[str, Any] = field(default_factory=lambda: {n: c() for n, c in protocol_sections().items()})
+
+    def section(self, name: str) -> Any:
+        """The resolved instance of section ``name`` (core or protocol)."""
+        if name in CORE_SECTIONS:
+            return getattr(self, name)
+        if name not in self.sections:
+            raise KeyError(f"unknown section [{name}]")
+        return self.sections[name]
+
+    @property
+    def spec(self):
+        """The :class:`protocols.registry.ProtocolSpec` of ``run.protocol``."""
+        return get_protocol(self.run.protocol)
+
+    @property
+    def protocol_config(self) -> Any:
+        """The active protocol's section (``None`` if it has no options)."""
+        return None if self.spec.section is None else self.sections[self.spec.section]
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        """The core sections and the active protocol's section, as plain values."""
+        out = {name: dataclasses.asdict(getattr(self, name)) for name in CORE_SECTIONS}
+        if self.spec.section is not None:
+            out[self.spec.section] = dataclasses.asdict(self.protocol_config)
+        return out
 
 
 def _check_type(where: str, value: Any, annotation: Any) -> Any:
@@ -181,6 +234,16 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
         if type(value) is not str:
             raise ValueError(f"{where} must be a string; found {value!r}")
         return value
+    if dataclasses.is_dataclass(annotation):
+        if type(value) is not dict:
+            raise ValueError(f"{where} must be a table; found {value!r}")
+        types_ = _section_types(annotation)
+        out = {}
+        for key, v in value.items():
+            if key not in types_:
+                raise ValueError(f"unknown key '{where.split(' ')[0]}.{key}'; known keys: {', '.join(sorted(types_))}")
+            out[key] = _check_type(f"{where.split(' ')[0]}.{key}", v, types_[key])
+        return out
     if origin is list:
         (inner,) = typing.get_args(annotation)
         if type(value) is not list:
@@ -197,12 +260,13 @@ def _section_types(cls: type) -> dict[str, Any]:
 def parse_sections(raw: dict[str, Any], origin: str) -> dict[str, dict[str, Any]]:
     """Validate the section and key names and value types of a TOML document."""
     out: dict[str, dict[str, Any]] = {}
+    known = all_sections()
     for section, values in raw.items():
-        if section not in SECTIONS:
-            raise ValueError(f"unknown section [{section}] in {origin}; known sections: {', '.join(SECTIONS)}")
+        if section not in known:
+            raise ValueError(f"unknown section [{section}] in {origin}; known sections: {', '.join(known)}")
         if not isinstance(values, dict):
             raise ValueError(f"[{section}] in {origin} must be a table of keys")
-        types_ = _section_types(SECTIONS[section])
+        types_ = _section_types(known[section])
         for key, value in values.items():
             if key not in types_:
                 raise ValueError(
@@ -212,13 +276,24 @@ def parse_sections(raw: dict[str, Any], origin: str) -> dict[str, dict[str, Any]
     return out
 
 
+def _replace(current: Any, values: dict[str, Any]) -> Any:
+    """``dataclasses.replace`` that also merges nested dataclass fields given as tables."""
+    changes = {}
+    for key, value in values.items():
+        sub = getattr(current, key)
+        changes[key] = _replace(sub, value) if dataclasses.is_dataclass(sub) and isinstance(value, dict) else value
+    return dataclasses.replace(current, **changes)
+
+
 def merge(base: RunConfig, overrides: dict[str, dict[str, Any]]) -> RunConfig:
     """Apply validated ``overrides`` to ``base``; each section re-validates itself."""
-    changes = {}
+    core, protos = {}, dict(base.sections)
     for section, values in overrides.items():
-        current = getattr(base, section)
-        changes[section] = dataclasses.replace(current, **values)
-    return dataclasses.replace(base, **changes)
+        if section in CORE_SECTIONS:
+            core[section] = _replace(getattr(base, section), values)
+        else:
+            protos[section] = _replace(base.sections[section], values)
+    return dataclasses.replace(base, **core, sections=protos)
 
 
 def _read_toml(path: Path, origin: str) -> dict[str, Any]:
@@ -268,13 +343,20 @@ def _toml_value(v: Any) -> str:
     raise TypeError(f"cannot write {v!r} as TOML")
 
 
+def _toml_table(name: str, values: dict[str, Any], lines: list[str]) -> None:
+    lines.append(f"[{name}]")
+    nested = {k: v for k, v in values.items() if isinstance(v, dict)}
+    lines.extend(f"{k} = {_toml_value(v)}" for k, v in values.items() if k not in nested)
+    lines.append("")
+    for k, v in nested.items():
+        _toml_table(f"{name}.{k}", v, lines)
+
+
 def to_toml(config: RunConfig) -> str:
     """Serialise a resolved configuration; :func:`load_config_file` reads it back unchanged."""
-    lines = []
+    lines: list[str] = []
     for section, values in config.to_dict().items():
-        lines.append(f"[{section}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
-        lines.append("")
+        _toml_table(section, values, lines)
     return "\n".join(lines)
 
 

@@ -1,36 +1,47 @@
-"""The run directory: everything one ``secagg run`` produces, written atomically.
+"""The run directory: everything one ``secagg run`` produces, and how it survives crashes.
 
 Layout::
 
     RUN_DIR/
-      config.toml        resolved configuration (what --resume reads back)
-      metrics.jsonl      one JSON object per evaluation (round, sampled metrics, loss, seconds)
-      costs.jsonl        one JSON object per round (messages, bytes up/down, bytes per client)
-      transcript.csv     bytes sent and received by every party in every round (federated runs)
-      checkpoint.pt      latest state (model, optimiser, RNG, history); --resume continues from it
-      summary.json       final metrics (sampled and full ranking), protocol, costs, versions, seed
-      metrics.png        metrics against rounds
+      run.json                 identity: preset, run id, the resolved configuration and the data
+                               files' SHA-256, as created (what --resume verifies against)
+      config.toml              resolved configuration (what --resume reads back; only run.rounds
+                               may differ from run.json)
+      run.lock                 held (flock) by the process writing the directory; names its pid
+      metrics.jsonl            one JSON object per round (loss, seconds; metrics at evaluations)
+      costs.jsonl              one JSON object per round (messages, bytes, seconds per party)
+      transcript.csv           bytes sent and received by every party in every round
+      privacy_ledger.sqlite    every release of the run, committed before anything is published
+      checkpoint.safetensors   latest model state: tensors plus JSON, never a pickle
+      summary.json             final metrics, privacy, costs, versions, seed
+      metrics.png              metrics against rounds
 
-Every file is written to a temporary name in the same directory and renamed into place
-(``os.replace``), so a crash never leaves a half-written file, and a checkpoint always matches
-the metrics and costs files written with it.
+Per-round files are appended (and fsynced) once per round, so a long run costs the same per
+round at round 10 as at round 10,000; whole files (config, run.json, checkpoint, summary, plot)
+are written to a temporary name and renamed into place. A crash can leave the appended files
+ahead of the checkpoint or with a torn last line: :meth:`RunDir.truncate_after` repairs both on
+resume, so the files always match the checkpoint they continue from.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import io
+import errno
+import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from experiments.errors import UserError
+from protocols.state import StateError, state_from_bytes, state_to_bytes
 
-__all__ = ["RunDir", "atomic_write_bytes", "atomic_write_text", "default_run_dir"]
+__all__ = ["CHECKPOINT", "RunDir", "atomic_write_bytes", "atomic_write_text", "default_run_dir"]
+
+CHECKPOINT = "checkpoint.safetensors"
+_LEGACY_CHECKPOINT = "checkpoint.pt"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -63,6 +74,7 @@ class RunDir:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self._lock_fd: int | None = None
 
     @classmethod
     def create(cls, path: Path) -> RunDir:
@@ -80,30 +92,117 @@ class RunDir:
         path = Path(path)
         if not (path / "config.toml").is_file():
             raise UserError(f"cannot resume {path}: no config.toml there (is it a run directory?)")
+        if not (path / "run.json").is_file():
+            raise UserError(f"cannot resume {path}: run.json is missing, so nothing can be verified")
         return cls(path)
 
     def file(self, name: str) -> Path:
         return self.path / name
 
+    # -- the lock ------------------------------------------------------------------------------
+    def lock(self) -> None:
+        """Hold an exclusive lock on ``run.lock`` for the life of the process.
+
+        The kernel releases an ``flock`` when its process dies, so a crashed run never leaves
+        the directory locked. A second process gets a :class:`UserError` naming the holder.
+        """
+        path = self.file("run.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            holder = path.read_text().strip() or "unknown"
+            raise UserError(
+                f"run directory {self.path} is in use by another process (pid {holder}); "
+                "wait for it to finish or stop it before resuming"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.fsync(fd)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- whole files ---------------------------------------------------------------------------
     def write_text(self, name: str, text: str) -> None:
         atomic_write_text(self.file(name), text)
 
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
-    def write_jsonl(self, name: str, rows: list[dict[str, Any]]) -> None:
-        self.write_text(name, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    def read_json(self, name: str) -> Any:
+        try:
+            return json.loads(self.file(name).read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read {self.file(name)}: {exc}") from None
 
+    # -- appended per-round files -------------------------------------------------------------
+    def append(self, name: str, text: str) -> None:
+        """Append ``text`` (whole lines) to ``name`` and fsync it."""
+        with open(self.file(name), "a", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def append_jsonl(self, name: str, row: dict[str, Any]) -> None:
+        self.append(name, json.dumps(row, sort_keys=True) + "\n")
+
+    def read_jsonl(self, name: str) -> list[dict[str, Any]]:
+        """The complete rows of ``name`` (a torn last line is ignored; see :meth:`truncate_after`)."""
+        path = self.file(name)
+        if not path.exists():
+            return []
+        rows = []
+        for line in path.read_text(encoding="utf-8").split("\n"):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # the empty tail or a torn line
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+
+    def truncate_after(self, name: str, keep: Callable[[str], bool], header: str | None = None) -> int:
+        """Keep the complete lines of ``name`` for which ``keep(line)`` holds; returns how many.
+
+        Drops a torn last line (no newline) and every line past the checkpoint the run
+        continues from, so a resumed run appends exactly where the checkpoint left off.
+        """
+        path = self.file(name)
+        if not path.exists():
+            return 0
+        text = path.read_text(encoding="utf-8")
+        lines = text.split("\n")[:-1]  # the part after the last newline is torn or empty
+        body = lines[1:] if header is not None and lines and lines[0] == header else lines
+        kept = [ln for ln in body if ln and keep(ln)]
+        out = ([header] if header is not None else []) + kept
+        new = "".join(ln + "\n" for ln in out)
+        if new != text:
+            atomic_write_text(path, new)
+        return len(kept)
+
+    # -- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any]) -> None:
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        atomic_write_bytes(self.file("checkpoint.pt"), buf.getvalue())
+        atomic_write_bytes(self.file(CHECKPOINT), state_to_bytes(state))
 
     def load_checkpoint(self) -> dict[str, Any] | None:
-        path = self.file("checkpoint.pt")
+        """The saved state, or ``None`` if there is none. Never unpickles anything."""
+        path = self.file(CHECKPOINT)
         if not path.exists():
+            if self.file(_LEGACY_CHECKPOINT).exists():
+                raise UserError(
+                    f"{self.path} holds a pickled {_LEGACY_CHECKPOINT} from an older version; pickles are never "
+                    "loaded (a tampered file would run code). Start a new run directory."
+                )
             return None
         try:
-            return torch.load(path, weights_only=False)
-        except Exception as exc:  # a corrupt checkpoint is a user-facing problem, not a crash
+            return state_from_bytes(path.read_bytes())
+        except StateError as exc:
             raise UserError(f"cannot read checkpoint {path}: {exc}") from None

@@ -44,6 +44,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from dp.events import NonPrivate
+from protocols.base import Release, RoundStats
+from protocols.registry import ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
 from recmodels.models import gmf_logits
@@ -166,15 +169,6 @@ class ClientUpdate:
         return out
 
 
-@dataclass(frozen=True)
-class RoundStats:
-    round: int
-    clients: int
-    examples: int
-    loss: float
-    bytes_per_client: float
-
-
 class _LazyAdam:
     """Row-wise lazy Adam (or SGD) over a 2-D tensor: rows move only when they get a gradient.
 
@@ -282,12 +276,15 @@ class FedAvgGMF:
         self.user[torch.as_tensor(sampled)] = P  # stays on the clients
 
         self.round += 1
+        what = "item/output-layer updates, each in plaintext" if cfg.secure_aggregation == "none" else (
+            f"the sum of item/output-layer updates through {cfg.secure_aggregation} (no DP noise)")
         return RoundStats(
             round=t,
-            clients=m,
-            examples=examples,
             loss=loss / max(examples, 1),
+            clients=m,
             bytes_per_client=self.model_bytes + upload_bytes,
+            extra={"examples": examples},
+            releases=(Release(NonPrivate(), who="clients", what=what, params={"clients": m}),),
         )
 
     def _local_data(self, sampled: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
@@ -503,6 +500,16 @@ class FedAvgGMF:
     def score_all(self, users: np.ndarray) -> np.ndarray:
         return ((self.user[torch.as_tensor(np.asarray(users))] * self.h) @ self.item.T + self.b).numpy()
 
+    def public_info(self) -> dict[str, Any]:
+        """What every party knows: sizes, hyper-parameters and the update layout."""
+        return {
+            "protocol": "fedavg",
+            "n_users": self.train.n_users,
+            "n_items": self.train.n_items,
+            "clients": int(len(self._clients)),
+            "config": asdict(self.config),
+        }
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "round": self.round,
@@ -522,3 +529,12 @@ class FedAvgGMF:
         self.user, self.item = state["user"].clone(), state["item"].clone()
         self.h, self.b = state["h"].clone(), state["b"].clone()
         self.rng.bit_generator.state = state["rng"]
+
+
+register(ProtocolSpec(
+    name="fedavg",
+    summary="FedAvg over GMF; user embeddings stay on the clients, sums optionally through SecAgg/SecAgg+",
+    build=lambda ctx: FedAvgGMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport),
+    section="fedavg",
+    config_cls=FedAvgConfig,
+))

@@ -49,7 +49,10 @@ from typing import Any
 
 import numpy as np
 
+from dp.events import Laplace, NonPrivate
 from dp.ldp import ldp_laplace
+from protocols.base import Release, RoundStats
+from protocols.registry import ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, Transcript, client
 from recmodels.data import Interactions
 from recmodels.mf import MFConfig, init_factors, local_updates, mae, predict, rating_lists, rmse
@@ -145,17 +148,6 @@ class Upload:
         if isinstance(self.body, tuple):
             return ids + sum(len(b) for b in self.body)
         return ids + int(np.asarray(self.body).nbytes)
-
-
-@dataclass(frozen=True)
-class RoundStats:
-    """Costs of one round: wall seconds, client seconds per user, server seconds, upload bytes."""
-
-    round: int
-    seconds: float
-    client_s_per_user: float
-    server_s: float
-    bytes_up_per_user: float
 
 
 def _server_keeps(record: Any) -> bool:
@@ -267,7 +259,31 @@ class FedMF:
             self.q = q_t + total
         self.round += 1
         up_bytes = sum(u.nbytes for u in uploads) / self.n_users
-        return RoundStats(t, time.perf_counter() - t0, client_s / self.n_users, server_s, up_bytes)
+        train = self.evaluate(self.train)
+        return RoundStats(
+            round=t,
+            loss=train["rmse"] ** 2,
+            clients=self.n_users,
+            bytes_per_client=up_bytes + _size(model),
+            seconds={"round": time.perf_counter() - t0, "client": client_s / self.n_users, "server": server_s},
+            extra={"bytes_up_per_client": up_bytes, "train_rmse": train["rmse"]},
+            releases=(self._release(),),
+        )
+
+    def _release(self) -> Release:
+        """This round's release for the privacy ledger (every user uploads once per round)."""
+        cfg = self.config
+        if cfg.defense == "ldp":
+            return Release(Laplace.from_epsilon(cfg.epsilon), who="clients",
+                           what="each user's item update, clipped (L1) and Laplace-noised on the device",
+                           params={"epsilon_per_upload": cfg.epsilon, "ldp_clip": cfg.ldp_clip})
+        what = {
+            "none": "each user's item update in plaintext",
+            "secagg": "the sum of all users' item updates (secure aggregation, no DP noise)",
+            "paillier": "item updates under a Paillier key every client holds (no DP noise)",
+            "ckks": "item updates under a CKKS key every client holds (no DP noise)",
+        }[cfg.defense]
+        return Release(NonPrivate(), who="clients", what=what)
 
     def fit(self, progress: Any = None) -> list[RoundStats]:
         """Run ``config.rounds`` rounds; ``progress`` (optional) is called with each RoundStats."""
@@ -414,6 +430,33 @@ class FedMF:
         pred = predict(self.p, self.item_matrix, test.users, test.items, clip=self.scale)
         return {"rmse": rmse(pred, test.ratings), "mae": mae(pred, test.ratings)}
 
+    def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Predicted ratings (each client with its own ``p_u`` and the item matrix)."""
+        users, items = np.asarray(users), np.asarray(items)
+        return np.einsum("bd,bkd->bk", self.p[users], self.item_matrix[items])
+
+    def score_all(self, users: np.ndarray) -> np.ndarray:
+        return self.p[np.asarray(users)] @ self.item_matrix.T
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model state: ``p``, the plaintext item matrix and the round.
+
+        HE key material is deliberately not saved: a resumed run draws a fresh shared key pair
+        and re-encrypts the item matrix (every client would receive the new key; the server
+        never holds a secret key either way).
+        """
+        return {"round": self.round, "p": self.p.copy(), "q": self.item_matrix.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        p, q = np.asarray(state["p"], dtype=np.float64), np.asarray(state["q"], dtype=np.float64)
+        if p.shape != self.p.shape or q.shape != (self.n_items, self.dim):
+            raise ValueError(f"checkpoint shapes {p.shape}, {q.shape} do not match this FedMF run")
+        self.round, self.p = int(state["round"]), p.copy()
+        if self.he is not None:
+            self._enc_q, self._q_clients = self._encrypt_model(q), q.copy()
+        else:
+            self.q = q.copy()
+
     def public_info(self) -> dict[str, Any]:
         """What the server knows besides the transcript: protocol parameters and public statistics."""
         m = self.config.mf
@@ -439,3 +482,14 @@ def _size(obj: Any) -> int:
     if isinstance(obj, tuple):
         return sum(len(b) for b in obj)
     return int(np.asarray(obj).nbytes)
+
+
+register(ProtocolSpec(
+    name="fedmf",
+    summary="FedMF: explicit-rating MF with a defense (none, Paillier, CKKS, SecAgg, LDP)",
+    build=lambda ctx: FedMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport),
+    section="fedmf",
+    config_cls=FedMFConfig,
+    task="rating",
+    keeps_ratings=True,
+))

@@ -54,7 +54,7 @@ def test_run_writes_the_run_directory_and_json_summary(tmp_path, capsys):
     assert summary["bytes_per_client_per_round"] == 2 * 4 * (n_items * 8 + 8 + 1) + 4  # float32 model down + update up
     assert "ties count against" in summary["evaluation"]["ties"]
     assert summary["data"]["positives"] == "every rating"
-    for name in ("config.toml", "metrics.jsonl", "costs.jsonl", "checkpoint.pt", "summary.json", "metrics.png"):
+    for name in ("run.json", "config.toml", "metrics.jsonl", "costs.jsonl", "checkpoint.safetensors", "privacy_ledger.sqlite", "summary.json", "metrics.png"):
         assert (out_dir / name).is_file(), name
     assert (out_dir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out_dir / "summary.json").read_text())["metrics"] == summary["metrics"]

@@ -1,0 +1,90 @@
+"""The attack registry: (protocol, attack name) -> what view it needs and the function to run.
+
+An attack module registers its attacks when imported and is listed in :data:`ATTACK_MODULES`
+(explicit, no import-time discovery)::
+
+    register_attack(AttackSpec(
+        protocol="fedmf", name="fedmf-one-round", view="server",
+        run=one_round_attack,              # run(view_records, public_info, **options) -> inferences
+        summary="closed-form rating recovery from one round of plaintext uploads",
+    ))
+
+An attack consumes an adversary's *view* (records of the transcript that party received, see
+:meth:`protocols.transport.Transcript.view`) and the protocol's ``public_info()``, never
+private client state. Scoring against ground truth happens afterwards
+(:mod:`attacks.scoring`), and every score sits beside a random-guess baseline. The common result
+shape of ``secagg attack ... --json`` is ``attack.{f1, precision, recall, random_f1, status}``
+plus keys of the attack's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ATTACK_MODULES", "AttackSpec", "all_attacks", "attacks_for", "get_attack", "register_attack"]
+
+#: Modules that register attacks, imported on the first lookup.
+ATTACK_MODULES: tuple[str, ...] = ("attacks.fedmf",)
+
+
+@dataclass(frozen=True)
+class AttackSpec:
+    """A registered attack.
+
+    Attributes:
+        protocol: the registered protocol it targets (``protocols.registry``).
+        name: unique per protocol.
+        view: the adversary whose view it consumes (``"server"``, ``"rs"``, ``"sas"``, ...).
+        run: ``run(view, public, **options) -> inferences``.
+        summary: one line for help texts and reports.
+    """
+
+    protocol: str
+    name: str
+    view: str
+    run: Callable[..., Any]
+    summary: str = ""
+
+
+_REGISTRY: dict[tuple[str, str], AttackSpec] = {}
+_loaded = False
+
+
+def register_attack(spec: AttackSpec) -> AttackSpec:
+    key = (spec.protocol, spec.name)
+    if key in _REGISTRY and _REGISTRY[key] is not spec:
+        raise ValueError(f"attack {spec.name!r} on {spec.protocol!r} is registered twice")
+    _REGISTRY[key] = spec
+    return spec
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        for module in ATTACK_MODULES:
+            importlib.import_module(module)
+        _loaded = True
+
+
+def all_attacks() -> list[AttackSpec]:
+    """Every registered attack, in registration order."""
+    _load()
+    return list(_REGISTRY.values())
+
+
+def attacks_for(protocol: str) -> list[AttackSpec]:
+    """The attacks registered against ``protocol``."""
+    return [a for a in all_attacks() if a.protocol == protocol]
+
+
+def get_attack(protocol: str, name: str) -> AttackSpec:
+    """The attack ``name`` on ``protocol``; an unknown one lists what exists."""
+    _load()
+    spec = _REGISTRY.get((protocol, name))
+    if spec is None:
+        known = ", ".join(a.name for a in attacks_for(protocol)) or "none"
+        raise ValueError(f"unknown attack {name!r} on {protocol!r}; registered: {known}")
+    return spec

@@ -1,0 +1,413 @@
+"""The run loop behind ``secagg run``: any registered protocol, one round at a time, resumable.
+
+Order of work in every round, chosen so that a kill at any point is safe:
+
+1. ``trainer.run_round()``;
+2. the round's privacy releases are committed to ``privacy_ledger.sqlite`` (before anything
+   from the round is published; a round re-run after a crash is recorded again, so spent
+   budget is never lost, only ever over-counted);
+3. ``costs.jsonl``, ``transcript.csv`` and ``metrics.jsonl`` get the round's rows (appended, fsynced);
+4. every ``run.checkpoint_every`` rounds, the checkpoint is replaced atomically.
+
+On ``--resume`` the appended files are cut back to the checkpoint's round (and a torn last
+line dropped), the configuration is verified against ``run.json`` key by key (only
+``run.rounds`` may change), the data files against their SHA-256, and the checkpoint against
+the run id; any mismatch is refused with a message that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from dp.errors import BudgetExceededError
+from dp.events import NoOp, NonPrivate
+from dp.ledger import PrivacyLedger
+from experiments import config as cfgmod
+from experiments.errors import UserError
+from experiments.prepare import Prepared, data_fingerprint, prepare_data
+from experiments.rundir import CHECKPOINT, RunDir, default_run_dir
+from protocols.registry import BuildContext
+from protocols.transport import InProcessTransport, Transcript
+from recmodels.metrics import evaluate_full, evaluate_sampled
+
+__all__ = ["MAX_ROUNDS", "TIE_RULE", "RunRequest", "execute", "main_metric"]
+
+TIE_RULE = "ties count against the held-out item (rank = 1 + #candidates scoring >= it)"
+#: Upper bound on run.rounds (a typo such as 10^20 is refused in words rather than accepted).
+MAX_ROUNDS = 1_000_000
+LEDGER = "privacy_ledger.sqlite"
+TRANSCRIPT_HEADER = "round,party,sent_bytes,received_bytes"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A resolved ``secagg run`` invocation."""
+
+    preset: str
+    config: cfgmod.RunConfig
+    out: Path | None = None
+    resume: Path | None = None
+    quiet: bool = False
+
+
+def main_metric(config: cfgmod.RunConfig) -> tuple[str, ...]:
+    """The metrics the progress bar and the plot follow: HR/NDCG at the cut-off nearest 10."""
+    if config.spec.task == "rating":
+        return ("RMSE", "MAE")
+    k = min(config.eval.ks, key=lambda c: (abs(c - 10), c))
+    return (f"HR@{k}", f"NDCG@{k}")
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__}
+    try:
+        out["secagg-fedrec"] = metadata.version("secagg-fedrec")
+    except metadata.PackageNotFoundError:  # running from a source tree without installation
+        out["secagg-fedrec"] = "source"
+    return out
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def verify_resume(rd: RunDir, config: cfgmod.RunConfig) -> dict[str, Any]:
+    """Refuse to continue if the configuration or the data differ from the run's creation."""
+    ident = rd.read_json("run.json")
+    if not isinstance(ident, dict) or not isinstance(ident.get("config"), dict) or "run_id" not in ident:
+        raise UserError(f"{rd.file('run.json')} does not describe a run (no config or run id); cannot verify a resume")
+    stored, now = _flatten(ident["config"]), _flatten(json.loads(json.dumps(config.to_dict())))
+    for key in sorted(set(stored) | set(now)):
+        if key == "run.rounds":
+            continue
+        if key not in stored or key not in now or not _same(stored[key], now[key]):
+            raise UserError(
+                f"config.toml in {rd.path} changed {key} from {stored.get(key, '(unset)')!r} to "
+                f"{now.get(key, '(unset)')!r} since the run was created; only run.rounds may change on --resume"
+            )
+    files = data_fingerprint(config.data.source)
+    for path in sorted(set(files) | set(ident.get("data_files", {}))):
+        old, new = ident.get("data_files", {}).get(path), files.get(path)
+        if old != new:
+            raise UserError(
+                f"data file {path} changed since the run was created (sha256 then {old or 'absent'}, "
+                f"now {new or 'absent'}); resuming would train on other data"
+            )
+    return ident
+
+
+class _Run:
+    """One execution of the loop (state shared by the helpers below)."""
+
+    def __init__(self, req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: str):
+        self.req, self.rd, self.prep, self.trainer, self.run_id = req, rd, prep, trainer, run_id
+        self.config = req.config
+        self.spec = req.config.spec
+        self.ks = tuple(self.config.eval.ks)
+        self.rounds = self.config.run.rounds if self.spec.trains else 0
+        p = self.config.section("privacy")
+        self.delta = p.delta
+        self.ledger = PrivacyLedger(rd.file(LEDGER), budget=None if math.isinf(p.budget_epsilon) else (p.budget_epsilon, p.delta))
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """The metrics recorded at evaluation points: sampled (or full if there are no negatives)."""
+        if self.spec.task == "rating":
+            m = self.trainer.evaluate(self.prep.split.test)
+            return {"RMSE": float(m["rmse"]), "MAE": float(m["mae"])}
+        if self.prep.candidates is not None:
+            return evaluate_sampled(self.trainer.score, self.prep.candidates, ks=self.ks)
+        return evaluate_full(self.trainer.score_all, self.prep.split, ks=self.ks)
+
+    # -- one round -------------------------------------------------------------------------------
+    def round(self, r: int, t0: float) -> dict[str, Any]:
+        # With a budget, a round whose releases would exceed it is undone: nothing from it is kept.
+        snapshot = self.trainer.state_dict() if self.ledger.budget is not None else None
+        stats = self.trainer.run_round()
+        try:
+            with self.ledger.round(self.ledger.next_round()) as rnd:
+                for rel in stats.releases:
+                    rnd.record(rel.event, who=rel.who, what=rel.what, cohort=rel.cohort,
+                               params={**rel.params, "protocol_round": r})
+        except BudgetExceededError:
+            if snapshot is not None:
+                self.trainer.load_state_dict(snapshot)
+            raise
+        transport = self.trainer.transport
+        cost: dict[str, Any] = {"round": r}
+        if transport is not None:
+            transcript = transport.transcript
+            cost.update(transcript.round_summary(r))
+            self.rd.append("transcript.csv", "".join(
+                f"{r},{party},{b['sent']},{b['received']}\n" for party, b in sorted(transcript.bytes_by_party(r).items())
+            ))
+            transcript.drop_before(r + 1)
+        cost["seconds"] = {k: round(float(v), 6) for k, v in stats.seconds.items()}
+        cost.update({k: v for k, v in stats.extra.items() if k not in cost})
+        self.rd.append_jsonl("costs.jsonl", cost)
+        row: dict[str, Any] = {"round": r + 1, "loss": round(float(stats.loss), 6)}
+        every = self.config.run.eval_every
+        if r + 1 == self.rounds or (every and (r + 1) % every == 0):
+            row.update(self.evaluate())
+        row["seconds"] = round(time.perf_counter() - t0, 3)
+        self.rd.append_jsonl("metrics.jsonl", row)
+        if (r + 1) % self.config.run.checkpoint_every == 0 or r + 1 == self.rounds:
+            self.checkpoint(time.perf_counter() - t0)
+        return row
+
+    def checkpoint(self, elapsed: float) -> None:
+        self.rd.save_checkpoint({"run_id": self.run_id, "seconds": elapsed, "trainer": self.trainer.state_dict()})
+
+    # -- privacy ---------------------------------------------------------------------------------
+    def privacy(self) -> dict[str, Any]:
+        entries = self.ledger.entries()
+        noisy = [e for e in entries if not isinstance(e.event, (NoOp, NonPrivate))]
+        unprotected = [e for e in entries if isinstance(e.event, NonPrivate)]
+        out: dict[str, Any] = {
+            "ledger": LEDGER,
+            "releases": len(entries),
+            "dp_noise": bool(noisy),
+            "reproducible_from_seed": not noisy,
+            "delta": self.delta,
+        }
+        if not entries:
+            out.update(epsilon=0.0, statement="nothing derived from private data was released (no rounds ran)")
+        elif unprotected:
+            out.update(
+                epsilon=None,
+                unprotected=True,
+                statement=f"epsilon is infinite: the run released {unprotected[0].what} without differential "
+                "privacy (see the ledger)",
+            )
+        else:
+            rep = self.ledger.spent(self.delta)
+            out.update(epsilon=rep.epsilon, accountant=rep.accountant,
+                       statement=f"({rep.epsilon:.4g}, {self.delta:g})-DP by the {rep.accountant} accountant")
+        return out
+
+
+def _build(req: RunRequest, prep: Prepared):
+    cfg = req.config
+    transport = InProcessTransport(Transcript()) if cfg.spec.federated else None
+    ctx = BuildContext(
+        split=prep.split, config=cfg.protocol_config, seed=cfg.run.seed, source=cfg.data.source,
+        transport=transport, data_options=cfg.to_dict()["data"],
+    )
+    return cfg.spec.build(ctx)
+
+
+def _open(req: RunRequest, prep: Prepared, trainer: Any) -> tuple[RunDir, str, float]:
+    """Create or reopen the run directory; returns it, the run id and the seconds already spent."""
+    cfg = req.config
+    if req.resume is None:
+        rd = RunDir.create(req.out or default_run_dir(req.preset))
+        rd.lock()
+        run_id = uuid.uuid4().hex
+        rd.write_json("run.json", {
+            "preset": req.preset, "run_id": run_id, "protocol": cfg.run.protocol,
+            "config": cfg.to_dict(), "data_files": data_fingerprint(cfg.data.source), "versions": _versions(),
+        })
+        rd.write_text("config.toml", cfgmod.to_toml(cfg))
+        return rd, run_id, 0.0
+    rd = RunDir.open_existing(req.resume)
+    rd.lock()
+    ident = verify_resume(rd, cfg)
+    run_id = ident["run_id"]
+    state = rd.load_checkpoint()
+    done_rows = len(rd.read_jsonl("costs.jsonl")) + len(rd.read_jsonl("metrics.jsonl"))
+    elapsed, start = 0.0, 0
+    if state is None:
+        if done_rows and req.config.spec.trains:
+            raise UserError(
+                f"{rd.file(CHECKPOINT)} is missing but {rd.path} records completed rounds; it cannot be "
+                "continued (start a new run directory)"
+            )
+    else:
+        if state.get("run_id") != run_id:
+            raise UserError(
+                f"{rd.file(CHECKPOINT)} belongs to another run (run id {state.get('run_id')!r}, this run is "
+                f"{run_id!r}); it was replaced, so the run cannot be continued"
+            )
+        try:
+            trainer.load_state_dict(state["trainer"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+            raise UserError(f"checkpoint {rd.file(CHECKPOINT)} does not fit this run: {exc}") from None
+        elapsed, start = float(state.get("seconds", 0.0)), int(trainer.round)
+    if start > cfg.run.rounds:  # checked before config.toml is rewritten
+        raise UserError(
+            f"{rd.path} already completed {start} rounds; --rounds {cfg.run.rounds} would not undo them "
+            f"(resume with --rounds >= {start})"
+        )
+    # Cut the appended files back to the checkpoint (a crash may have left rows past it).
+    rd.truncate_after("metrics.jsonl", lambda ln: json.loads(ln)["round"] <= start)
+    rd.truncate_after("costs.jsonl", lambda ln: json.loads(ln)["round"] < start)
+    rd.truncate_after("transcript.csv", lambda ln: int(ln.split(",", 1)[0]) < start, header=TRANSCRIPT_HEADER)
+    rd.write_text("config.toml", cfgmod.to_toml(cfg))
+    return rd, run_id, elapsed
+
+
+def execute(req: RunRequest) -> dict[str, Any]:
+    """Run (or resume) ``req`` to completion; returns the summary also written to summary.json."""
+    cfg = req.config
+    if cfg.run.rounds > MAX_ROUNDS:
+        raise UserError(f"--rounds {cfg.run.rounds} is more than the {MAX_ROUNDS:,} rounds a run may have")
+    prep = prepare_data(cfg)  # bad input fails here, before anything is written
+    trainer = _build(req, prep)
+    rd, run_id, elapsed = _open(req, prep, trainer)
+    try:
+        return _loop(req, rd, prep, trainer, run_id, elapsed)
+    finally:
+        rd.unlock()
+
+
+def _loop(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: str, elapsed: float) -> dict[str, Any]:
+    run = _Run(req, rd, prep, trainer, run_id)
+    cfg, rounds = req.config, run.rounds
+    if trainer.transport is not None and not rd.file("transcript.csv").exists():
+        rd.append("transcript.csv", TRANSCRIPT_HEADER + "\n")
+    start = int(getattr(trainer, "round", 0))
+    follow = main_metric(cfg)
+    t0 = time.perf_counter() - elapsed
+    bar = tqdm(total=rounds, initial=start, desc=req.preset, unit="round", file=sys.stderr,
+               disable=req.quiet or rounds == 0)
+    stopped = None
+    try:
+        for r in range(start, rounds):
+            try:
+                row = run.round(r, t0)
+            except BudgetExceededError as exc:
+                stopped = f"stopped before round {r + 1}: {exc}"
+                break
+            bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k in ("loss", *follow)})
+            bar.update(1)
+    finally:
+        bar.close()
+    train_seconds = time.perf_counter() - t0
+    done = int(getattr(trainer, "round", 0))
+    if stopped:
+        run.checkpoint(train_seconds)
+    history = rd.read_jsonl("metrics.jsonl")
+    last = history[-1] if history else {}
+    te = time.perf_counter()
+    if last.get("round") == done and follow[0] in last and done:
+        metrics = {k: v for k, v in last.items() if k not in ("round", "loss", "seconds")}
+    else:
+        metrics = run.evaluate()
+        rd.append_jsonl("metrics.jsonl", {"round": done, **metrics, "seconds": round(train_seconds, 3)})
+        history.append({"round": done, **metrics})
+    eval_s = time.perf_counter() - te
+    metrics_full, full_s = None, 0.0
+    if cfg.spec.task == "ranking" and cfg.eval.full_ranking:
+        te = time.perf_counter()
+        metrics_full = (metrics if run.prep.candidates is None
+                        else evaluate_full(trainer.score_all, prep.split, ks=run.ks))
+        full_s = time.perf_counter() - te
+    costs = rd.read_jsonl("costs.jsonl")
+    summary = {
+        "preset": req.preset,
+        "protocol": cfg.run.protocol,
+        "rounds": done,
+        "seed": cfg.run.seed,
+        "metrics": metrics if (cfg.spec.task == "rating" or run.prep.candidates is not None) else None,
+        "metrics_full": metrics_full,
+        "evaluation": _evaluation_protocol(cfg, prep),
+        "data": prep.description,
+        "bytes_per_client_per_round": float(np.mean([c["bytes_per_client"] for c in costs])) if costs and "bytes_per_client" in costs[0] else 0.0,
+        "costs": _cost_summary(costs, trainer),
+        "seconds": round(train_seconds + eval_s + full_s, 3),
+        "seconds_per_round": round(train_seconds / max(done, 1), 4) if done else 0.0,
+        "eval_seconds": {"main": round(eval_s, 3), "full": round(full_s, 3)},
+        "privacy": run.privacy(),
+        "public_info": _jsonable(trainer.public_info()),
+        "stopped": stopped,
+        "versions": _versions(),
+        "run_dir": str(rd.path),
+        "run_id": run_id,
+    }
+    run.ledger.close()
+    rd.write_json("summary.json", summary)
+    _plot(rd, history, req.preset, follow)
+    return summary
+
+
+def _cost_summary(costs: list[dict[str, Any]], trainer: Any) -> dict[str, Any]:
+    """Mean per-round costs from costs.jsonl, plus whatever the protocol reports itself."""
+    out: dict[str, Any] = {}
+    if costs:
+        for key in ("bytes_per_client", "bytes_up", "bytes_down", "messages", "clients"):
+            if key in costs[0]:
+                out[f"{key}_per_round"] = float(np.mean([c.get(key, 0) for c in costs]))
+        parties = sorted({p for c in costs for p in c.get("seconds", {})})
+        out["seconds_per_round"] = {p: float(np.mean([c["seconds"].get(p, 0.0) for c in costs])) for p in parties}
+    report = getattr(trainer, "cost_report", None)
+    if callable(report):
+        out.update(_jsonable(report()))
+    return out
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+
+def _evaluation_protocol(config: cfgmod.RunConfig, prep: Prepared) -> dict[str, Any]:
+    if config.spec.task == "rating":
+        return {"split": prep.split.protocol, "metrics": "RMSE and MAE of predicted ratings on the held-out 20%"}
+    return {
+        "split": prep.split.protocol,
+        "sampled": (f"held-out item + {config.eval.negatives} sampled items the user never interacted with"
+                    if config.eval.negatives else "off (eval.negatives = 0): full ranking only"),
+        "full": ("held-out item ranked among all items not in the user's training data"
+                 + (" (validation item excluded)" if config.split.validation else "")) if config.eval.full_ranking else "off",
+        "ks": list(config.eval.ks),
+        "ties": TIE_RULE,
+        "users_evaluated": int(len(prep.split.test_users)),
+    }
+
+
+def _plot(rd: RunDir, history: list[dict[str, Any]], title: str, keys: tuple[str, ...]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [h for h in history if keys[0] in h]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in keys:
+        ax.plot([h["round"] for h in rows], [h[key] for h in rows], marker="o", label=key)
+    ax.set_xlabel("round")
+    ax.set_ylabel("metric")
+    ax.set_title(title)
+    if not keys[0].startswith("RMSE"):
+        ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = rd.file(".metrics.png.tmp")
+    fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    tmp.replace(rd.file("metrics.png"))

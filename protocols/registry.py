@@ -1,0 +1,156 @@
+"""The protocol registry: one name per protocol, its TOML section, and a builder.
+
+A protocol module registers itself when imported::
+
+    register(ProtocolSpec(
+        name="fedavg",                       # the value of run.protocol
+        summary="FedAvg over GMF; user embeddings stay on the clients",
+        section="fedavg", config_cls=FedAvgConfig,   # the [fedavg] table it owns
+        build=lambda ctx: FedAvgGMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport),
+    ))
+
+and its module path is listed in :data:`PROTOCOL_MODULES` (explicit, no import-time discovery).
+``secagg run``, ``--resume``, the reports and the attacks look protocols up here; nothing in
+``experiments/`` dispatches on a protocol's name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from protocols.transport import InProcessTransport
+from recmodels.data import Interactions
+from recmodels.splits import Split
+
+__all__ = [
+    "PROTOCOL_MODULES",
+    "BuildContext",
+    "ProtocolSpec",
+    "all_protocols",
+    "get_protocol",
+    "register",
+    "sections",
+]
+
+#: Modules that register protocols, imported (in this order) on the first lookup.
+PROTOCOL_MODULES: tuple[str, ...] = (
+    "protocols.baselines",
+    "protocols.fedavg",
+    "protocols.fedmf",
+)
+
+TASKS = ("ranking", "rating")
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Everything a builder gets.
+
+    Attributes:
+        split: the preprocessed data split (leave-one-out for ranking protocols, a ratio split
+            with ``.train``/``.test`` for rating protocols).
+        config: the instance of the protocol's ``config_cls`` (its TOML section), or ``None``.
+        seed: the run's seed; seeds every simulation choice (never keys, masks or noise).
+        source: ``"synthetic"`` or the absolute path of the data file or folder (protocols that
+            need side files, e.g. item titles in ``movies.csv``, look beside it).
+        transport: the recording transport the protocol must send every message through.
+        data_options: the run's ``[data]`` section as a dict (synthetic sizes, threshold, ...).
+    """
+
+    split: Split | Any
+    config: Any
+    seed: int
+    source: str
+    transport: InProcessTransport
+    data_options: Mapping[str, Any]
+
+    @property
+    def train(self) -> Interactions:
+        return self.split.train
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """A registered protocol or baseline.
+
+    Attributes:
+        name: the value of ``run.protocol``.
+        summary: one line for ``--help`` and reports.
+        build: ``BuildContext -> Trainer`` (:class:`protocols.base.Trainer`).
+        section: the TOML section the protocol owns (``None``: no options).
+        config_cls: the frozen dataclass behind ``section``; its fields are the allowed keys and
+            its ``__post_init__`` validates them.
+        federated: ``False`` for centralised trainers and fixed baselines (no parties, no
+            transcript).
+        task: ``"ranking"`` (leave-one-out, sampled and full ranking) or ``"rating"`` (ratio
+            split, RMSE/MAE).
+        keeps_ratings: ``True`` if the protocol trains on explicit ratings: the data keeps them
+            instead of binarising (``data.threshold`` still filters).
+        trains: ``False`` for fixed baselines (ItemPop, random) that have no rounds.
+    """
+
+    name: str
+    summary: str
+    build: Callable[[BuildContext], Any]
+    section: str | None = None
+    config_cls: type | None = None
+    federated: bool = True
+    task: str = "ranking"
+    keeps_ratings: bool = False
+    trains: bool = True
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"ProtocolSpec.task must be one of {TASKS}; found {self.task!r}")
+        if (self.section is None) != (self.config_cls is None):
+            raise ValueError(f"protocol {self.name!r}: give both section and config_cls, or neither")
+
+
+_REGISTRY: dict[str, ProtocolSpec] = {}
+_loaded = False
+
+
+def register(spec: ProtocolSpec) -> ProtocolSpec:
+    """Add ``spec``; a second protocol with the same name or section is a programming error."""
+    if spec.name in _REGISTRY and _REGISTRY[spec.name] is not spec:
+        raise ValueError(f"protocol {spec.name!r} is registered twice")
+    for other in _REGISTRY.values():
+        if spec.section is not None and other.section == spec.section and other.name != spec.name:
+            if other.config_cls is not spec.config_cls:
+                raise ValueError(f"section [{spec.section}] is owned by {other.name!r} with another config class")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        for module in PROTOCOL_MODULES:
+            importlib.import_module(module)
+        _loaded = True
+
+
+def all_protocols() -> dict[str, ProtocolSpec]:
+    """Every registered protocol by name, in registration order."""
+    _load()
+    return dict(_REGISTRY)
+
+
+def get_protocol(name: str) -> ProtocolSpec:
+    """The spec registered as ``name``; an unknown name lists the known ones."""
+    protocols = all_protocols()
+    if name not in protocols:
+        raise ValueError(f"unknown protocol {name!r}; registered protocols: {', '.join(protocols)}")
+    return protocols[name]
+
+
+def sections() -> dict[str, type]:
+    """Every protocol-owned TOML section and its config class (several protocols may share one)."""
+    out: dict[str, type] = {}
+    for spec in all_protocols().values():
+        if spec.section is not None:
+            out[spec.section] = spec.config_cls  # type: ignore[assignment]
+    return out

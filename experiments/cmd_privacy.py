@@ -167,11 +167,15 @@ def _report(args: argparse.Namespace) -> int:
             f"no privacy ledger at {path}: every 'secagg run' writes one, so {run_dir} is not a run directory "
             "or was written by an older version"
         )
+    try:
+        ident = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        ident = {}
     delta = args.delta
     if delta is None:
         try:
-            delta = json.loads((run_dir / "run.json").read_text())["config"]["privacy"]["delta"]
-        except (OSError, ValueError, KeyError, TypeError):
+            delta = ident["config"]["privacy"]["delta"]
+        except (KeyError, TypeError):
             delta = None
     try:
         ledger = PrivacyLedger(path)
@@ -185,6 +189,7 @@ def _report(args: argparse.Namespace) -> int:
         history = ledger.history(delta)
         rep = ledger.spent(delta, use_pld=not args.no_pld and not unprotected)
         cohorts = ledger.spent_by_cohort(delta)
+        extra = _protocol_report(ident.get("protocol") if isinstance(ident, dict) else None, ledger, delta)
     png = run_dir / "privacy.png"
     _plot(history, rep, delta, png)
     payload = rep.to_dict() | {
@@ -197,6 +202,7 @@ def _report(args: argparse.Namespace) -> int:
                     for c, r in cohorts.items()],
         "composition": "parallel over cohorts" if cohorts else "sequential",
         "png": str(png),
+        **extra,
     }
     if not entries:
         human = ["nothing was released: the ledger is empty (no round ran), epsilon = 0"]
@@ -214,6 +220,16 @@ def _report(args: argparse.Namespace) -> int:
                          f"epsilon {worst[1].epsilon:.6g}")
     human.append(f"wrote {png}")
     return _emit(payload, human, args.json)
+
+
+def _protocol_report(protocol: str | None, ledger, delta: float) -> dict:  # noqa: ANN001
+    """The registered protocol's own report keys (``ProtocolSpec.privacy_report``), if any."""
+    from protocols.registry import all_protocols
+
+    spec = all_protocols().get(protocol) if protocol else None
+    if spec is None or spec.privacy_report is None:
+        return {}
+    return spec.privacy_report(ledger, delta)
 
 
 def _plot(history: list[tuple[int, float]], rep, delta: float, png: Path) -> None:  # noqa: ANN001

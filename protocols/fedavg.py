@@ -51,16 +51,15 @@ from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
 from recmodels.models import gmf_logits
 from recmodels.sampling import sample_train_negatives
-from secagg.bonawitz import MaskedInput
-from secagg.encoding import FixedPoint, check_budget
-from secagg.runner import RunSpec, run_secagg, run_secagg_plus
+from protocols.secure_sum import secure_sum
+from secagg.encoding import check_budget
 
 __all__ = ["FedAvgConfig", "FedAvgGMF", "ClientUpdate", "RoundStats"]
 
 _AGGREGATIONS = ("mean", "touched", "sum")
 _OPTIMIZERS = ("adam", "sgd")
-#: Secure-aggregation protocols of :mod:`secagg.runner` FedAvg can route its sums through.
-_SECURE = {"none": None, "secagg": run_secagg, "secagg+": run_secagg_plus}
+#: Secure-aggregation protocols FedAvg can route its sums through (:func:`protocols.secure_sum.secure_sum`).
+_SECURE = ("none", "secagg", "secagg+")
 
 
 @dataclass(frozen=True)
@@ -391,29 +390,13 @@ class FedAvgGMF:
 
     def _secure_sums(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):
         """The same sums through secure aggregation; the transcript records the masked uploads."""
-        cfg, m = self.config, len(sampled)
+        cfg = self.config
         vectors = self._client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB, weight)
-        big = float(np.abs(vectors).max())
-        if big > cfg.value_clip:
-            raise ValueError(
-                f"round {t}: a client's update holds {big:.4g}, above fedavg.value_clip={cfg.value_clip:g}; "
-                "raise fedavg.value_clip (and check the bit budget) or lower fedavg.lr"
-            )
-        codec = FixedPoint(cfg.frac_bits, cfg.value_clip)
-        record: list = []
-        res = _SECURE[cfg.secure_aggregation](codec.encode(vectors, rounding="nearest"), RunSpec(round=t), record=record)
-        keep = bool(self.transport.transcript.keep_payloads)
-        for stage, sender, blob in record:
-            if stage == "masked_input":
-                payload = MaskedInput.from_bytes(blob).y if keep else None
-                self.transport.send(client(sampled[sender]), SERVER, t, "update", payload, len(blob))
-            else:
-                self.transport.send(client(sampled[sender]), SERVER, t, f"secagg:{stage}", None, len(blob))
-        for u in sampled:  # the server's broadcasts, apportioned evenly over the clients
-            self.transport.send(SERVER, client(u), t, "secagg:server", None, res.bytes_server_sent // m)
-        if res.total is None:
-            raise RuntimeError(f"secure aggregation aborted in round {t}: {res.abort}")
-        total = codec.decode(res.total)
+        res = secure_sum(
+            vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
+            round=t, transport=self.transport, senders=[client(u) for u in sampled], where="fedavg.value_clip",
+        )
+        total = res.total
         n_items, d = self.train.n_items, cfg.dim
         item_num = torch.as_tensor(total[: n_items * d].reshape(n_items, d), dtype=torch.float32)
         off, touched = n_items * d, None
@@ -422,8 +405,7 @@ class FedAvgGMF:
             off += n_items
         h_num = torch.as_tensor(total[off : off + d], dtype=torch.float32)
         sums = (item_num, touched, h_num, torch.tensor(float(total[off + d])), torch.tensor(float(total[off + d + 1])))
-        upload = float(np.mean(res.bytes_sent)) + res.bytes_server_sent / m
-        return sums, upload
+        return sums, res.bytes_per_client
 
     def _apply(self, item_num, touched, h_num, b_num, w_sum) -> None:
         """The server's update from the round's sums (the same for plaintext and secure sums)."""

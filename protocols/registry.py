@@ -90,6 +90,9 @@ class ProtocolSpec:
         keeps_ratings: ``True`` if the protocol trains on explicit ratings: the data keeps them
             instead of binarising (``data.threshold`` still filters).
         trains: ``False`` for fixed baselines (ItemPop, random) that have no rounds.
+        privacy_report: optional ``(ledger, delta) -> dict`` adding protocol-specific keys to
+            ``secagg privacy report RUN_DIR --json`` (e.g. FEL's ``per_leaf``, FedCL's
+            ``per_user``), computed from the run's :class:`dp.ledger.PrivacyLedger` only.
     """
 
     name: str
@@ -101,6 +104,7 @@ class ProtocolSpec:
     task: str = "ranking"
     keeps_ratings: bool = False
     trains: bool = True
+    privacy_report: Callable[[Any, float], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -226,7 +226,7 @@ def test_the_checkpoint_holds_model_state_only(tmp_path, capsys):
         state = state_from_bytes((run / "checkpoint.safetensors").read_bytes())
         assert set(state) == {"run_id", "seconds", "trainer"}
         sizes[rounds] = (run / "checkpoint.safetensors").stat().st_size
-    assert sizes[2] == sizes[6]
+    assert abs(sizes[2] - sizes[6]) < 64  # only the JSON numbers (elapsed seconds, RNG state) differ in length
 
 
 @pytest.mark.parametrize("argv, message", [

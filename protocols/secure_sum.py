@@ -1,0 +1,139 @@
+"""One entry point for every protocol that sums client vectors through secure aggregation.
+
+``secure_sum(values, ...)`` clips-checks, fixed-point encodes (Z_2^64, deterministic nearest
+rounding so runs stay reproducible from their seed), runs one of :mod:`secagg.runner`'s
+protocols (``"secagg"``, ``"secagg+"``, ``"chain"``, or ``"plain"`` for an unmasked sum
+through the same wire format), records every message in the protocol's transcript (the masked
+upload as the server received it, when the transcript keeps payloads) and returns the decoded
+sum over the clients that survived. An abort raises :class:`SecureSumAborted` (never a wrong sum).
+
+Promise (what the receiving server learns): only the sum over the survivors (see docs/secagg.md
+and docs/chain.md for each protocol's collusion limits); the values must fit
+``|v| <= value_clip`` and ``clients x value_clip x 2^frac_bits < 2^63`` (checked; the error
+names the key to change).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocols.transport import SERVER, InProcessTransport
+from secagg.bonawitz import MaskedInput
+from secagg.encoding import FixedPoint, check_budget
+from secagg.runner import PROTOCOLS, RunSpec
+
+__all__ = ["SECURE_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "secure_sum"]
+
+#: Names accepted by :func:`secure_sum` (``"none"`` is the caller's plaintext path).
+SECURE_PROTOCOLS = ("secagg", "secagg+", "chain", "plain")
+
+
+class SecureSumAborted(RuntimeError):
+    """Secure aggregation aborted (too many dropouts, a failed check): no sum was produced."""
+
+
+@dataclass(frozen=True)
+class SecureSumResult:
+    """The decoded sum and its costs.
+
+    Attributes:
+        total: float64 ``[dim]``, the sum over the survivors (up to ``2^-frac_bits`` per value).
+        survivors: sorted indices (into the ``senders`` given) whose inputs are in the sum.
+        bytes_sent: bytes each sender sent (0 for one that dropped before sending).
+        bytes_server_sent: bytes the server sent in total (broadcasts and relayed shares).
+        client_seconds: seconds of protocol work per sender.
+        server_seconds: seconds of protocol work at the server.
+    """
+
+    total: np.ndarray
+    survivors: np.ndarray
+    bytes_sent: np.ndarray
+    bytes_server_sent: int
+    client_seconds: np.ndarray
+    server_seconds: float
+
+    @property
+    def bytes_per_client(self) -> float:
+        """Mean bytes a client sent plus its share of what the server sent."""
+        n = len(self.bytes_sent)
+        return float(self.bytes_sent.mean() + self.bytes_server_sent / max(n, 1))
+
+
+def secure_sum(
+    values: np.ndarray,
+    *,
+    protocol: str,
+    frac_bits: int,
+    value_clip: float,
+    round: int,
+    transport: InProcessTransport,
+    senders: Sequence[str],
+    kind: str = "update",
+    receiver: str = SERVER,
+    k: int | None = None,
+    t: int | None = None,
+    dropouts: Mapping[str, frozenset[int]] | None = None,
+    where: str = "value_clip",
+) -> SecureSumResult:
+    """Sum the rows of ``values`` (one per sender) through ``protocol``; see the module docstring.
+
+    Args:
+        values: float ``[n, dim]``, row ``i`` is ``senders[i]``'s vector.
+        protocol: one of :data:`SECURE_PROTOCOLS`.
+        frac_bits, value_clip: the fixed-point encoding and the largest ``|value|`` allowed.
+        round: the protocol round (bound into every message).
+        transport: where the messages are recorded (kind ``kind`` for the masked upload,
+            ``"secagg:<stage>"`` for the others, ``"secagg:server"`` for the server's sends).
+        senders: party names of the rows, e.g. ``client(u)``.
+        k, t: protocol parameters (``None``: the protocol's defaults).
+        dropouts: stage -> set of row indices that drop before sending that stage.
+        where: the configuration key named when a value exceeds ``value_clip``.
+    """
+    if protocol not in SECURE_PROTOCOLS:
+        raise ValueError(f"secure aggregation must be one of {SECURE_PROTOCOLS}; found {protocol!r}")
+    vals = np.asarray(values, dtype=np.float64)
+    if vals.ndim != 2 or vals.shape[0] != len(senders):
+        raise ValueError(f"values must be [n senders, dim]; found {vals.shape} for {len(senders)} senders")
+    if not np.all(np.isfinite(vals)):
+        raise ValueError(f"round {round}: a client's vector holds a non-finite value; nothing was aggregated")
+    big = float(np.abs(vals).max(initial=0.0))
+    if big > value_clip:
+        raise ValueError(
+            f"round {round}: a client's vector holds {big:.4g}, above {where}={value_clip:g}; raise {where} "
+            "(and check the bit budget) or lower the learning rate"
+        )
+    check_budget(n_summands=max(vals.shape[0], 1), clip=value_clip, frac_bits=frac_bits)
+    codec = FixedPoint(frac_bits, value_clip)
+    record: list = []
+    spec = RunSpec(k=k, t=t, dropouts=dict(dropouts or {}), round=round)
+    runner = PROTOCOLS[protocol]
+    encoded = codec.encode(vals, rounding="nearest")
+    res = runner(encoded, spec, record=record) if protocol in ("secagg", "secagg+") else runner(encoded, spec)
+    keep = bool(transport.transcript.keep_payloads)
+    if record:
+        for stage, sender, blob in record:
+            if stage == "masked_input":
+                payload = MaskedInput.from_bytes(blob).y if keep else None
+                transport.send(senders[sender], receiver, round, kind, payload, len(blob))
+            else:
+                transport.send(senders[sender], receiver, round, f"secagg:{stage}", None, len(blob))
+    else:  # runners without a message record: sizes per sender
+        for i, nbytes in enumerate(res.bytes_sent):
+            if nbytes:
+                transport.send(senders[i], receiver, round, kind, None, int(nbytes))
+    n = len(senders)
+    for name in senders:  # the server's sends, apportioned evenly over the clients
+        transport.send(receiver, name, round, f"{protocol}:server", None, res.bytes_server_sent // max(n, 1))
+    if res.total is None:
+        raise SecureSumAborted(f"{protocol} aborted in round {round}: {res.abort}")
+    return SecureSumResult(
+        total=codec.decode(res.total),
+        survivors=np.array(sorted(res.survivors), dtype=np.int64),
+        bytes_sent=np.asarray(res.bytes_sent),
+        bytes_server_sent=int(res.bytes_server_sent),
+        client_seconds=np.asarray(res.client_s),
+        server_seconds=float(res.server_s),
+    )

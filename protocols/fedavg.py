@@ -50,6 +50,8 @@ from recmodels.models import gmf_logits
 from recmodels.sampling import sample_train_negatives
 from secagg.bonawitz import MaskedInput
 from secagg.encoding import FixedPoint, check_budget
+from secagg.params import check_fraction
+from secagg.params import choose as choose_secagg_plus
 from secagg.runner import RunSpec, run_secagg, run_secagg_plus
 
 __all__ = ["FedAvgConfig", "FedAvgGMF", "ClientUpdate", "RoundStats"]
@@ -90,6 +92,14 @@ class FedAvgConfig:
             changes, and the output-layer changes times ``n_k``); a larger value refuses the
             round with an error naming this key. The bit budget ``clients x value_clip x
             2^frac_bits < 2^63`` is checked before the first round.
+        secagg_dropout: the fraction of a round's clients that may drop out, which SecAgg+'s
+            neighbourhood size ``k`` and threshold ``t`` are chosen for
+            (:func:`secagg.params.choose`: abort probability <= 2^-20 with that many dropouts).
+            Ignored unless ``secure_aggregation = "secagg+"``; the simulation itself drops nobody.
+        secagg_corrupt: the fraction of a round's clients that may collude with the server, which
+            SecAgg+'s ``k`` and ``t`` must tolerate (security failure <= 2^-40). Ignored unless
+            ``secure_aggregation = "secagg+"``. Both are checked before the first round: a
+            combination no ``k`` and ``t`` can meet is refused with an error naming the fix.
     """
 
     dim: int = 32
@@ -106,6 +116,8 @@ class FedAvgConfig:
     secure_aggregation: str = "none"
     frac_bits: int = 24
     value_clip: float = 65536.0
+    secagg_dropout: float = 0.1
+    secagg_corrupt: float = 0.05
 
     def __post_init__(self) -> None:
         if self.dim < 1:
@@ -137,6 +149,8 @@ class FedAvgConfig:
             raise ValueError(
                 f"fedavg.frac_bits must be in 1..61 and fedavg.value_clip positive; found {self.frac_bits}, {self.value_clip}"
             )
+        check_fraction("fedavg.secagg_dropout", self.secagg_dropout)
+        check_fraction("fedavg.secagg_corrupt", self.secagg_corrupt, upper=0.5)
 
     def clients_in_round(self, n_clients: int) -> int:
         """Clients sampled per round out of ``n_clients``."""
@@ -243,6 +257,9 @@ class FedAvgGMF:
                 clip=config.value_clip,
                 frac_bits=config.frac_bits,
             )
+        if config.secure_aggregation == "secagg+":  # refuse impossible guarantees before training
+            choose_secagg_plus(config.clients_in_round(len(self._clients)), dropout=config.secagg_dropout,
+                               corrupt=config.secagg_corrupt)
 
     # -- sizes on the wire -------------------------------------------------------------------
     @property
@@ -404,7 +421,8 @@ class FedAvgGMF:
             )
         codec = FixedPoint(cfg.frac_bits, cfg.value_clip)
         record: list = []
-        res = _SECURE[cfg.secure_aggregation](codec.encode(vectors, rounding="nearest"), RunSpec(round=t), record=record)
+        spec = RunSpec(round=t, dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
+        res = _SECURE[cfg.secure_aggregation](codec.encode(vectors, rounding="nearest"), spec, record=record)
         keep = bool(self.transport.transcript.keep_payloads)
         for stage, sender, blob in record:
             if stage == "masked_input":

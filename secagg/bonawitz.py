@@ -58,7 +58,6 @@ from __future__ import annotations
 import enum
 import hashlib
 import itertools
-import math
 import os
 import struct
 from collections.abc import Collection, Mapping, Sequence
@@ -69,12 +68,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from secagg import prg, shamir
+from secagg import params, prg, shamir
 from secagg.channel import associated_data, open_sealed, seal
 from secagg.errors import AbortError, AuthenticationError, MessageError
-from secagg.graph import Graph, complete_graph, default_k, default_t, random_regular_graph
+from secagg.graph import Graph, complete_graph, random_regular_graph
 from secagg.keys import KEY_BYTES, KeyPair
 from secagg.messages import INSTANCE_BYTES, SERVER, Message, Reader, Writer, decode, register
+from secagg.params import min_safe_threshold
 
 __all__ = [
     "CLIENT_TRANSITIONS",
@@ -160,6 +160,10 @@ class MaskingConfig:
         graph: ``graph[u]`` = sorted neighbours of ``u`` (complete for SecAgg).
         instance: 16-byte random id of this aggregation (binds every message and key).
         round: round number.
+        unsafe_threshold: accept ``t`` at or below half of a client's holders. Such a ``t``
+            voids the consistency check: a server that shows two disjoint groups of ``t``
+            holders different survivor sets collects the shares of both secrets of one client
+            (``tests/secagg/test_masking_attacks.py``). Only for attack demonstrations.
     """
 
     n: int
@@ -168,6 +172,7 @@ class MaskingConfig:
     graph: Graph
     instance: bytes
     round: int = 0
+    unsafe_threshold: bool = False
 
     def __post_init__(self) -> None:
         if type(self.n) is not int or self.n < 2:
@@ -194,21 +199,55 @@ class MaskingConfig:
             )
         if not isinstance(self.instance, bytes) or len(self.instance) != INSTANCE_BYTES:
             raise ValueError(f"instance must be {INSTANCE_BYTES} bytes; found {self.instance!r}.")
+        if type(self.unsafe_threshold) is not bool:
+            raise ValueError(f"unsafe_threshold must be a bool; found {self.unsafe_threshold!r}.")
+        max_holders = 1 + max(len(nb) for nb in self.graph)
+        if not self.unsafe_threshold and self.t < min_safe_threshold(max_holders):
+            raise ValueError(
+                f"threshold t = {self.t} is at or below half of a client's {max_holders} holders: a server that "
+                "shows two disjoint groups of t holders different survivor sets collects the shares of both "
+                f"secrets of one client. Use t >= {min_safe_threshold(max_holders)}, or pass "
+                "unsafe_threshold=True (--unsafe-threshold) to accept that attack (demonstrations only)."
+            )
 
     @classmethod
-    def secagg(cls, n: int, dim: int, *, t: int | None = None, round: int = 0) -> MaskingConfig:  # noqa: A002
+    def secagg(
+        cls, n: int, dim: int, *, t: int | None = None, round: int = 0, unsafe_threshold: bool = False  # noqa: A002
+    ) -> MaskingConfig:
         """SecAgg: complete graph; default ``t = floor(2n/3) + 1`` (tolerates < 1/3 dropouts)."""
-        return cls(n, dim, (2 * n) // 3 + 1 if t is None else t, complete_graph(n), os.urandom(INSTANCE_BYTES), round)
+        t = (2 * n) // 3 + 1 if t is None else t
+        return cls(n, dim, t, complete_graph(n), os.urandom(INSTANCE_BYTES), round, unsafe_threshold)
 
     @classmethod
     def secagg_plus(
-        cls, n: int, dim: int, *, k: int | None = None, t: int | None = None, round: int = 0  # noqa: A002
+        cls,
+        n: int,
+        dim: int,
+        *,
+        k: int | None = None,
+        t: int | None = None,
+        round: int = 0,  # noqa: A002
+        dropout: float = params.DEFAULT_DROPOUT,
+        corrupt: float = params.DEFAULT_CORRUPT,
+        unsafe_threshold: bool = False,
     ) -> MaskingConfig:
-        """SecAgg+: random k-regular graph; defaults ``k = 2 ceil(log2 n)`` (cap ``n-1``), ``t = ceil(k/2)+1``."""
-        k = default_k(n) if k is None else k
+        """SecAgg+ over a random k-regular graph.
+
+        Without ``k`` and ``t``, both come from :func:`secagg.params.choose` for ``n``, the planned
+        ``dropout`` fraction and the tolerated ``corrupt`` fraction (abort <= 2^-20 with up to
+        ``ceil(dropout n)`` dropouts, security failure <= 2^-40); with ``k`` only, ``t`` comes from
+        :func:`secagg.params.choose_t`; both raise ``ValueError`` naming the fix when the targets
+        cannot be met. Explicit ``k`` and ``t`` are taken as given (``secagg.params.evaluate``
+        reports their guarantees).
+        """
+        if t is None:
+            g = params.choose(n, dropout=dropout, corrupt=corrupt) if k is None else params.choose_t(
+                n, k, dropout=dropout, corrupt=corrupt)
+            k, t = g.k, g.t
+        elif k is None:
+            k = params.choose(n, dropout=dropout, corrupt=corrupt).k
         graph = random_regular_graph(n, k)
-        kk = len(graph[0])
-        return cls(n, dim, default_t(kk) if t is None else t, graph, os.urandom(INSTANCE_BYTES), round)
+        return cls(n, dim, t, graph, os.urandom(INSTANCE_BYTES), round, unsafe_threshold)
 
     @property
     def k(self) -> int:
@@ -265,6 +304,27 @@ def _commit_seed(cfg: MaskingConfig, who: int, b: bytes) -> bytes:
 
 def _advert_digest(cfg: MaskingConfig, who: int, c_pk: bytes, s_pk: bytes) -> bytes:
     return b"secagg/advertise/v1" + cfg.info(b"") + struct.pack(">I", who) + c_pk + s_pk
+
+
+def _check_distinct_keys(keys: Sequence[tuple[int, bytes]], where: str) -> None:
+    """Bonawitz et al.'s ShareKeys check: all advertised public keys differ (both kinds, all owners).
+
+    A client that re-advertises another client's mask key under its own signature would make a
+    third client's pairwise masks with the two cancel (exposing its input to the normal unmask)
+    and the sum wrong; one that copies an encryption key would receive shares sealed for another.
+
+    Raises:
+        MessageError: naming the two owners of the duplicated key.
+    """
+    seen: dict[bytes, int] = {}
+    for who, key in keys:
+        key = bytes(key)
+        if key in seen:
+            raise MessageError(
+                f"{where}: duplicate public key advertised by clients {seen[key]} and {who} (all advertised keys "
+                "must differ); refusing to go on with this key set"
+            )
+        seen[key] = who
 
 
 # ----------------------------------------------------------------------------------------------
@@ -561,9 +621,9 @@ class MaskingClient:
                     raise MessageError("stage SHARE_KEYS: the server relayed a wrong key for this client")
                 seen_self = True
                 continue
-            if c_pk == s_pk:
-                raise MessageError(f"stage SHARE_KEYS: client {who} advertised equal keys")
             peers[who] = (c_pk, s_pk)
+        own = [(self.id, st.c.public_bytes), (self.id, st.s.public_bytes)]
+        _check_distinct_keys(own + [(v, key) for v, pair in peers.items() for key in pair], "stage SHARE_KEYS")
         if len(peers) + 1 < cfg.t:
             raise AbortError(
                 f"stage SHARE_KEYS: client {self.id} has {len(peers) + 1} live holders, fewer than t = {cfg.t}"
@@ -683,6 +743,7 @@ class MaskingServer:
         self._pki = pki
         self.stage = ServerStage.ADVERTISE
         self.adverts: dict[int, bytes] = {}
+        self._key_owner: dict[bytes, int] = {}  # every advertised public key -> its advertiser
         self.shares: dict[int, tuple[tuple[int, bytes], ...]] = {}
         self.commits: dict[int, bytes] = {}
         self.acc = np.zeros(cfg.dim, dtype=np.uint64)
@@ -728,7 +789,14 @@ class MaskingServer:
             self.signatures_verified += 1
             if not _verify(self._pki, u, msg.sig, _advert_digest(self.cfg, u, msg.c_pk, msg.s_pk)):
                 raise AuthenticationError("authenticated decryption failed")
+            clash = [self._key_owner[key] for key in (msg.c_pk, msg.s_pk) if key in self._key_owner]
+            if clash or msg.c_pk == msg.s_pk:
+                raise MessageError(
+                    f"stage {name}: duplicate public key advertised by clients {clash[0] if clash else u} and {u} "
+                    "(all advertised keys must differ); advert refused"
+                )
             self.adverts[u] = msg.c_pk + msg.s_pk + msg.sig
+            self._key_owner[msg.c_pk] = self._key_owner[msg.s_pk] = u
         elif isinstance(msg, EncryptedShares):
             self._require(u, self.u1, self.shares, name)
             expected = {v for v in self.cfg.graph[u] if v in self.u1}

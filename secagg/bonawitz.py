@@ -306,6 +306,12 @@ def _advert_digest(cfg: MaskingConfig, who: int, c_pk: bytes, s_pk: bytes) -> by
     return b"secagg/advertise/v1" + cfg.info(b"") + struct.pack(">I", who) + c_pk + s_pk
 
 
+def _input_digest(cfg: MaskingConfig, who: int, y: np.ndarray) -> bytes:
+    """What a client signs with its masked input: instance, round, sender and SHA-256(y)."""
+    body = hashlib.sha256(memoryview(np.ascontiguousarray(y, dtype="<u8")).cast("B")).digest()
+    return b"secagg/masked-input/v1" + cfg.info(b"") + struct.pack(">I", who) + body
+
+
 def _check_distinct_keys(keys: Sequence[tuple[int, bytes]], where: str) -> None:
     """Bonawitz et al.'s ShareKeys check: all advertised public keys differ (both kinds, all owners).
 
@@ -422,18 +428,24 @@ class ForwardedShares(Message):
 @register
 @dataclass(frozen=True)
 class MaskedInput(Message):
-    """Client -> server: the masked vector ``y`` (uniform in Z_(2^64)^dim)."""
+    """Client -> server: the masked vector ``y`` (uniform in Z_(2^64)^dim), signed with the
+    client's identity key over (instance, round, sender, SHA-256(y)): a vector altered in transit
+    is refused instead of being added into the sum."""
 
     KIND = 20
     STAGE = ServerStage.MASKED_INPUT
     y: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    sig: bytes = bytes(SIG_BYTES)
 
     def _write_body(self, w: Writer) -> None:
-        w.u64_vector(self.y)
+        if len(self.sig) != SIG_BYTES:
+            raise ValueError(f"sig must be {SIG_BYTES} bytes; found {len(self.sig)}.")
+        w.raw(self.sig).u64_vector(self.y)
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> MaskedInput:
-        return cls(**head, y=r.u64_vector())
+        sig = r.raw(SIG_BYTES)
+        return cls(**head, sig=sig, y=r.u64_vector())
 
 
 @register
@@ -682,7 +694,7 @@ class MaskingClient:
         masks += [(st.s.agree(st.peers_s_pk[v], info=info), b"pair", self.id > v) for v in received]
         prg.accumulate(y, masks)
         self._leave("mask_input", _Masked(received, frozenset(received) | {self.id}, st.own_b_share))
-        return MaskedInput(**self._head(), y=y)
+        return MaskedInput(**self._head(), y=y, sig=self._identity.sign(_input_digest(cfg, self.id, y)))
 
     def sign_survivors(self, blob: bytes) -> ConsistencySignature:
         """Stage 4: check and sign U3 (the consistency check)."""
@@ -811,6 +823,9 @@ class MaskingServer:
             self._require(u, self.u2, self._u3_seen, name)
             if msg.y.shape != (self.cfg.dim,):
                 raise MessageError(f"stage {name}: masked input of length {msg.y.size}, expected {self.cfg.dim}")
+            self.signatures_verified += 1
+            if not _verify(self._pki, u, msg.sig, _input_digest(self.cfg, u, msg.y)):
+                raise AuthenticationError("authenticated decryption failed")
             np.add(self.acc, msg.y, out=self.acc)
             self._u3_list.append(u)
             self._u3_seen[u] = True

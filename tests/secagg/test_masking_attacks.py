@@ -21,6 +21,7 @@ from secagg.bonawitz import (
     SurvivorList,
     UnmaskRequest,
     _advert_digest,
+    _input_digest,
     make_pki,
 )
 from secagg.errors import AbortError, MessageError
@@ -165,8 +166,10 @@ def test_a_deviating_client_shifts_the_sum_like_an_input_of_its_choice():
     shift = np.arange(d, dtype=np.uint64) + np.uint64(99)
     for c in clients:
         msg = c.mask_input(inbox[c.id], x[c.id])
-        if c.id == 3:
-            msg = type(msg)(msg.instance, msg.round, msg.sender, msg.receiver, y=msg.y + shift)
+        if c.id == 3:  # the client itself deviates (and signs what it sends)
+            y = msg.y + shift
+            msg = type(msg)(msg.instance, msg.round, msg.sender, msg.receiver, y=y,
+                            sig=identities[3].sign(_input_digest(cfg, 3, y)))
         server.receive(msg.to_bytes())
     inbox = server.request_consistency()
     for c in clients:

@@ -9,23 +9,34 @@ Adversary:
     An honest-but-curious server, possibly colluding with fewer than ``t`` clients *among the
     holders of any one client's shares* (for SecAgg all clients; for SecAgg+ the client's ``k``
     neighbours plus itself). Clients may drop out at any stage. Messages are authenticated (AEAD
-    for relayed shares, Ed25519 signatures under the PKI for advertised keys and for the survivor
-    set), so a server that tampers with, replays or reroutes them is detected; the signed
-    consistency check stops a server from telling different clients different survivor sets.
-    A holder that reveals a wrong share is detected (the rebuilt self-mask seed must match the
-    SHA-256 commitment its owner sent with its shares; a rebuilt mask key must match the advertised
-    public key) and the round aborts. Not covered: robust reconstruction around such a holder (no
-    retry with other share subsets), validation of inputs beyond their length, and a malicious
-    server choosing the SecAgg+ graph (the graph is a public parameter fixed before the round).
+    for relayed shares, Ed25519 signatures under the PKI for advertised keys, masked inputs and
+    the survivor set), so a server or network that tampers with, replays or reroutes them is
+    detected; the signed consistency check stops a server from telling different clients
+    different survivor sets, which needs ``t`` above half of a client's ``k + 1`` holders (a
+    lower ``t`` is refused unless ``unsafe_threshold`` is set: two disjoint groups of holders
+    shown different sets would hand over both secrets of one client). All advertised public keys
+    must differ (Bonawitz et al.'s ShareKeys check; a colluder re-advertising another client's
+    mask key would make a third client's masks cancel). A holder that reveals a wrong share is
+    detected (the rebuilt self-mask seed must match the SHA-256 commitment its owner sent with
+    its shares; a rebuilt mask key must match the advertised public key) and the round aborts.
+    Not covered: robust reconstruction around such a holder (no retry with other share
+    subsets), validation of inputs beyond their length, and a malicious server choosing the
+    SecAgg+ graph (the graph is a public parameter fixed before the round; SecAgg+'s ``k`` and
+    ``t`` come from :mod:`secagg.params`).
 
 Promise:
     The server obtains the exact sum in Z_(2^64) of the inputs of the clients in U3 (those whose
-    masked input arrived), or a clean :class:`~secagg.errors.AbortError`; never a wrong sum. Its
-    view is simulatable from that sum alone: every masked upload is uniform given the others. No
-    honest client ever reveals both its self-mask-seed share and its mask-key share of the same
-    client. Limits (each shown by a test): ``t`` colluding holders of a client plus the server
-    reconstruct its self-mask seed and mask key and hence its input; with ``|U3| = 1`` the "sum"
-    is that client's input.
+    masked input arrived) when every client in U3 follows the protocol, or a clean
+    :class:`~secagg.errors.AbortError`. A deviation the protocol can see (a wrong share, a key
+    that does not match, a repeated key, an altered message) aborts or excludes the deviator; a
+    client in U3 that deviates otherwise can shift the sum by an amount of its choosing, exactly
+    as if it had chosen another input (inputs are not validated, so no check can tell the two
+    apart). Its view is simulatable from that sum alone: every masked upload is uniform given the
+    others. No honest client ever reveals both its self-mask-seed share and its mask-key share of
+    the same client. Limits (each shown by a test): ``t`` colluding holders of a client plus the
+    server reconstruct its self-mask seed and mask key and hence its input; with ``|U3| = 2``
+    each survivor learns the other's input from the sum (``|U3| = 1`` needs the unsafe ``t = 1``).
+    docs/security.md lists every promise with its test.
 
 Stages (one method per stage on each side, driven by the server)::
 
@@ -36,14 +47,16 @@ Stages (one method per stage on each side, driven by the server)::
 
 1. ADVERTISE: each client sends two fresh X25519 public keys (``c`` for the share channel,
    ``s`` for pairwise masks), signed. U1 = senders.
-2. SHARE_KEYS: the server sends each client its neighbours' keys in U1. The client draws a
+2. SHARE_KEYS: the server sends each client its neighbours' keys in U1 (the client checks
+   every signature and that no key repeats, its own included). The client draws a
    32-byte self-mask seed ``b``, Shamir-shares ``b`` and the raw ``s`` private key t-of-(k+1)
    among its holders (neighbours and itself), and seals each neighbour's pair of shares with
    AES-256-GCM under ``HKDF(X25519(c_u, c_v))``, the AAD binding instance, round, sender,
    receiver and kind; it also sends the server ``SHA-256(context || b)``. U2 = senders.
 3. MASKED_INPUT: the server forwards each client the ciphertexts addressed to it. The client
    sends ``y = x + PRG(b) + sum_{v in N(u) & U2} sign(u, v) PRG(s_uv)``, where
-   ``s_uv = HKDF(X25519(s_u, s_v))`` and ``sign = +1`` if ``u < v`` else ``-1``. U3 = senders.
+   ``s_uv = HKDF(X25519(s_u, s_v))`` and ``sign = +1`` if ``u < v`` else ``-1``, signed over
+   (instance, round, sender, SHA-256(y)). U3 = senders.
 4. CONSISTENCY: the server sends U3 to every client in U3; each signs (instance, round, U3).
 5. UNMASK: the server sends each signer its holders' signatures; the client checks at least
    ``t`` valid ones on the same U3, then reveals, for each neighbour ``v`` in U2, the share of

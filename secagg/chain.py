@@ -293,6 +293,13 @@ def _mask(
     return y
 
 
+def _server_channel_keys(keys: KeyPair, peer_public: bytes, config: ChainConfig) -> tuple[bytes, bytes]:
+    """The client-server keys ``(upload tag key, pad sealing key)`` from one X25519 exchange."""
+    shared = keys.exchange(peer_public)
+    return (hkdf_sha256(shared, info=_ka_info(config, b"/upload")),
+            hkdf_sha256(shared, info=_ka_info(config, b"/unlock")))
+
+
 def _unlock_aad(config: ChainConfig, attempt: int, sender: int) -> bytes:
     return associated_data(
         instance=config.instance, round=config.round, sender=sender, receiver=SERVER,
@@ -348,6 +355,7 @@ class ChainClient:
         self._ring: ChainRing | None = None
         self._sent: dict[int, bytes] = {}
         self._pad = b""
+        self._unlock_key = b""
         self._seed_log: dict[tuple[int, int, int], bytes] = {}
         self._pad_log: dict[int, bytes] = {}
 
@@ -443,7 +451,7 @@ class ChainClient:
         # masked into a reused per-thread buffer: the only fresh 8*dim bytes are the wire message
         y = _mask(self._value, self._sent.values(), received.values(), pad=self._pad,
                   out=_upload_scratch(self.config.dim))
-        key = self._keys.agree(self._ring.server_key, info=_ka_info(self.config, b"/upload"))  # type: ignore[union-attr]
+        key, self._unlock_key = _server_channel_keys(self._keys, self._ring.server_key, self.config)  # type: ignore[arg-type]
         tag = _upload_tag(key, self.config, self._attempt, self.client_id, y)
         self.stage = ClientStage.UPLOADED
         return ChainUpload(self.config.instance, self.config.round, self.client_id, SERVER,
@@ -466,8 +474,7 @@ class ChainClient:
         if msg.attempt != self._attempt:
             raise MessageError(f"{where}: unlock request for attempt {msg.attempt}, expected {self._attempt} "
                                "(stale or replayed); the pad of another attempt is never revealed.")
-        key = self._keys.agree(self._ring.server_key, info=_ka_info(self.config, b"/unlock"))
-        sealed = seal(key, self._pad, aad=_unlock_aad(self.config, self._attempt, self.client_id))
+        sealed = seal(self._unlock_key, self._pad, aad=_unlock_aad(self.config, self._attempt, self.client_id))
         self.stage = ClientStage.UNLOCKED
         return ChainUnlock(self.config.instance, self.config.round, self.client_id, SERVER,
                            attempt=self._attempt, sealed_pad=sealed).to_bytes()

@@ -25,8 +25,8 @@ import numpy as np
 from secagg.chain import (
     _PAD_LABEL,
     ChainConfig,
-    _ka_info,
     _receive,
+    _server_channel_keys,
     _unlock_aad,
     _upload_tag,
     effective_successors,
@@ -141,8 +141,7 @@ class ChainServer:
         self._sum: np.ndarray | None = None
         self._shuffle = secrets.SystemRandom().shuffle  # OS CSPRNG
         self._keys = KeyPair.generate()  # authenticates uploads and opens pads (client <-> server, not relayed)
-        self._upload_keys: dict[int, bytes] = {}
-        self._unlock_keys: dict[int, bytes] = {}
+        self._keys_of: dict[int, tuple[bytes, bytes]] = {}  # client -> (upload tag key, pad key)
 
     @property
     def successors(self) -> int:
@@ -230,10 +229,7 @@ class ChainServer:
             raise MessageError(
                 f"{where}: upload from {msg.sender} has {msg.vector.size} values, expected dim={self.config.dim}."
             )
-        key = self._upload_keys.get(msg.sender)
-        if key is None:
-            key = self._keys.agree(self._public[msg.sender], info=_ka_info(self.config, b"/upload"))
-            self._upload_keys[msg.sender] = key
+        key = self._channel_keys(msg.sender)[0]
         _upload_tag(key, self.config, msg.attempt, msg.sender, msg.vector, tag=msg.tag)
         np.add(self._sum, msg.vector, out=self._sum)
         self._uploaded.add(msg.sender)
@@ -279,10 +275,7 @@ class ChainServer:
                 f"server stage UNLOCK (attempt {self.attempt}): replayed message from client {msg.sender} "
                 "(already received)."
             )
-        key = self._unlock_keys.get(msg.sender)
-        if key is None:
-            key = self._keys.agree(self._public[msg.sender], info=_ka_info(self.config, b"/unlock"))
-            self._unlock_keys[msg.sender] = key
+        key = self._channel_keys(msg.sender)[1]
         pad = open_sealed(key, msg.sealed_pad, aad=_unlock_aad(self.config, msg.attempt, msg.sender))
         self._pads[msg.sender] = self.revealed[(self.attempt, msg.sender)] = pad
 
@@ -390,6 +383,12 @@ class ChainServer:
             if msg.sender not in self._position:
                 raise MessageError(f"{where}: client {msg.sender} is not in this attempt's ring.")
         return msg
+
+    def _channel_keys(self, cid: int) -> tuple[bytes, bytes]:
+        keys = self._keys_of.get(cid)
+        if keys is None:
+            keys = self._keys_of[cid] = _server_channel_keys(self._keys, self._public[cid], self.config)
+        return keys
 
     def _abort(self, completed: Sequence[int], reason: str) -> None:
         self._sum = None

@@ -6,7 +6,8 @@ sending their masked input, the runner's ``masked_input`` stage, i.e. the expens
 forces a re-run among survivors), runs ``plain`` on the same inputs, and measures in the same
 process the PRG bound of a client: the time to AES-CTR-expand the ``2 s + 1`` masks per attempt a
 surviving client needs (``s`` sent, ``s`` received, its pad), and the server's: expanding the ``m``
-pads it strips from the final sum (``prg_bound_server_s``; it expands no ring mask). ``client_s`` is the median over surviving clients (all their
+pads it strips from the final sum (``prg_bound_server_s``; it expands no ring mask).
+``client_s`` is the median over surviving clients (all their
 attempts), ``server_s`` the server's total. Prints a table on stderr and one JSON object (``{"rows": [...]}``)
 as the last line of stdout.
 """

@@ -338,3 +338,12 @@ def test_a_flipped_bit_in_a_masked_input_is_refused_not_summed():
     with pytest.raises(AuthenticationError, match="^authenticated decryption failed$"):
         server.receive(bytes(blob))
     assert server.acc.tolist() == [0] * 4
+
+
+def test_the_reserved_header_byte_must_be_zero():
+    """Regression (found by this fuzzing): the header's reserved byte was ignored, so one message
+    had 256 encodings."""
+    blob = bytearray(SAMPLES[0])
+    blob[7] = 1
+    with pytest.raises(MessageError, match="reserved header byte"):
+        decode(bytes(blob))

@@ -29,6 +29,8 @@ below half of a client's holders is refused unless ``--unsafe-threshold`` is giv
   (``num_shares = k + 1``, since Flower counts the client itself), in a separate interpreter
   (``--flower-python``, default ``$SECAGG_FLOWER_PYTHON`` or ``/tmp/flwr-venv/bin/python``)
   because ``flwr`` pins its own ``cryptography``; ``flower_server_s`` and ``flower_ratio``.
+  Flower's default threshold (11 of 31 shares) is below half the holders: comparing at its
+  parameters needs ``--k 30 --t 11 --unsafe-threshold``.
 
 Times are wall-clock on a shared machine: rerun to check noise.
 """

@@ -87,9 +87,11 @@ def test_k_grows_with_dropout_and_corruption(n, d1, d2, c1, c2):
 
     def k_of(d, c):
         try:
-            return choose(n, dropout=d, corrupt=c).k
+            g = choose(n, dropout=d, corrupt=c)
         except ValueError:
             return math.inf
+        assert g.abort <= 2.0**-20 and g.security <= 2.0**-40 and 2 * g.t > g.k + 1
+        return g.k
 
     assert k_of(d1, c1) <= k_of(d2, c1) <= k_of(d2, c2)
     assert k_of(d1, c1) <= k_of(d1, c2)

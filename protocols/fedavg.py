@@ -257,9 +257,12 @@ class FedAvgGMF:
                 clip=config.value_clip,
                 frac_bits=config.frac_bits,
             )
+        #: SecAgg+'s k, t and their guarantees (``Guarantees.summary()`` for users); None otherwise
+        self.secagg_guarantees = None
         if config.secure_aggregation == "secagg+":  # refuse impossible guarantees before training
-            choose_secagg_plus(config.clients_in_round(len(self._clients)), dropout=config.secagg_dropout,
-                               corrupt=config.secagg_corrupt)
+            self.secagg_guarantees = choose_secagg_plus(
+                config.clients_in_round(len(self._clients)), dropout=config.secagg_dropout,
+                corrupt=config.secagg_corrupt)
 
     # -- sizes on the wire -------------------------------------------------------------------
     @property

@@ -288,9 +288,10 @@ def test_secagg_plus_parameters_follow_the_configured_dropout_and_corruption(mon
     monkeypatch.setitem(fedavg_mod._SECURE, "secagg+", spy)
     train = make_train(8, 20, [3] * 8, seed=1)
     cfg = FedAvgConfig(dim=2, secure_aggregation="secagg+", secagg_dropout=0.25, secagg_corrupt=0.0)
-    FedAvgGMF(train, cfg, seed=1).run_round()
+    fa = FedAvgGMF(train, cfg, seed=1)
+    fa.run_round()
     want = choose(8, dropout=0.25, corrupt=0.0)
-    assert seen == [(0.25, 0.0, want.k, want.t)]
+    assert seen == [(0.25, 0.0, want.k, want.t)] and fa.secagg_guarantees == want
     with pytest.raises(ValueError, match="secagg_dropout"):
         FedAvgGMF(make_train(2, 10, [3, 3], seed=1), FedAvgConfig(dim=2, secure_aggregation="secagg+"), seed=1)
     with pytest.raises(ValueError, match="fedavg.secagg_corrupt"):

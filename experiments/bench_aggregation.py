@@ -3,12 +3,19 @@
 Runs one protocol from :data:`secagg.runner.PROTOCOLS` in-process on ``--clients`` clients with
 ``--dim``-long vectors (uniform reals in [-1, 1], fixed point with 24 fractional bits). A fraction
 ``--dropout`` of the clients (chosen at random) drops after key sharing and before sending its
-masked input, the expensive case for the server. Reported:
+masked input, the expensive case for the server. For SecAgg+ without ``--k``/``--t``, ``--dropout``
+and ``--corrupt`` also choose ``k`` and ``t`` (:func:`secagg.params.choose`: abort probability
+<= 2^-20 with that many dropouts, security failure <= 2^-40 with that fraction of clients
+colluding with the server); the chosen ``k`` and ``t`` and their guarantees are printed first, and
+combinations that cannot meet both targets are refused with an error naming the fix. ``t`` at or
+below half of a client's holders is refused unless ``--unsafe-threshold`` is given. Reported:
 
 * ``client_s``: mean seconds per surviving client (all its stages), ``client_s_max`` over all;
 * ``server_s``: server seconds (all stages, including summing the uploads);
 * ``bytes_per_client`` (mean sent by a surviving client), ``bytes_server`` (received),
   ``bytes_server_sent``;
+* ``abort_bound``, ``abort_bound_independent``, ``security_bound``, ``guarantees`` (secagg and
+  secagg+): the bounds of :func:`secagg.params.evaluate` for the ``k`` and ``t`` used;
 * ``correct``: the decoded sum equals the plaintext sum of the survivors' encodings exactly in
   Z_(2^64) and the real sum within quantisation error (false after an abort);
 * ``plain_s``: server seconds of the ``plain`` protocol on the same inputs and survivors;
@@ -22,6 +29,8 @@ masked input, the expensive case for the server. Reported:
   (``num_shares = k + 1``, since Flower counts the client itself), in a separate interpreter
   (``--flower-python``, default ``$SECAGG_FLOWER_PYTHON`` or ``/tmp/flwr-venv/bin/python``)
   because ``flwr`` pins its own ``cryptography``; ``flower_server_s`` and ``flower_ratio``.
+  Flower's default threshold (11 of 31 shares) is below half the holders: comparing at its
+  parameters needs ``--k 30 --t 11 --unsafe-threshold``.
 
 Times are wall-clock on a shared machine: rerun to check noise.
 """
@@ -37,6 +46,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from secagg.params import DEFAULT_CORRUPT
 
 __all__ = ["FLOWER_HARNESS", "bench", "bench_client_masking", "register"]
 
@@ -68,9 +79,17 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--protocol", choices=sorted(set(PROTOCOLS) | {"chain"}), default="secagg+")
     p.add_argument("--clients", type=_positive_int, default=100, help="number of clients n (default 100)")
     p.add_argument("--dim", type=_positive_int, default=10_000, help="vector length d (default 10000)")
-    p.add_argument("--dropout", type=_fraction, default=0.0, help="fraction dropping before the masked input")
-    p.add_argument("--k", type=int, default=None, help="neighbours per client (secagg+; default 2*ceil(log2 n))")
-    p.add_argument("--t", type=int, default=None, help="Shamir threshold (protocol default if omitted)")
+    p.add_argument("--dropout", type=_fraction, default=0.0,
+                   help="fraction dropping before the masked input; secagg+ chooses k and t for it")
+    p.add_argument("--corrupt", type=_fraction, default=DEFAULT_CORRUPT,
+                   help=f"fraction of clients colluding with the server that secagg+'s k and t must tolerate "
+                   f"(default {DEFAULT_CORRUPT})")
+    p.add_argument("--k", type=int, default=None,
+                   help="neighbours per client (secagg+; default: chosen from --clients, --dropout, --corrupt)")
+    p.add_argument("--t", type=int, default=None, help="Shamir threshold (protocol default or choice if omitted)")
+    p.add_argument("--unsafe-threshold", action="store_true",
+                   help="accept a t at or below half of a client's holders (voids the consistency check; "
+                   "attack demonstrations only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated inputs and dropout set")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument(
@@ -125,8 +144,24 @@ def _sig_bound(count: int) -> float:
     return time.perf_counter() - t0
 
 
+def _guarantees(protocol: str, n: int, dropout: float, corrupt: float, k: int | None, t: int | None):
+    """The (k, t) a masking protocol will use and their guarantees (None for plain and chain)."""
+    from secagg import params
+
+    if protocol == "secagg+" and t is None:
+        return params.choose(n, dropout=dropout, corrupt=corrupt) if k is None else params.choose_t(
+            n, k, dropout=dropout, corrupt=corrupt)
+    if protocol == "secagg+" and k is not None and 1 <= t <= min(k, n - 1) + 1:
+        return params.evaluate(n, k, t, dropout=dropout, corrupt=corrupt)
+    if protocol == "secagg":
+        tt = (2 * n) // 3 + 1 if t is None else t
+        return params.evaluate(n, n - 1, tt, dropout=dropout, corrupt=corrupt) if 1 <= tt <= n else None
+    return None
+
+
 def bench(
-    protocol: str, n: int, dim: int, dropout: float, *, k: int | None = None, t: int | None = None, seed: int = 0
+    protocol: str, n: int, dim: int, dropout: float, *, k: int | None = None, t: int | None = None, seed: int = 0,
+    corrupt: float = DEFAULT_CORRUPT, unsafe_threshold: bool = False,
 ) -> dict:
     """Run the benchmark and return the JSON-able result (see the module docstring)."""
     from secagg.encoding import FixedPoint, check_budget
@@ -142,7 +177,13 @@ def bench(
     values = rng.uniform(-1.0, 1.0, size=(n, dim))
     enc = codec.encode(values, rounding="nearest")
     dropped = frozenset(int(i) for i in rng.permutation(n)[: int(round(dropout * n))])
-    spec = RunSpec(k=k, t=t, dropouts={INPUT_STAGE: dropped})
+    g = _guarantees(protocol, n, dropout, corrupt, k, t)
+    if g is not None:
+        print(f"{protocol} parameters: {g.summary()}", file=sys.stderr)
+        if protocol == "secagg+":
+            k, t = g.k, g.t
+    spec = RunSpec(k=k, t=t, dropouts={INPUT_STAGE: dropped}, dropout=dropout, corrupt=corrupt,
+                   unsafe_threshold=unsafe_threshold)
     print(f"running {protocol}: n={n} d={dim} dropout={dropout} ({len(dropped)} clients)", file=sys.stderr)
     res = run(protocol, enc, spec)
     survivors = sorted(res.survivors)
@@ -170,6 +211,11 @@ def bench(
         "dropped": len(dropped),
         "k": res.k,
         "t": res.t,
+        "corrupt": corrupt,
+        "abort_bound": None if g is None else g.abort,
+        "abort_bound_independent": None if g is None else g.abort_independent,
+        "security_bound": None if g is None else g.security,
+        "guarantees": None if g is None else g.summary(),
         "correct": correct,
         "abort": res.abort,
         "survivors": len(survivors),
@@ -198,7 +244,8 @@ def bench(
 
 
 def bench_client_masking(
-    protocol: str, n: int, dim: int, *, k: int | None = None, t: int | None = None, sample: int = 5
+    protocol: str, n: int, dim: int, *, k: int | None = None, t: int | None = None, sample: int = 5,
+    dropout: float = 0.0, corrupt: float = DEFAULT_CORRUPT, unsafe_threshold: bool = False,
 ) -> dict:
     """Time one client's masking stage (open shares, self mask, k pairwise masks) at full scale."""
     from secagg.bonawitz import MaskingClient, MaskingConfig, MaskingServer, make_pki
@@ -206,8 +253,13 @@ def bench_client_masking(
     if protocol not in ("secagg", "secagg+"):
         raise ValueError(f"--client-masking-only applies to secagg and secagg+; found {protocol!r}.")
     cfg = (
-        MaskingConfig.secagg(n, dim, t=t) if protocol == "secagg" else MaskingConfig.secagg_plus(n, dim, k=k, t=t)
+        MaskingConfig.secagg(n, dim, t=t, unsafe_threshold=unsafe_threshold) if protocol == "secagg"
+        else MaskingConfig.secagg_plus(n, dim, k=k, t=t, dropout=dropout, corrupt=corrupt,
+                                       unsafe_threshold=unsafe_threshold)
     )
+    g = _guarantees(protocol, n, dropout, corrupt, cfg.k, cfg.t)
+    if g is not None:
+        print(f"{protocol} parameters: {g.summary()}", file=sys.stderr)
     identities, pki = make_pki(n)
     clients = [MaskingClient(cfg, i, identities[i], pki) for i in range(n)]
     server = MaskingServer(cfg, pki)
@@ -260,13 +312,16 @@ def _run_flower(python: str, n: int, dim: int, dropout: float, k: int, t: int, s
 
 def _main(args: argparse.Namespace) -> int:
     if args.client_masking_only:
-        res = bench_client_masking(args.protocol, args.clients, args.dim, k=args.k, t=args.t, sample=args.sample)
+        res = bench_client_masking(args.protocol, args.clients, args.dim, k=args.k, t=args.t, sample=args.sample,
+                                   dropout=args.dropout, corrupt=args.corrupt,
+                                   unsafe_threshold=args.unsafe_threshold)
         for key, val in res.items():
             print(f"{key:<20}  {val:.6g}" if isinstance(val, float) else f"{key:<20}  {val}")
         if args.json:
             print(json.dumps(res))
         return 0
-    out = bench(args.protocol, args.clients, args.dim, args.dropout, k=args.k, t=args.t, seed=args.seed)
+    out = bench(args.protocol, args.clients, args.dim, args.dropout, k=args.k, t=args.t, seed=args.seed,
+                corrupt=args.corrupt, unsafe_threshold=args.unsafe_threshold)
     if args.flower:
         if args.protocol != "secagg+":
             raise ValueError("--flower compares against Flower's SecAgg+: use it with --protocol secagg+.")

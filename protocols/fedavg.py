@@ -53,6 +53,8 @@ from recmodels.models import gmf_logits
 from recmodels.sampling import sample_train_negatives
 from protocols.secure_sum import secure_sum
 from secagg.encoding import check_budget
+from secagg.params import check_fraction
+from secagg.params import choose as choose_secagg_plus
 
 __all__ = ["FedAvgConfig", "FedAvgGMF", "ClientUpdate", "RoundStats"]
 
@@ -92,6 +94,14 @@ class FedAvgConfig:
             changes, and the output-layer changes times ``n_k``); a larger value refuses the
             round with an error naming this key. The bit budget ``clients x value_clip x
             2^frac_bits < 2^63`` is checked before the first round.
+        secagg_dropout: the fraction of a round's clients that may drop out, which SecAgg+'s
+            neighbourhood size ``k`` and threshold ``t`` are chosen for
+            (:func:`secagg.params.choose`: abort probability <= 2^-20 with that many dropouts).
+            Ignored unless ``secure_aggregation = "secagg+"``; the simulation itself drops nobody.
+        secagg_corrupt: the fraction of a round's clients that may collude with the server, which
+            SecAgg+'s ``k`` and ``t`` must tolerate (security failure <= 2^-40). Ignored unless
+            ``secure_aggregation = "secagg+"``. Both are checked before the first round: a
+            combination no ``k`` and ``t`` can meet is refused with an error naming the fix.
     """
 
     dim: int = 32
@@ -108,6 +118,8 @@ class FedAvgConfig:
     secure_aggregation: str = "none"
     frac_bits: int = 24
     value_clip: float = 65536.0
+    secagg_dropout: float = 0.1
+    secagg_corrupt: float = 0.05
 
     def __post_init__(self) -> None:
         if self.dim < 1:
@@ -139,6 +151,8 @@ class FedAvgConfig:
             raise ValueError(
                 f"fedavg.frac_bits must be in 1..61 and fedavg.value_clip positive; found {self.frac_bits}, {self.value_clip}"
             )
+        check_fraction("fedavg.secagg_dropout", self.secagg_dropout)
+        check_fraction("fedavg.secagg_corrupt", self.secagg_corrupt, upper=0.5)
 
     def clients_in_round(self, n_clients: int) -> int:
         """Clients sampled per round out of ``n_clients``."""
@@ -236,6 +250,12 @@ class FedAvgGMF:
                 clip=config.value_clip,
                 frac_bits=config.frac_bits,
             )
+        #: SecAgg+'s k, t and their guarantees (``Guarantees.summary()`` for users); None otherwise
+        self.secagg_guarantees = None
+        if config.secure_aggregation == "secagg+":  # refuse impossible guarantees before training
+            self.secagg_guarantees = choose_secagg_plus(
+                config.clients_in_round(len(self._clients)), dropout=config.secagg_dropout,
+                corrupt=config.secagg_corrupt)
 
     # -- sizes on the wire -------------------------------------------------------------------
     @property
@@ -395,6 +415,7 @@ class FedAvgGMF:
         res = secure_sum(
             vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
             round=t, transport=self.transport, senders=[client(u) for u in sampled], where="fedavg.value_clip",
+            dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
         )
         total = res.total
         n_items, d = self.train.n_items, cfg.dim

@@ -77,6 +77,9 @@ def secure_sum(
     t: int | None = None,
     dropouts: Mapping[str, frozenset[int]] | None = None,
     where: str = "value_clip",
+    dropout: float | None = None,
+    corrupt: float | None = None,
+    unsafe_threshold: bool = False,
 ) -> SecureSumResult:
     """Sum the rows of ``values`` (one per sender) through ``protocol``; see the module docstring.
 
@@ -91,6 +94,9 @@ def secure_sum(
         k, t: protocol parameters (``None``: the protocol's defaults).
         dropouts: stage -> set of row indices that drop before sending that stage.
         where: the configuration key named when a value exceeds ``value_clip``.
+        dropout, corrupt: the dropout and colluding fractions SecAgg+ chooses ``k`` and ``t`` for
+            (:func:`secagg.params.choose`; ``None``: the runner's defaults).
+        unsafe_threshold: accept ``t`` at or below half of a client's holders (attack demos only).
     """
     if protocol not in SECURE_PROTOCOLS:
         raise ValueError(f"secure aggregation must be one of {SECURE_PROTOCOLS}; found {protocol!r}")
@@ -108,7 +114,9 @@ def secure_sum(
     check_budget(n_summands=max(vals.shape[0], 1), clip=value_clip, frac_bits=frac_bits)
     codec = FixedPoint(frac_bits, value_clip)
     record: list = []
-    spec = RunSpec(k=k, t=t, dropouts=dict(dropouts or {}), round=round)
+    extra = {} if corrupt is None else {"corrupt": corrupt}
+    spec = RunSpec(k=k, t=t, dropouts=dict(dropouts or {}), round=round, dropout=dropout,
+                   unsafe_threshold=unsafe_threshold, **extra)
     runner = PROTOCOLS[protocol]
     encoded = codec.encode(vals, rounding="nearest")
     res = runner(encoded, spec, record=record) if protocol in ("secagg", "secagg+") else runner(encoded, spec)

@@ -9,23 +9,34 @@ Adversary:
     An honest-but-curious server, possibly colluding with fewer than ``t`` clients *among the
     holders of any one client's shares* (for SecAgg all clients; for SecAgg+ the client's ``k``
     neighbours plus itself). Clients may drop out at any stage. Messages are authenticated (AEAD
-    for relayed shares, Ed25519 signatures under the PKI for advertised keys and for the survivor
-    set), so a server that tampers with, replays or reroutes them is detected; the signed
-    consistency check stops a server from telling different clients different survivor sets.
-    A holder that reveals a wrong share is detected (the rebuilt self-mask seed must match the
-    SHA-256 commitment its owner sent with its shares; a rebuilt mask key must match the advertised
-    public key) and the round aborts. Not covered: robust reconstruction around such a holder (no
-    retry with other share subsets), validation of inputs beyond their length, and a malicious
-    server choosing the SecAgg+ graph (the graph is a public parameter fixed before the round).
+    for relayed shares, Ed25519 signatures under the PKI for advertised keys, masked inputs and
+    the survivor set), so a server or network that tampers with, replays or reroutes them is
+    detected; the signed consistency check stops a server from telling different clients
+    different survivor sets, which needs ``t`` above half of a client's ``k + 1`` holders (a
+    lower ``t`` is refused unless ``unsafe_threshold`` is set: two disjoint groups of holders
+    shown different sets would hand over both secrets of one client). All advertised public keys
+    must differ (Bonawitz et al.'s ShareKeys check; a colluder re-advertising another client's
+    mask key would make a third client's masks cancel). A holder that reveals a wrong share is
+    detected (the rebuilt self-mask seed must match the SHA-256 commitment its owner sent with
+    its shares; a rebuilt mask key must match the advertised public key) and the round aborts.
+    Not covered: robust reconstruction around such a holder (no retry with other share
+    subsets), validation of inputs beyond their length, and a malicious server choosing the
+    SecAgg+ graph (the graph is a public parameter fixed before the round; SecAgg+'s ``k`` and
+    ``t`` come from :mod:`secagg.params`).
 
 Promise:
     The server obtains the exact sum in Z_(2^64) of the inputs of the clients in U3 (those whose
-    masked input arrived), or a clean :class:`~secagg.errors.AbortError`; never a wrong sum. Its
-    view is simulatable from that sum alone: every masked upload is uniform given the others. No
-    honest client ever reveals both its self-mask-seed share and its mask-key share of the same
-    client. Limits (each shown by a test): ``t`` colluding holders of a client plus the server
-    reconstruct its self-mask seed and mask key and hence its input; with ``|U3| = 1`` the "sum"
-    is that client's input.
+    masked input arrived) when every client in U3 follows the protocol, or a clean
+    :class:`~secagg.errors.AbortError`. A deviation the protocol can see (a wrong share, a key
+    that does not match, a repeated key, an altered message) aborts or excludes the deviator; a
+    client in U3 that deviates otherwise can shift the sum by an amount of its choosing, exactly
+    as if it had chosen another input (inputs are not validated, so no check can tell the two
+    apart). Its view is simulatable from that sum alone: every masked upload is uniform given the
+    others. No honest client ever reveals both its self-mask-seed share and its mask-key share of
+    the same client. Limits (each shown by a test): ``t`` colluding holders of a client plus the
+    server reconstruct its self-mask seed and mask key and hence its input; with ``|U3| = 2``
+    each survivor learns the other's input from the sum (``|U3| = 1`` needs the unsafe ``t = 1``).
+    docs/security.md lists every promise with its test.
 
 Stages (one method per stage on each side, driven by the server)::
 
@@ -36,14 +47,16 @@ Stages (one method per stage on each side, driven by the server)::
 
 1. ADVERTISE: each client sends two fresh X25519 public keys (``c`` for the share channel,
    ``s`` for pairwise masks), signed. U1 = senders.
-2. SHARE_KEYS: the server sends each client its neighbours' keys in U1. The client draws a
+2. SHARE_KEYS: the server sends each client its neighbours' keys in U1 (the client checks
+   every signature and that no key repeats, its own included). The client draws a
    32-byte self-mask seed ``b``, Shamir-shares ``b`` and the raw ``s`` private key t-of-(k+1)
    among its holders (neighbours and itself), and seals each neighbour's pair of shares with
    AES-256-GCM under ``HKDF(X25519(c_u, c_v))``, the AAD binding instance, round, sender,
    receiver and kind; it also sends the server ``SHA-256(context || b)``. U2 = senders.
 3. MASKED_INPUT: the server forwards each client the ciphertexts addressed to it. The client
    sends ``y = x + PRG(b) + sum_{v in N(u) & U2} sign(u, v) PRG(s_uv)``, where
-   ``s_uv = HKDF(X25519(s_u, s_v))`` and ``sign = +1`` if ``u < v`` else ``-1``. U3 = senders.
+   ``s_uv = HKDF(X25519(s_u, s_v))`` and ``sign = +1`` if ``u < v`` else ``-1``, signed over
+   (instance, round, sender, SHA-256(y)). U3 = senders.
 4. CONSISTENCY: the server sends U3 to every client in U3; each signs (instance, round, U3).
 5. UNMASK: the server sends each signer its holders' signatures; the client checks at least
    ``t`` valid ones on the same U3, then reveals, for each neighbour ``v`` in U2, the share of
@@ -58,7 +71,6 @@ from __future__ import annotations
 import enum
 import hashlib
 import itertools
-import math
 import os
 import struct
 from collections.abc import Collection, Mapping, Sequence
@@ -69,12 +81,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from secagg import prg, shamir
+from secagg import params, prg, shamir
 from secagg.channel import associated_data, open_sealed, seal
 from secagg.errors import AbortError, AuthenticationError, MessageError
-from secagg.graph import Graph, complete_graph, default_k, default_t, random_regular_graph
+from secagg.graph import Graph, complete_graph, random_regular_graph
 from secagg.keys import KEY_BYTES, KeyPair
 from secagg.messages import INSTANCE_BYTES, SERVER, Message, Reader, Writer, decode, register
+from secagg.params import min_safe_threshold
 
 __all__ = [
     "CLIENT_TRANSITIONS",
@@ -160,6 +173,10 @@ class MaskingConfig:
         graph: ``graph[u]`` = sorted neighbours of ``u`` (complete for SecAgg).
         instance: 16-byte random id of this aggregation (binds every message and key).
         round: round number.
+        unsafe_threshold: accept ``t`` at or below half of a client's holders. Such a ``t``
+            voids the consistency check: a server that shows two disjoint groups of ``t``
+            holders different survivor sets collects the shares of both secrets of one client
+            (``tests/secagg/test_masking_attacks.py``). Only for attack demonstrations.
     """
 
     n: int
@@ -168,6 +185,7 @@ class MaskingConfig:
     graph: Graph
     instance: bytes
     round: int = 0
+    unsafe_threshold: bool = False
 
     def __post_init__(self) -> None:
         if type(self.n) is not int or self.n < 2:
@@ -194,21 +212,55 @@ class MaskingConfig:
             )
         if not isinstance(self.instance, bytes) or len(self.instance) != INSTANCE_BYTES:
             raise ValueError(f"instance must be {INSTANCE_BYTES} bytes; found {self.instance!r}.")
+        if type(self.unsafe_threshold) is not bool:
+            raise ValueError(f"unsafe_threshold must be a bool; found {self.unsafe_threshold!r}.")
+        max_holders = 1 + max(len(nb) for nb in self.graph)
+        if not self.unsafe_threshold and self.t < min_safe_threshold(max_holders):
+            raise ValueError(
+                f"threshold t = {self.t} is at or below half of a client's {max_holders} holders: a server that "
+                "shows two disjoint groups of t holders different survivor sets collects the shares of both "
+                f"secrets of one client. Use t >= {min_safe_threshold(max_holders)}, or pass "
+                "unsafe_threshold=True (--unsafe-threshold) to accept that attack (demonstrations only)."
+            )
 
     @classmethod
-    def secagg(cls, n: int, dim: int, *, t: int | None = None, round: int = 0) -> MaskingConfig:  # noqa: A002
+    def secagg(
+        cls, n: int, dim: int, *, t: int | None = None, round: int = 0, unsafe_threshold: bool = False  # noqa: A002
+    ) -> MaskingConfig:
         """SecAgg: complete graph; default ``t = floor(2n/3) + 1`` (tolerates < 1/3 dropouts)."""
-        return cls(n, dim, (2 * n) // 3 + 1 if t is None else t, complete_graph(n), os.urandom(INSTANCE_BYTES), round)
+        t = (2 * n) // 3 + 1 if t is None else t
+        return cls(n, dim, t, complete_graph(n), os.urandom(INSTANCE_BYTES), round, unsafe_threshold)
 
     @classmethod
     def secagg_plus(
-        cls, n: int, dim: int, *, k: int | None = None, t: int | None = None, round: int = 0  # noqa: A002
+        cls,
+        n: int,
+        dim: int,
+        *,
+        k: int | None = None,
+        t: int | None = None,
+        round: int = 0,  # noqa: A002
+        dropout: float = params.DEFAULT_DROPOUT,
+        corrupt: float = params.DEFAULT_CORRUPT,
+        unsafe_threshold: bool = False,
     ) -> MaskingConfig:
-        """SecAgg+: random k-regular graph; defaults ``k = 2 ceil(log2 n)`` (cap ``n-1``), ``t = ceil(k/2)+1``."""
-        k = default_k(n) if k is None else k
+        """SecAgg+ over a random k-regular graph.
+
+        Without ``k`` and ``t``, both come from :func:`secagg.params.choose` for ``n``, the planned
+        ``dropout`` fraction and the tolerated ``corrupt`` fraction (abort <= 2^-20 with up to
+        ``ceil(dropout n)`` dropouts, security failure <= 2^-40); with ``k`` only, ``t`` comes from
+        :func:`secagg.params.choose_t`; both raise ``ValueError`` naming the fix when the targets
+        cannot be met. Explicit ``k`` and ``t`` are taken as given (``secagg.params.evaluate``
+        reports their guarantees).
+        """
+        if t is None:
+            g = params.choose(n, dropout=dropout, corrupt=corrupt) if k is None else params.choose_t(
+                n, k, dropout=dropout, corrupt=corrupt)
+            k, t = g.k, g.t
+        elif k is None:
+            k = params.choose(n, dropout=dropout, corrupt=corrupt).k
         graph = random_regular_graph(n, k)
-        kk = len(graph[0])
-        return cls(n, dim, default_t(kk) if t is None else t, graph, os.urandom(INSTANCE_BYTES), round)
+        return cls(n, dim, t, graph, os.urandom(INSTANCE_BYTES), round, unsafe_threshold)
 
     @property
     def k(self) -> int:
@@ -265,6 +317,33 @@ def _commit_seed(cfg: MaskingConfig, who: int, b: bytes) -> bytes:
 
 def _advert_digest(cfg: MaskingConfig, who: int, c_pk: bytes, s_pk: bytes) -> bytes:
     return b"secagg/advertise/v1" + cfg.info(b"") + struct.pack(">I", who) + c_pk + s_pk
+
+
+def _input_digest(cfg: MaskingConfig, who: int, y: np.ndarray) -> bytes:
+    """What a client signs with its masked input: instance, round, sender and SHA-256(y)."""
+    body = hashlib.sha256(memoryview(np.ascontiguousarray(y, dtype="<u8")).cast("B")).digest()
+    return b"secagg/masked-input/v1" + cfg.info(b"") + struct.pack(">I", who) + body
+
+
+def _check_distinct_keys(keys: Sequence[tuple[int, bytes]], where: str) -> None:
+    """Bonawitz et al.'s ShareKeys check: all advertised public keys differ (both kinds, all owners).
+
+    A client that re-advertises another client's mask key under its own signature would make a
+    third client's pairwise masks with the two cancel (exposing its input to the normal unmask)
+    and the sum wrong; one that copies an encryption key would receive shares sealed for another.
+
+    Raises:
+        MessageError: naming the two owners of the duplicated key.
+    """
+    seen: dict[bytes, int] = {}
+    for who, key in keys:
+        key = bytes(key)
+        if key in seen:
+            raise MessageError(
+                f"{where}: duplicate public key advertised by clients {seen[key]} and {who} (all advertised keys "
+                "must differ); refusing to go on with this key set"
+            )
+        seen[key] = who
 
 
 # ----------------------------------------------------------------------------------------------
@@ -362,18 +441,24 @@ class ForwardedShares(Message):
 @register
 @dataclass(frozen=True)
 class MaskedInput(Message):
-    """Client -> server: the masked vector ``y`` (uniform in Z_(2^64)^dim)."""
+    """Client -> server: the masked vector ``y`` (uniform in Z_(2^64)^dim), signed with the
+    client's identity key over (instance, round, sender, SHA-256(y)): a vector altered in transit
+    is refused instead of being added into the sum."""
 
     KIND = 20
     STAGE = ServerStage.MASKED_INPUT
     y: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    sig: bytes = bytes(SIG_BYTES)
 
     def _write_body(self, w: Writer) -> None:
-        w.u64_vector(self.y)
+        if len(self.sig) != SIG_BYTES:
+            raise ValueError(f"sig must be {SIG_BYTES} bytes; found {len(self.sig)}.")
+        w.raw(self.sig).u64_vector(self.y)
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> MaskedInput:
-        return cls(**head, y=r.u64_vector())
+        sig = r.raw(SIG_BYTES)
+        return cls(**head, sig=sig, y=r.u64_vector())
 
 
 @register
@@ -561,9 +646,9 @@ class MaskingClient:
                     raise MessageError("stage SHARE_KEYS: the server relayed a wrong key for this client")
                 seen_self = True
                 continue
-            if c_pk == s_pk:
-                raise MessageError(f"stage SHARE_KEYS: client {who} advertised equal keys")
             peers[who] = (c_pk, s_pk)
+        own = [(self.id, st.c.public_bytes), (self.id, st.s.public_bytes)]
+        _check_distinct_keys(own + [(v, key) for v, pair in peers.items() for key in pair], "stage SHARE_KEYS")
         if len(peers) + 1 < cfg.t:
             raise AbortError(
                 f"stage SHARE_KEYS: client {self.id} has {len(peers) + 1} live holders, fewer than t = {cfg.t}"
@@ -622,7 +707,7 @@ class MaskingClient:
         masks += [(st.s.agree(st.peers_s_pk[v], info=info), b"pair", self.id > v) for v in received]
         prg.accumulate(y, masks)
         self._leave("mask_input", _Masked(received, frozenset(received) | {self.id}, st.own_b_share))
-        return MaskedInput(**self._head(), y=y)
+        return MaskedInput(**self._head(), y=y, sig=self._identity.sign(_input_digest(cfg, self.id, y)))
 
     def sign_survivors(self, blob: bytes) -> ConsistencySignature:
         """Stage 4: check and sign U3 (the consistency check)."""
@@ -683,6 +768,7 @@ class MaskingServer:
         self._pki = pki
         self.stage = ServerStage.ADVERTISE
         self.adverts: dict[int, bytes] = {}
+        self._key_owner: dict[bytes, int] = {}  # every advertised public key -> its advertiser
         self.shares: dict[int, tuple[tuple[int, bytes], ...]] = {}
         self.commits: dict[int, bytes] = {}
         self.acc = np.zeros(cfg.dim, dtype=np.uint64)
@@ -728,7 +814,14 @@ class MaskingServer:
             self.signatures_verified += 1
             if not _verify(self._pki, u, msg.sig, _advert_digest(self.cfg, u, msg.c_pk, msg.s_pk)):
                 raise AuthenticationError("authenticated decryption failed")
+            clash = [self._key_owner[key] for key in (msg.c_pk, msg.s_pk) if key in self._key_owner]
+            if clash or msg.c_pk == msg.s_pk:
+                raise MessageError(
+                    f"stage {name}: duplicate public key advertised by clients {clash[0] if clash else u} and {u} "
+                    "(all advertised keys must differ); advert refused"
+                )
             self.adverts[u] = msg.c_pk + msg.s_pk + msg.sig
+            self._key_owner[msg.c_pk] = self._key_owner[msg.s_pk] = u
         elif isinstance(msg, EncryptedShares):
             self._require(u, self.u1, self.shares, name)
             expected = {v for v in self.cfg.graph[u] if v in self.u1}
@@ -743,6 +836,9 @@ class MaskingServer:
             self._require(u, self.u2, self._u3_seen, name)
             if msg.y.shape != (self.cfg.dim,):
                 raise MessageError(f"stage {name}: masked input of length {msg.y.size}, expected {self.cfg.dim}")
+            self.signatures_verified += 1
+            if not _verify(self._pki, u, msg.sig, _input_digest(self.cfg, u, msg.y)):
+                raise AuthenticationError("authenticated decryption failed")
             np.add(self.acc, msg.y, out=self.acc)
             self._u3_list.append(u)
             self._u3_seen[u] = True

@@ -4,9 +4,10 @@ Run ``python -m secagg.chain_bench --help``. For every ``(n, dim, dropout)`` it 
 through :func:`secagg.runner.run` (dropped clients leave after the key/seed exchange and before
 sending their masked input, the runner's ``masked_input`` stage, i.e. the expensive case that
 forces a re-run among survivors), runs ``plain`` on the same inputs, and measures in the same
-process the PRG bound of a client: the time to AES-CTR-expand the ``2 s`` masks per attempt a
-surviving client needs (``s`` sent, ``s`` received). The chain's server expands no mask, so its
-bound is plaintext summation. ``client_s`` is the median over surviving clients (all their
+process the PRG bound of a client: the time to AES-CTR-expand the ``2 s + 1`` masks per attempt a
+surviving client needs (``s`` sent, ``s`` received, its pad), and the server's: expanding the ``m``
+pads it strips from the final sum (``prg_bound_server_s``; it expands no ring mask).
+``client_s`` is the median over surviving clients (all their
 attempts), ``server_s`` the server's total. Prints a table on stderr and one JSON object (``{"rows": [...]}``)
 as the last line of stdout.
 """
@@ -56,7 +57,8 @@ def bench_one(n: int, dim: int, dropout: float, *, s: int = 1, seed: int = 0) ->
     plain = run("plain", inputs, spec)
     attempts = 2 if dropped else 1
     s_eff = min(s, n - 1)
-    bound = prg_seconds(dim, 2 * s_eff * attempts)
+    bound = prg_seconds(dim, (2 * s_eff + 1) * attempts)
+    server_bound = prg_seconds(dim, res.masks_expanded, repeat=3)
     # median over surviving clients: robust to preemption by other processes on a shared machine
     client_med = float(np.median(res.client_s[survivors])) if survivors else float("nan")
     return {
@@ -78,6 +80,9 @@ def bench_one(n: int, dim: int, dropout: float, *, s: int = 1, seed: int = 0) ->
         "plain_bytes_per_client": float(np.mean(plain.bytes_sent[sorted(plain.survivors)])),
         "prg_bound_client_s": bound,
         "client_over_prg_bound": client_med / bound if bound else None,
+        "prg_bound_server_s": server_bound,
+        "server_over_prg_and_plain": res.server_s / (server_bound + plain.server_s)
+        if server_bound + plain.server_s else None,
         "server_over_plain": res.server_s / plain.server_s if plain.server_s else None,
         "correct": bool(correct),
         "abort": res.abort,
@@ -86,7 +91,8 @@ def bench_one(n: int, dim: int, dropout: float, *, s: int = 1, seed: int = 0) ->
 
 def breakdown(dim: int, *, n: int = 30, s: int = 1, repeats: int = 3) -> dict[str, float]:
     """Median milliseconds per client of each stage method (client and server), no dropouts."""
-    from secagg.chain import ChainClient, ChainConfig, ChainServer
+    from secagg.chain import ChainClient, ChainConfig
+    from secagg.chain_server import ChainServer
 
     rng = np.random.default_rng(0)  # CSPRNG-OK: benchmark inputs
     x = rng.integers(0, 2**64, (n, dim), dtype=np.uint64)
@@ -110,9 +116,12 @@ def breakdown(dim: int, *, n: int = 30, s: int = 1, repeats: int = 3) -> dict[st
         step = timed("server.close_share", server.close)
         for i, m in step.messages.items():
             timed("server.receive_upload", server.receive, timed("client.upload", clients[i].upload, m))
-        timed("server.close_upload", server.close)
+        step = timed("server.close_upload", server.close)
+        for i, m in step.messages.items():
+            timed("server.receive_unlock", server.receive, timed("client.unlock", clients[i].unlock, m))
+        timed("server.close_unlock", server.close)
     out = {k: float(np.median(v)) * 1e3 / (n if k.startswith("server.close") else 1) for k, v in acc.items()}
-    out["prg_bound_client"] = prg_seconds(dim, 2 * min(s, n - 1)) * 1e3
+    out["prg_bound_client"] = prg_seconds(dim, 2 * min(s, n - 1) + 1) * 1e3
     return out
 
 

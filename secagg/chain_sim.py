@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from secagg.chain import ChainClient, ChainConfig, ChainServer, Kind, ServerStep, effective_successors
+from secagg.chain import ChainClient, ChainConfig, Kind, effective_successors
+from secagg.chain_server import ChainServer, ServerStep
 from secagg.errors import AbortError, AuthenticationError, MessageError
 from secagg.messages import SERVER
 
@@ -25,18 +26,20 @@ __all__ = ["DROP_STAGES", "RUNNER_STAGES", "ChainRun", "Dropout", "run_chain", "
 
 #: Where a client can vanish: before advertising its key; after receiving the ring but before
 #: sending its seeds; after sending its seeds but before receiving its predecessors'; after
-#: receiving them (and masking) but before its upload arrives.
-DROP_STAGES = ("advertise", "share", "receive", "upload")
+#: receiving them (and masking) but before its upload arrives; after uploading but before its
+#: pad (UNLOCK) arrives.
+DROP_STAGES = ("advertise", "share", "receive", "upload", "unlock")
 
 #: How :func:`run_chain` maps the runner's dropout stages (``secagg.runner.MASKING_STAGES``) onto
 #: the chain's: a client dropping "before sending its message of that stage". The chain has no
-#: consistency or unmask stage: by then it has finished, so those clients are in the sum.
+#: consistency or unmask stage; a client that leaves after its masked input leaves before its
+#: unlock, the chain's last message.
 RUNNER_STAGES: dict[str, str | None] = {
     "advertise": "advertise",
     "share_keys": "share",
     "masked_input": "receive",
-    "consistency": None,
-    "unmask": None,
+    "consistency": "unlock",
+    "unmask": "unlock",
 }
 
 #: ``tamper(kind, sender, receiver, data) -> data | None`` (``None`` drops the message).
@@ -194,7 +197,7 @@ def simulate(
                     if drops(cid, "share", attempt):
                         continue
                     to_server(Kind.BUNDLE, cid, to_client(Kind.RING, cid, data))
-            else:
+            elif step.kind is Kind.DELIVERY:
                 for cid, data in step.messages.items():
                     if drops(cid, "receive", attempt):
                         continue
@@ -202,6 +205,11 @@ def simulate(
                     if drops(cid, "upload", attempt):
                         continue
                     to_server(Kind.UPLOAD, cid, reply)
+            else:
+                for cid, data in step.messages.items():
+                    if drops(cid, "unlock", attempt):
+                        continue
+                    to_server(Kind.UNLOCK, cid, to_client(Kind.UNLOCK_REQUEST, cid, data))
             step = close()
     except AbortError as exc:
         run.abort = exc
@@ -216,9 +224,9 @@ def run_chain(inputs: np.ndarray, spec) -> object:  # noqa: ANN001 (RunSpec -> R
 
     ``spec.k`` is the number of successors ``s`` (default 1, the paper's chain; each client then
     has ``2s`` ring neighbours); ``spec.t`` has no meaning for the chain and is reported as
-    ``None``. Dropout stages are mapped with :data:`RUNNER_STAGES`; ``masks_expanded`` is 0 (the
-    chain's server never expands a mask: recovery re-runs among survivors, it never unmasks).
-    Client seconds include every attempt a client took part in.
+    ``None``. Dropout stages are mapped with :data:`RUNNER_STAGES`; ``masks_expanded`` counts the
+    pads the server stripped (one per survivor; it never expands a ring mask: recovery re-runs,
+    it never unmasks). Client seconds include every attempt a client took part in.
     """
     from secagg.messages import INSTANCE_BYTES
     from secagg.runner import RunResult
@@ -251,7 +259,7 @@ def run_chain(inputs: np.ndarray, spec) -> object:  # noqa: ANN001 (RunSpec -> R
         np.array([chain.bytes_sent[i] for i in range(n)], dtype=np.int64),
         chain.bytes_server_received,
         chain.bytes_server_sent,
-        0,
+        chain.server.masks_expanded,
         s,
         None,
     )

@@ -35,14 +35,18 @@ Graph = tuple[tuple[int, ...], ...]  #: ``graph[u]`` = sorted neighbours of clie
 
 
 def default_k(n: int) -> int:
-    """SecAgg+ default degree ``2 * ceil(log2 n)``, capped at ``n - 1``."""
+    """Bell et al.'s asymptotic degree ``2 * ceil(log2 n)``, capped at ``n - 1``.
+
+    Not the default any more: it aborts at 30% dropout; :func:`secagg.params.choose` picks ``k``
+    and ``t`` from the planned dropout and corruption instead.
+    """
     if n < 2:
         raise ValueError(f"need at least 2 clients; found n = {n}.")
     return min(2 * math.ceil(math.log2(n)), n - 1)
 
 
 def default_t(k: int) -> int:
-    """SecAgg+ default threshold ``ceil(k / 2) + 1`` (out of ``k + 1`` holders)."""
+    """The threshold ``ceil(k / 2) + 1`` (out of ``k + 1`` holders) that went with :func:`default_k`."""
     return math.ceil(k / 2) + 1
 
 

@@ -9,7 +9,8 @@ Every message is a frozen dataclass deriving from :class:`Message`. Its wire for
 
 All integers are big-endian except ``uint64`` vectors, which are little-endian ``uint64``.
 ``from_bytes`` rejects (with :class:`~secagg.errors.MessageError` naming the message and the
-reason): a bad magic or version, another kind, a header stage that is not the kind's stage, a
+reason): a bad magic or version, a nonzero reserved byte, another kind, a header stage that is
+not the kind's stage, a
 body length that does not match, truncated or trailing bytes, out-of-range fields. Checks that
 need protocol state (expected round, instance, sender, replay, vector length) belong to the
 receiving party, which raises :class:`MessageError` too and leaves its state unchanged.
@@ -223,6 +224,8 @@ def decode(data: bytes) -> Message:
     magic, version, kind, stage, instance, rnd, sender, receiver, body_len = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise MessageError(f"message: bad magic {magic!r} (not a secagg message)")
+    if data[7] != 0:  # the reserved byte: one message has exactly one encoding
+        raise MessageError(f"message: reserved header byte is {data[7]}, must be 0")
     if version != VERSION:
         raise MessageError(f"message: unsupported version {version} (this build speaks {VERSION})")
     cls = _REGISTRY.get(kind)

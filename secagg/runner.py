@@ -6,8 +6,10 @@ Per-protocol interface (to add a protocol, add one line to :data:`PROTOCOLS`)::
 
 * ``inputs``: ``uint64`` array of shape ``(n, dim)``, client ``i``'s encoded vector in row ``i``;
 * ``spec``: :class:`RunSpec`: optional ``k``/``t`` (protocol-specific meaning; ``None`` = the
-  protocol's default), and ``dropouts``: stage name -> set of clients that drop *before sending
-  their message of that stage* (and never come back). Every protocol must honour the common key
+  protocol's default; for SecAgg+ chosen by :func:`secagg.params.choose` from ``n``, the planned
+  ``dropout`` fraction and the tolerated ``corrupt`` fraction), ``unsafe_threshold`` (accept a
+  ``t`` at or below half of a client's holders), and ``dropouts``: stage name -> set of clients
+  that drop *before sending their message of that stage* (and never come back). Every protocol must honour the common key
   :data:`INPUT_STAGE` (``"masked_input"``: drop after key sharing, before sending the masked
   input) and ignore unknown keys' clients only if it has no such stage (document which);
 * returns a :class:`RunResult`: the ``uint64`` sum (``None`` after an abort, with the reason in
@@ -35,6 +37,7 @@ from secagg.chain_sim import run_chain
 from secagg.encoding import FixedPoint, check_budget
 from secagg.errors import AbortError
 from secagg.messages import INSTANCE_BYTES
+from secagg.params import DEFAULT_CORRUPT
 from secagg.plain import PlainClient, PlainConfig, PlainServer
 
 __all__ = [
@@ -57,12 +60,34 @@ MASKING_STAGES = ("advertise", "share_keys", "masked_input", "consistency", "unm
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What to simulate (see the module docstring)."""
+    """What to simulate (see the module docstring).
+
+    Attributes:
+        k, t: protocol parameters (``None``: the protocol's default or choice).
+        dropouts: stage name -> clients that drop before sending that stage's message.
+        round: round number.
+        dropout: planned dropout fraction that SecAgg+'s ``k``/``t`` are chosen for; ``None``
+            plans for the fraction of clients listed in ``dropouts``.
+        corrupt: fraction of clients that may collude with the server (SecAgg+'s choice).
+        unsafe_threshold: accept ``t`` at or below half of a client's holders (attack demos).
+    """
 
     k: int | None = None
     t: int | None = None
     dropouts: Mapping[str, frozenset[int]] = field(default_factory=dict)
     round: int = 0
+    dropout: float | None = None
+    corrupt: float = DEFAULT_CORRUPT
+    unsafe_threshold: bool = False
+
+    def planned_dropout(self, n: int) -> float:
+        """``dropout``, or the fraction of the ``n`` clients that ``dropouts`` lists."""
+        if self.dropout is not None:
+            return self.dropout
+        listed: set[int] = set()
+        for who in self.dropouts.values():
+            listed |= set(who)
+        return len(listed) / n
 
     def dropped_before(self, stage: str) -> frozenset[int]:
         """Clients that have dropped by the time ``stage`` is sent (cumulative)."""
@@ -213,13 +238,18 @@ def run_secagg(inputs: np.ndarray, spec: RunSpec, *, record: list | None = None)
     ``record``, if given, receives ``(stage, sender, wire bytes)`` of every message the server got.
     """
     n, dim = _check_inputs(inputs)
-    return _run_masking("secagg", MaskingConfig.secagg(n, dim, t=spec.t, round=spec.round), inputs, spec, record)
+    cfg = MaskingConfig.secagg(n, dim, t=spec.t, round=spec.round, unsafe_threshold=spec.unsafe_threshold)
+    return _run_masking("secagg", cfg, inputs, spec, record)
 
 
 def run_secagg_plus(inputs: np.ndarray, spec: RunSpec, *, record: list | None = None) -> RunResult:
-    """SecAgg+ (random k-regular graph, defaults ``k = 2 ceil(log2 n)``, ``t = ceil(k/2)+1``)."""
+    """SecAgg+ over a random k-regular graph; ``k``/``t`` default to :func:`secagg.params.choose`
+    for ``spec.planned_dropout(n)`` and ``spec.corrupt``."""
     n, dim = _check_inputs(inputs)
-    cfg = MaskingConfig.secagg_plus(n, dim, k=spec.k, t=spec.t, round=spec.round)
+    cfg = MaskingConfig.secagg_plus(
+        n, dim, k=spec.k, t=spec.t, round=spec.round, dropout=spec.planned_dropout(n), corrupt=spec.corrupt,
+        unsafe_threshold=spec.unsafe_threshold,
+    )
     return _run_masking("secagg+", cfg, inputs, spec, record)
 
 

@@ -269,3 +269,30 @@ def test_secure_aggregation_refuses_values_beyond_the_clip_and_the_budget():
         FedAvgGMF(train, FedAvgConfig(dim=2, secure_aggregation="secagg", value_clip=2.0**40, frac_bits=30), seed=0)
     with pytest.raises(ValueError, match="secure_aggregation"):
         FedAvgConfig(secure_aggregation="paillier")
+
+
+def test_secagg_plus_parameters_follow_the_configured_dropout_and_corruption(monkeypatch):
+    """Issue 8, item 9: ``secagg_dropout``/``secagg_corrupt`` choose SecAgg+'s k and t; an
+    impossible combination is refused before training, naming the key to change."""
+    import secagg.runner as runner_mod
+    from secagg.params import choose
+
+    seen = []
+    real = runner_mod.PROTOCOLS["secagg+"]
+
+    def spy(x, spec, **kw):
+        res = real(x, spec, **kw)
+        seen.append((spec.dropout, spec.corrupt, res.k, res.t))
+        return res
+
+    monkeypatch.setitem(runner_mod.PROTOCOLS, "secagg+", spy)
+    train = make_train(8, 20, [3] * 8, seed=1)
+    cfg = FedAvgConfig(dim=2, secure_aggregation="secagg+", secagg_dropout=0.25, secagg_corrupt=0.0)
+    fa = FedAvgGMF(train, cfg, seed=1)
+    fa.run_round()
+    want = choose(8, dropout=0.25, corrupt=0.0)
+    assert seen == [(0.25, 0.0, want.k, want.t)] and fa.secagg_guarantees == want
+    with pytest.raises(ValueError, match="secagg_dropout"):
+        FedAvgGMF(make_train(2, 10, [3, 3], seed=1), FedAvgConfig(dim=2, secure_aggregation="secagg+"), seed=1)
+    with pytest.raises(ValueError, match="fedavg.secagg_corrupt"):
+        FedAvgConfig(secagg_corrupt=0.5)

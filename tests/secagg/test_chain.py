@@ -12,22 +12,21 @@ from scipy import stats
 
 from secagg.chain import (
     _MASK_LABEL,
+    _PAD_LABEL,
     CLIENT_ACCEPTS,
-    SERVER_ACCEPTS,
     ChainBundle,
-    ChainDelivery,
     ChainClient,
     ChainConfig,
+    ChainDelivery,
     ChainRing,
-    ChainServer,
     ChainUpload,
     ClientStage,
     Kind,
-    ServerStage,
     _mask,
     effective_successors,
     message_size,
 )
+from secagg.chain_server import SERVER_ACCEPTS, ChainServer, ServerStage
 from secagg.chain_sim import Dropout, simulate
 from secagg.encoding import FixedPoint
 from secagg.errors import AbortError, AuthenticationError, MessageError
@@ -96,7 +95,10 @@ def test_mask_known_answer():
         for j in range(5)
     ]
     assert y.tolist() == expected
-    assert _MASK_LABEL == b"chain/mask"
+    assert _MASK_LABEL == b"chain/mask" and _PAD_LABEL == b"chain/pad"
+    p = bytes(range(3, 35))
+    padded = _mask(x, [a, b], [c], pad=p)
+    assert padded.tolist() == [(e + int(expand(p, 5, label=_PAD_LABEL)[j])) % 2**64 for j, e in enumerate(expected)]
 
 
 def test_fresh_randomness_every_run_and_fresh_ring():
@@ -115,6 +117,7 @@ def test_per_client_cost_is_independent_of_n():
     large = simulate(cfg(dim=32, s=2), rand_inputs(40, 32))
     per_client = {
         message_size(Kind.ADVERT) + message_size(Kind.BUNDLE, s=2) + message_size(Kind.UPLOAD, dim=32)
+        + message_size(Kind.UNLOCK)
     }
     assert set(small.bytes_sent.values()) == per_client == set(large.bytes_sent.values())
     assert set(small.bytes_received.values()) == set(large.bytes_received.values())
@@ -126,7 +129,7 @@ def test_per_client_cost_is_independent_of_n():
 # --------------------------------------------------------------------------- dropouts
 
 
-@pytest.mark.parametrize("stage", ["advertise", "share", "receive", "upload"])
+@pytest.mark.parametrize("stage", ["advertise", "share", "receive", "upload", "unlock"])
 @pytest.mark.parametrize("s", [1, 2])
 def test_dropout_at_each_stage_gives_the_survivors_sum(stage, s):
     inputs = rand_inputs(8, 5, seed=3)
@@ -138,6 +141,10 @@ def test_dropout_at_each_stage_gives_the_survivors_sum(stage, s):
     # recovery is a re-run among survivors: one abandoned attempt unless the drop was before the ring
     expected_attempts = 1 if stage == "advertise" else 2
     assert run.server.attempt == expected_attempts
+    if stage == "unlock":  # the one re-run over exactly the unlockers keeps the ring order
+        first, second = run.server.history[0].ring, run.server.history[1].ring
+        assert second == tuple(c for c in first if c not in (11, 15))
+        assert run.server.fixed == run.survivors
 
 
 def test_dropouts_in_the_rerun_are_survived_too():
@@ -213,6 +220,7 @@ def recover(run, target: int, colluders: set[int]) -> np.ndarray:
     for c in colluders:
         seeds.update(run.clients[c].known_seeds())
     y = final_uploads(run)[target].copy()
+    y -= expand(run.server.revealed[(a, target)], y.size, label=_PAD_LABEL)  # opened at UNLOCK
     for (att, snd, rcv), seed in seeds.items():
         if att != a:
             continue
@@ -246,7 +254,7 @@ def test_with_s1_the_server_plus_both_ring_neighbours_recover_after_a_rerun():
     assert np.array_equal(recover(run, target, {ring[1], ring[3]}), inputs[target])
 
 
-def test_late_upload_of_an_abandoned_attempt_is_refused_and_would_reveal_the_input():
+def test_late_upload_of_an_abandoned_attempt_is_refused_and_useless_anyway():
     inputs = rand_inputs(5, 6, seed=5)
     late: dict[int, bytes] = {}
 
@@ -261,10 +269,37 @@ def test_late_upload_of_an_abandoned_attempt_is_refused_and_would_reveal_the_inp
     assert run.result.tolist() == oracle_sum(inputs, run.survivors)
     with pytest.raises(MessageError, match="round is over"):
         run.server.receive(late[12])
-    # Why it must be refused: a server that kept it holds attempt 1 complete; the difference of the
-    # two sums is exactly client 12's input (the documented limit of re-running).
+    # A server that kept it holds attempt 1's uploads complete, but their pads were never
+    # revealed (the attempt never reached UNLOCK): the difference of the sums is not x_12.
     first = [ChainUpload.from_bytes(d).vector for k, _, a, d in run.server_view if k is Kind.UPLOAD and a == 1]
     full = np.sum(first + [ChainUpload.from_bytes(late[12]).vector], axis=0, dtype=U64)
+    assert np.count_nonzero((full - run.result) == inputs[12]) <= 1
+    assert not any(att == 1 for att, _ in run.server.revealed)
+
+
+def test_late_unlock_is_refused_and_would_reveal_the_input():
+    """The limit of rule 2: a pad that arrives after UNLOCK closed must stay refused."""
+    inputs = rand_inputs(5, 6, seed=6)
+    late: dict[int, bytes] = {}
+
+    def hold_back(kind, sender, receiver, data):
+        if kind is Kind.UNLOCK and sender == 12 and 12 not in late:
+            late[12] = data
+            return None
+        return data
+
+    run = simulate(cfg(dim=6), inputs, tamper=hold_back)
+    assert run.survivors == frozenset(inputs) - {12}
+    assert run.result.tolist() == oracle_sum(inputs, run.survivors)
+    with pytest.raises(MessageError, match="round is over"):
+        run.server.receive(late[12])
+    # Why: attempt 1 was complete but for 12's pad; with it the server holds a second sum.
+    first = [ChainUpload.from_bytes(d).vector for k, _, a, d in run.server_view if k is Kind.UPLOAD and a == 1]
+    full = np.sum(first, axis=0, dtype=U64)
+    for (att, _cid), pad in run.server.revealed.items():
+        if att == 1:
+            full -= expand(pad, 6, label=_PAD_LABEL)
+    full -= expand(run.clients[12].known_pads()[1], 6, label=_PAD_LABEL)  # what the late unlock carried
     assert np.array_equal(full - run.result, inputs[12])
 
 
@@ -314,6 +349,9 @@ class Flow:
     def finish(self):
         for m in self.uploads.values():
             self.server.receive(m)
+        requests = self.server.close().messages
+        for c, m in requests.items():
+            self.server.receive(self.clients[c].unlock(m))
         self.server.close()
         return self.server.result()
 
@@ -362,6 +400,8 @@ def test_server_rejects_malformed_uploads_and_the_round_continues():
     for c, m in f.uploads.items():
         if c != first:
             f.server.receive(m)
+    for c, m in f.server.close().messages.items():
+        f.server.receive(f.clients[c].unlock(m))
     f.server.close()
     assert f.server.result().tolist() == oracle_sum(f.inputs, f.inputs)
 
@@ -398,22 +438,23 @@ def test_tampered_upload_fails_authentication_and_is_re_run_without_it():
     for c, m in f.uploads.items():
         if c != first:
             f.server.receive(m)
+    for c, m in f.server.close().messages.items():
+        f.server.receive(f.clients[c].unlock(m))
     f.server.close()
     assert f.server.result().tolist() == oracle_sum(f.inputs, f.inputs)
 
-    # a refused upload is never followed by a re-run without its sender: the server saw its
-    # masked vector, and a second sum over a smaller set would expose it. The round aborts.
+    # a refused upload is padded by a seed its sender never reveals (its attempt cannot reach
+    # UNLOCK): the round simply re-runs without it, like an upload lost in transit
     def tamper(kind, sender, receiver, data):
         return flip(data, len(data) - 1) if kind is Kind.UPLOAD and sender == 11 else data
 
     inputs = rand_inputs(5, 4, seed=2)
+    for t in (tamper, lambda k, s_, r, d: None if k is Kind.UPLOAD and s_ == 11 else d):
+        run = simulate(cfg(dim=4), inputs, tamper=t)
+        assert run.survivors == frozenset(inputs) - {11}
+        assert run.result.tolist() == oracle_sum(inputs, run.survivors)
     run = simulate(cfg(dim=4), inputs, tamper=tamper)
-    assert run.result is None and "were refused" in str(run.abort)
     assert any(isinstance(err, AuthenticationError) for _, err in run.rejected)
-    # an upload lost in transit (never seen, not refused) still leads to a re-run
-    lost = simulate(cfg(dim=4), inputs, tamper=lambda k, s_, r, d: None if k is Kind.UPLOAD and s_ == 11 else d)
-    assert lost.survivors == frozenset(inputs) - {11}
-    assert lost.result.tolist() == oracle_sum(inputs, lost.survivors)
 
 
 def test_server_rejects_bad_bundles():
@@ -506,7 +547,11 @@ def test_client_rejects_inconsistent_rings():
 def test_transition_tables_are_exhaustive():
     f = Flow().advertise().share().upload()
     c = next(iter(f.clients))
-    by_kind = {Kind.ADVERT: f.adverts[c], Kind.BUNDLE: f.bundles[c], Kind.UPLOAD: f.uploads[c]}
+    for m in f.uploads.values():
+        f.server.receive(m)
+    requests = f.server.close().messages
+    unlock = f.clients[c].unlock(requests[c])
+    by_kind = {Kind.ADVERT: f.adverts[c], Kind.BUNDLE: f.bundles[c], Kind.UPLOAD: f.uploads[c], Kind.UNLOCK: unlock}
     # server: every (stage, kind) outside the table is refused unread
     for stage in ServerStage:
         for kind, data in by_kind.items():
@@ -515,8 +560,8 @@ def test_transition_tables_are_exhaustive():
             server = ChainServer(f.config, f.clients)
             server.stage = stage
             with pytest.raises(MessageError):
-                server.receive_advert(data) if kind is Kind.ADVERT else (
-                    server.receive_bundle(data) if kind is Kind.BUNDLE else server.receive_upload(data))
+                {Kind.ADVERT: server.receive_advert, Kind.BUNDLE: server.receive_bundle,
+                 Kind.UPLOAD: server.receive_upload, Kind.UNLOCK: server.receive_unlock}[kind](data)
     # client: nothing is accepted in NEW or FAILED; DELIVERY only in SHARED
     assert CLIENT_ACCEPTS[ClientStage.NEW] == CLIENT_ACCEPTS[ClientStage.FAILED] == frozenset()
     fresh = ChainClient(f.config, c, f.inputs[c])
@@ -524,7 +569,11 @@ def test_transition_tables_are_exhaustive():
         with pytest.raises(MessageError):
             fresh.handle(data)
     with pytest.raises(MessageError):
-        f.clients[c].upload(f.deliveries[c])  # already UPLOADED
+        f.clients[c].upload(f.deliveries[c])  # already UNLOCKED
+    with pytest.raises(MessageError):
+        f.clients[c].unlock(requests[c])  # a pad is revealed once per attempt
+    with pytest.raises(MessageError):
+        fresh.handle(requests[c])
     with pytest.raises(MessageError, match="do not accept"):
         fresh.handle(f.uploads[c])
     with pytest.raises(MessageError, match="expected NEW"):
@@ -564,10 +613,10 @@ def test_runner_adapter_maps_stages_and_reports_costs():
                                   "masked_input": frozenset({2, 3}), "unmask": frozenset({4})})
     res = run_chain(x, spec)
     assert res.protocol == "chain" and res.abort is None and res.k == 2 and res.t is None
-    assert res.survivors == frozenset(range(12)) - {0, 1, 2, 3}  # 4 dropped after the chain finished
+    assert res.survivors == frozenset(range(12)) - {0, 1, 2, 3, 4}  # 4 left before its unlock: one re-run
     assert res.total.tolist() == [sum(int(x[i, j]) for i in res.survivors) % 2**64 for j in range(7)]
     assert res.bytes_sent[0] == 0 and res.bytes_sent[5] > res.bytes_sent[2] > 0
-    assert res.bytes_server_received == int(res.bytes_sent.sum()) and res.masks_expanded == 0
+    assert res.bytes_server_received == int(res.bytes_sent.sum()) and res.masks_expanded == len(res.survivors)
     assert res.client_s[0] == 0 and np.all(res.client_s[5:] > 0) and res.server_s > 0
     with pytest.raises(ValueError, match="unknown dropout stage"):
         run_chain(x, RunSpec(dropouts={"nope": frozenset({1})}))
@@ -607,33 +656,61 @@ def test_chain_bench_rows_json_and_errors(capsys):
     row = bench_one(6, 16, 0.5, s=2)
     assert row["correct"] and row["attempts"] == 2 and row["k"] == 2 and row["abort"] is None
     assert row["bytes_per_client"] == 2 * message_size(Kind.UPLOAD, dim=16) + message_size(Kind.ADVERT) + 2 * message_size(
-        Kind.BUNDLE, s=2)
-    assert set(breakdown(8, n=4)) >= {"client.upload", "server.receive_upload", "prg_bound_client"}
+        Kind.BUNDLE, s=2) + message_size(Kind.UNLOCK)
+    assert set(breakdown(8, n=4)) >= {"client.upload", "server.receive_upload", "client.unlock", "prg_bound_client"}
     assert main(["--clients", "5", "--dims", "4", "--dropouts", "0", "0.4"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [r["correct"] for r in out["rows"]] == [True, True]
     assert main(["--dropouts", "1.5"]) == 2 and main(["--clients", "0"]) == 2
 
 
-def test_refused_upload_without_a_valid_retry_aborts_but_foreign_garbage_does_not():
+def _to_unlock(flow):
+    for m in flow.uploads.values():
+        flow.server.receive(m)
+    return flow.server.close().messages
+
+
+def test_refused_unlock_without_a_valid_retry_aborts_but_foreign_garbage_does_not():
     f = Flow().advertise().share().upload()
-    victim, *others = list(f.uploads)
+    requests = _to_unlock(f)
+    victim, *others = list(requests)
     for c in others:
-        f.server.receive(f.uploads[c])
+        f.server.receive(f.clients[c].unlock(requests[c]))
     with pytest.raises(MessageError):
-        f.server.receive(f.uploads[victim][:-5])  # truncated: the server saw most of y_victim
-    with pytest.raises(AbortError, match=rf"uploads from \[{victim}\] arrived but were refused"):
+        f.server.receive(f.clients[victim].unlock(requests[victim])[:-5])  # truncated: most of the pad seen
+    with pytest.raises(AbortError, match=rf"unlocks from \[{victim}\] arrived but were refused"):
         f.server.close()
     assert f.server.stage is ServerStage.ABORTED
 
     g = Flow().advertise().share().upload()
-    victim, *others = list(g.uploads)
+    requests = _to_unlock(g)
+    victim, *others = list(requests)
     for c in others:
-        g.server.receive(g.uploads[c])
+        g.server.receive(g.clients[c].unlock(requests[c]))
     foreign = Flow().advertise().share().upload()  # another instance: not this round's content
+    foreign_requests = _to_unlock(foreign)
     with pytest.raises(MessageError, match="protocol instance"):
-        g.server.receive(foreign.uploads[victim])
+        g.server.receive(foreign.clients[victim].unlock(foreign_requests[victim]))
     with pytest.raises(MessageError):
         g.server.receive(os.urandom(100))
-    step = g.server.close()  # the victim simply never uploaded: re-run among the others
+    step = g.server.close()  # the victim simply never unlocked: one re-run among the others
     assert step.kind is Kind.RING and set(step.messages) == set(others)
+    assert g.server.fixed == frozenset(others)
+
+
+def test_unlock_validation_and_a_pad_is_revealed_once_per_attempt():
+    f = Flow().advertise().share().upload()
+    requests = _to_unlock(f)
+    c = next(iter(requests))
+    unlock = f.clients[c].unlock(requests[c])
+    with pytest.raises(MessageError, match="replayed"):
+        f.server.receive(unlock) or f.server.receive(unlock)
+    from secagg.chain import ChainUnlockRequest
+
+    other = next(iter(set(requests) - {c}))
+    stale = replace(ChainUnlockRequest.from_bytes(requests[other]), attempt=5).to_bytes()
+    with pytest.raises(MessageError, match="attempt 5"):
+        f.clients[other].unlock(stale)
+    assert f.clients[other].stage is ClientStage.UPLOADED
+    with pytest.raises(AuthenticationError):
+        f.server.receive(flip(f.clients[other].unlock(requests[other]), len(requests[other]) + 30))

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from secagg.chain import _MASK_LABEL, ChainConfig, ChainUpload, Kind, effective_successors
+from secagg.chain import _MASK_LABEL, _PAD_LABEL, ChainConfig, ChainUpload, Kind, effective_successors
 from secagg.chain_sim import DROP_STAGES, Dropout, simulate
 from secagg.prg import expand
 
@@ -19,20 +19,24 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 def expected_outcome(ids, dropouts, *, min_survivors, max_attempts):
     """Independent model of the attempt logic: the survivors, or None for an abort."""
     members = [c for c in ids if not (c in dropouts and dropouts[c].stage == "advertise")]
-    attempt = 1
+    attempt, fixed = 1, False
+
+    def leaving(stages):
+        return {c for c in members if c in dropouts and dropouts[c].stage in stages
+                and dropouts[c].attempt in (None, attempt)}
+
     while True:
         if len(members) < min_survivors:
             return None
-        gone = {c for c in members if c in dropouts and dropouts[c].stage == "share" and dropouts[c].attempt in (None, attempt)}
-        if not gone:
-            gone = {
-                c for c in members
-                if c in dropouts and dropouts[c].stage in ("receive", "upload") and dropouts[c].attempt in (None, attempt)
-            }
+        gone = leaving(("share",)) or leaving(("receive", "upload"))
+        unlock_stage = not gone
+        if unlock_stage:
+            gone = leaving(("unlock",))
         if not gone:
             return frozenset(members)
-        if attempt >= max_attempts:
+        if fixed or attempt >= max_attempts:  # after an unlock-stage dropout: one re-run, exact
             return None
+        fixed = unlock_stage
         members = [c for c in members if c not in gone]
         attempt += 1
 
@@ -84,8 +88,10 @@ def test_server_plus_the_2s_neighbours_recover_any_input_and_fewer_do_not(n, dim
     neighbours = {ring[(pos + j) % n] for j in range(1, s_eff + 1)} | {ring[(pos - j) % n] for j in range(1, s_eff + 1)}
     upload = next(ChainUpload.from_bytes(d).vector for k, c, _, d in run.server_view if k is Kind.UPLOAD and c == target)
 
+    pad = run.server.revealed[(run.server.attempt, target)]  # opened by the server at UNLOCK
+
     def guess(colluders):
-        y = upload.copy()
+        y = upload.copy() - expand(pad, dim, label=_PAD_LABEL)
         for c in colluders:
             for (_, snd, rcv), seed in run.clients[c].known_seeds().items():
                 if snd == target and rcv in colluders:

@@ -93,7 +93,8 @@ def test_property_exact_sum_or_clean_abort_with_dropouts_at_every_stage(data):
         s: frozenset(data.draw(st.sets(st.integers(0, n - 1), max_size=max(1, n // 4)), label=s))
         for s in MASKING_STAGES
     }
-    cfg = MaskingConfig(n, d, t, graph, os.urandom(16))
+    # every t, including the unsafe ones: this checks the abort logic, not the threshold rule
+    cfg = MaskingConfig(n, d, t, graph, os.urandom(16), unsafe_threshold=True)
     words = data.draw(
         st.lists(st.integers(0, 2**64 - 1) | st.sampled_from([0, 1, 2**63, 2**64 - 1]), min_size=n * d, max_size=n * d),
         label="inputs",
@@ -143,9 +144,12 @@ def test_out_of_budget_values_and_configurations_rejected():
 
 
 def test_secagg_plus_defaults():
-    cfg = MaskingConfig.secagg_plus(100, 4)
-    assert cfg.k == 14 and cfg.t == 8 and all(len(nb) == 14 for nb in cfg.graph)
-    assert MaskingConfig.secagg_plus(6, 4).k == 5  # capped at n - 1 (complete graph)
+    from secagg.params import choose
+
+    cfg = MaskingConfig.secagg_plus(100, 4)  # chosen for 10% dropout, 5% colluders
+    want = choose(100)
+    assert (cfg.k, cfg.t) == (want.k, want.t) and all(len(nb) == want.k for nb in cfg.graph)
+    assert MaskingConfig.secagg_plus(6, 4, k=8).k == 5  # capped at n - 1 (complete graph)
     assert MaskingConfig.secagg(30, 1).t == 21
 
 
@@ -266,8 +270,11 @@ def test_limit_t_colluding_holders_with_the_server_recover_a_victims_input():
 
 def test_limit_single_survivor_sum_is_its_input():
     x = _inputs(3, 5)
-    res = run_secagg(x, RunSpec(t=1, dropouts={"masked_input": frozenset({1, 2})}))
+    res = run_secagg(x, RunSpec(t=1, unsafe_threshold=True, dropouts={"masked_input": frozenset({1, 2})}))
     assert res.ok and res.total.tolist() == x[0].tolist()
+    # any safe threshold (t > half the holders) needs at least 2 survivors: the round aborts
+    res = run_secagg(x, RunSpec(t=2, dropouts={"masked_input": frozenset({1, 2})}))
+    assert not res.ok and "fewer than t" in res.abort
 
 
 # ------------------------------------------------------------------------------------------------
@@ -365,7 +372,7 @@ def test_bad_messages_are_rejected_and_the_round_continues():
 
 
 def test_tampered_share_ciphertext_is_detected_and_the_round_completes_without_that_client():
-    cfg, clients, server, inbox, _ = _setup_to_masked(n=6, t=3)
+    cfg, clients, server, inbox, _ = _setup_to_masked(n=6, t=4)
     msg = decode(inbox[2])
     sender, ct = msg.shares[0]
     tampered = ct[:40] + bytes([ct[40] ^ 1]) + ct[41:]
@@ -440,7 +447,7 @@ def test_client_transition_table_is_exhaustive(stage, method):
 @pytest.mark.parametrize("stage", list(ServerStage))
 @pytest.mark.parametrize("method", list(SERVER_TRANSITIONS))
 def test_server_transition_table_is_exhaustive(stage, method):
-    cfg = MaskingConfig.secagg(3, 2, t=1)
+    cfg = MaskingConfig.secagg(3, 2, t=2)
     _, pki = make_pki(3)
     s = MaskingServer(cfg, pki)
     s.stage = stage
@@ -460,7 +467,7 @@ def test_server_transition_table_is_exhaustive(stage, method):
 
 @pytest.mark.parametrize("stage", list(ServerStage))
 def test_server_accepts_only_the_current_stages_message_kind(stage):
-    cfg = MaskingConfig.secagg(3, 2, t=1)
+    cfg = MaskingConfig.secagg(3, 2, t=2)
     identities, pki = make_pki(3)
     s = MaskingServer(cfg, pki)
     s.stage = stage

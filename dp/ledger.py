@@ -24,9 +24,16 @@ Rules that make a kill at any point safe:
   committed one (re-running a committed round would be a second release), with an error that
   names the resume point.
 * Budget: :meth:`check_budget` (also run by ``begin_round(r, planned=...)``) refuses a round whose
-  planned events would push epsilon past the budget; :meth:`commit_round` re-checks the events
-  actually recorded and discards the round (nothing committed) if they exceed it. Both raise
-  :class:`~dp.errors.BudgetExceededError` saying what the epsilon would have been.
+  planned events would push epsilon past the budget, before it runs; :meth:`commit_round` always
+  re-checks the events actually recorded, INSIDE the write transaction (``BEGIN IMMEDIATE``), and
+  discards the round (nothing committed) if they exceed it. Both raise
+  :class:`~dp.errors.BudgetExceededError` saying what the epsilon would have been. Because the
+  commit-time check reads the committed rounds while holding SQLite's write lock, several handles
+  on one ledger (threads or processes) can never together commit past the budget: the second
+  committer waits for the lock (up to 30 s, then :class:`~dp.errors.LedgerError`) and is then
+  checked against everything the first committed. The same transaction refuses a round at or
+  below the last committed one. A planned check alone is advisory: another handle may commit in
+  between.
 
 Composition: entries without a ``cohort`` compose sequentially; entries with a cohort label are
 parallel over cohorts (users in disjoint cohorts, e.g. FEL clusters, fixed for the whole run):
@@ -180,7 +187,6 @@ class PrivacyLedger:
         self._rdp_acc = RdpAccountant(orders, neighboring_relation=self.neighboring_relation)
         self._curve_cache: dict[str, np.ndarray] = {}
         self._open: int | None = None
-        self._planned_key: Counter | None = None
         self._pld_cleared: tuple[dict, float] | None = None
         self._pending: list[tuple[str, str, str | None, str, str, float]] = []
 
@@ -215,10 +221,8 @@ class PrivacyLedger:
         if round_ < nxt:
             raise LedgerError(f"round {round_} is at or below the last committed round {nxt - 1}; "
                               f"resume from round {nxt} (a committed round is never re-run).")
-        self._planned_key: Counter | None = None
         if planned:
             self.check_budget(planned)
-            self._planned_key = Counter(json.dumps(event_to_dict(e), sort_keys=True) for e in planned)
         self._open, self._pending = round_, []
 
     def record(self, event: DpEvent, *, who: str, what: str = "", params: dict[str, Any] | None = None,
@@ -241,22 +245,36 @@ class PrivacyLedger:
         self._pending.append((who, str(what), cohort, ev, par, time.time()))
 
     def commit_round(self, round_: int) -> None:
-        """Write the open round and all its entries in one transaction (budget re-checked first)."""
+        """Write the open round and all its entries in one transaction.
+
+        Inside that transaction (``BEGIN IMMEDIATE``: SQLite's write lock is held from the first
+        read), the recorded events are checked against the budget together with every round
+        committed so far, by any handle, and the round number against the last committed one.
+
+        Raises:
+            BudgetExceededError: the recorded events would exceed the budget (the round is discarded).
+            LedgerError: ``round_`` is not the open round, is at or below a round another handle
+                committed meanwhile (discarded), or the ledger stayed locked by another writer.
+        """
         if self._open is None or round_ != self._open:
             raise LedgerError(f"commit_round({round_}) but the open round is {self._open}.")
         pending = self._pending
-        recorded_key = Counter(p[3] for p in pending if p[2] is None)
-        already_checked = self._planned_key is not None and all(p[2] is None for p in pending) and (
-            recorded_key == self._planned_key
-        )
-        if self.budget is not None and pending and not already_checked:
-            try:
-                self.check_budget([], extra=pending)
-            except BudgetExceededError:
-                self._open, self._pending = None, []
-                raise
-        self._db.execute("BEGIN IMMEDIATE")
         try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise LedgerError(
+                f"cannot lock {self.path} to commit round {round_} ({exc}); another process holds "
+                "the ledger's write lock. The round is still open: retry commit_round."
+            ) from exc
+        try:
+            if self.budget is not None and pending:
+                self.check_budget([], extra=pending)  # reads the committed rounds under the write lock
+            last = self._db.execute("SELECT MAX(round) FROM rounds").fetchone()[0]
+            if last is not None and round_ <= last:
+                raise LedgerError(
+                    f"round {round_} is at or below round {last}, which another handle on this ledger "
+                    f"committed meanwhile; the round was discarded (resume from round {last + 1})."
+                )
             self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (round_, len(pending), time.time()))
             self._db.executemany(
                 "INSERT INTO entries (round, seq, who, what, cohort, event, params, recorded_at) "
@@ -264,6 +282,10 @@ class PrivacyLedger:
                 [(round_, i, *p) for i, p in enumerate(pending)],
             )
             self._db.execute("COMMIT")
+        except (BudgetExceededError, LedgerError):
+            self._db.execute("ROLLBACK")
+            self._open, self._pending = None, []
+            raise
         except BaseException:
             self._db.execute("ROLLBACK")
             raise

@@ -72,3 +72,20 @@ def test_pure_laplace_calibration_never_rounds_over_the_target() -> None:
     e0 = calibrate_laplace_epsilon0(target_epsilon=0.3, count=3)
     assert best_epsilon(SelfComposed(Laplace.from_epsilon(e0), 3), 0.0).epsilon <= 0.3
     assert e0 == pytest.approx(0.1, rel=1e-15)
+
+
+def test_pld_interval_grows_with_the_laplace_epsilon_and_stays_an_upper_bound() -> None:
+    """PLD's grid has epsilon0 / interval points per Laplace release: at epsilon0 = 1000 a fixed
+    1e-4 interval took about a minute (the FedMF sweep). The interval is now at least
+    1e-5 * epsilon0; being pessimistic, the coarser grid can only raise epsilon, and by little."""
+    import dp_accounting as dpa
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from dp.accountant import PldAccountant
+
+    ev = SelfComposed(Laplace.from_epsilon(40.0), 3)
+    coarse = PldAccountant(neighboring_relation="replace_one").compose(ev).get_epsilon(1e-5)  # interval 4e-4
+    fine_acc = pld_privacy_accountant.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                                    value_discretization_interval=1e-4)
+    fine = fine_acc.compose(dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(1 / 40.0), 3)).get_epsilon(1e-5)
+    assert fine <= coarse <= fine + 3 * 4e-4

@@ -158,3 +158,20 @@ def test_edits_that_would_change_the_spent_budget_are_detected_at_open(
     db.close()
     with pytest.raises(LedgerError, match=match):
         PrivacyLedger(path)
+
+
+def test_limit_deleting_a_whole_round_is_not_detected(tmp_path: Path, good_ledger: bytes) -> None:
+    """Stated limit: the ledger has no signature. Removing a round's row and all its entries
+    leaves a consistent file, and the reported epsilon drops; only who can write decides."""
+    path = tmp_path / "privacy_ledger.sqlite"
+    path.write_bytes(good_ledger)
+    with PrivacyLedger(path) as ledger:
+        before = ledger.spent(1e-5, use_pld=False).epsilon
+    db = sqlite3.connect(path)
+    db.execute("DELETE FROM entries WHERE round = 2")
+    db.execute("DELETE FROM rounds WHERE round = 2")
+    db.commit()
+    db.close()
+    with PrivacyLedger(path) as ledger:
+        assert ledger.committed_rounds() == [0, 1, 3, 4, 5]
+        assert ledger.spent(1e-5, use_pld=False).epsilon < before

@@ -96,7 +96,7 @@ def test_mutated_presets_give_a_config_or_a_value_error(tmp_path: Path, text: st
     _load(tmp_path, text.encode())
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=FIXTURE_OK)
+@settings(max_examples=150, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(text=structured_toml())
 def test_random_sections_keys_and_values_give_a_config_or_a_value_error(tmp_path: Path, text: str) -> None:
     _load(tmp_path, text.encode())

@@ -284,12 +284,36 @@ def _has_sampling(event: DpEvent) -> bool:
     return False
 
 
+def _max_laplace_epsilon(event: DpEvent) -> float:
+    """The largest per-release epsilon of any Laplace event inside ``event`` (0 if none)."""
+    if isinstance(event, Laplace):
+        return event.epsilon0
+    if isinstance(event, (PoissonSampled, SampledWithoutReplacement, SelfComposed)):
+        return _max_laplace_epsilon(event.event)
+    if isinstance(event, (Composed, ParallelComposed)):
+        return max((_max_laplace_epsilon(e) for e in event.events), default=0.0)
+    if isinstance(event, FelTotal):
+        return _max_laplace_epsilon(event.expand())
+    return 0.0
+
+
+#: The discretisation interval never falls below this fraction of the largest Laplace epsilon0.
+_RELATIVE_INTERVAL = 1e-5
+
+
 class PldAccountant:
     """PLD accountant delegating to dp-accounting's ``PLDAccountant``.
 
     Parallel composition over disjoint cohorts is evaluated path by path: one PLD per choice of
     cohort in every :class:`ParallelComposed` (cohort assignment fixed across the composition), and
     the worst path is reported.
+
+    The privacy-loss grid has ``epsilon0 / interval`` points for a Laplace event, so at large
+    epsilon0 a fixed interval costs without bound (about a minute for two releases at
+    epsilon0 = 1000, which then reported inf). The interval used is therefore
+    ``max(value_discretization_interval, 1e-5 * largest Laplace epsilon0)``: unchanged up to
+    epsilon0 = 10, and relative beyond. The discretisation is pessimistic either way, so the result
+    stays an upper bound (looser by at most about ``count * interval``).
 
     Args:
         neighboring_relation: ``"add_remove"`` or ``"replace_one"``.
@@ -328,8 +352,10 @@ class PldAccountant:
             else dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
         )
         out = []
-        for path in _to_dpa_paths(Composed(tuple(self._events))):
-            acc = pld_privacy_accountant.PLDAccountant(rel, value_discretization_interval=self._interval)
+        total = Composed(tuple(self._events))
+        interval = max(self._interval, _RELATIVE_INTERVAL * _max_laplace_epsilon(total))
+        for path in _to_dpa_paths(total):
+            acc = pld_privacy_accountant.PLDAccountant(rel, value_discretization_interval=interval)
             if not acc.supports(path):
                 raise UnsupportedEventError(f"dp-accounting's PLD does not support {path!r}.")
             acc.compose(path)

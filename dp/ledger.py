@@ -24,9 +24,16 @@ Rules that make a kill at any point safe:
   committed one (re-running a committed round would be a second release), with an error that
   names the resume point.
 * Budget: :meth:`check_budget` (also run by ``begin_round(r, planned=...)``) refuses a round whose
-  planned events would push epsilon past the budget; :meth:`commit_round` re-checks the events
-  actually recorded and discards the round (nothing committed) if they exceed it. Both raise
-  :class:`~dp.errors.BudgetExceededError` saying what the epsilon would have been.
+  planned events would push epsilon past the budget, before it runs; :meth:`commit_round` always
+  re-checks the events actually recorded, INSIDE the write transaction (``BEGIN IMMEDIATE``), and
+  discards the round (nothing committed) if they exceed it. Both raise
+  :class:`~dp.errors.BudgetExceededError` saying what the epsilon would have been. Because the
+  commit-time check reads the committed rounds while holding SQLite's write lock, several handles
+  on one ledger (threads or processes) can never together commit past the budget: the second
+  committer waits for the lock (up to 30 s, then :class:`~dp.errors.LedgerError`) and is then
+  checked against everything the first committed. The same transaction refuses a round at or
+  below the last committed one. A planned check alone is advisory: another handle may commit in
+  between.
 
 Composition: entries without a ``cohort`` compose sequentially; entries with a cohort label are
 parallel over cohorts (users in disjoint cohorts, e.g. FEL clusters, fixed for the whole run):
@@ -57,6 +64,14 @@ from dp.events import Composed, DpEvent, ParallelComposed, SelfComposed, event_f
 __all__ = ["LedgerEntry", "PrivacyLedger", "RoundHandle"]
 
 _SCHEMA_VERSION = "1"
+#: Columns of each table and the SQLite storage types a valid row may hold in them.
+_COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
+    "meta": {"key": ("text",), "value": ("text",)},
+    "rounds": {"round": ("integer",), "n_entries": ("integer",), "committed_at": ("real", "integer")},
+    "entries": {"id": ("integer",), "round": ("integer",), "seq": ("integer",), "who": ("text",),
+                "what": ("text",), "cohort": ("text", "null"), "event": ("text",), "params": ("text",),
+                "recorded_at": ("real", "integer")},
+}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (
@@ -145,30 +160,47 @@ class PrivacyLedger:
                  neighboring_relation: str = "add_remove", orders: object = None) -> None:
         self.path = Path(path)
         budget = _check_budget_arg(budget)
+        if self.path.is_dir():
+            raise LedgerError(f"{self.path} is a directory, not a privacy ledger file.")
+        self._db: sqlite3.Connection | None = None
         try:
             self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        except sqlite3.DatabaseError as exc:
-            raise LedgerError(f"{self.path} is not a privacy ledger (SQLite error: {exc}).") from exc
-        if tables and not {"meta", "rounds", "entries"} <= tables:
-            raise LedgerError(f"{self.path} is an SQLite file but not a privacy ledger (tables {sorted(tables)}).")
-        self._db.executescript(_SCHEMA)
-        meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
-        if not meta:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany("INSERT INTO meta VALUES (?, ?)", [
-                ("version", _SCHEMA_VERSION),
-                ("budget", json.dumps(budget)),
-                ("neighboring_relation", neighboring_relation),
-            ])
-            self._db.execute("COMMIT")
+            if tables and not {"meta", "rounds", "entries"} <= tables:
+                raise LedgerError(f"{self.path} is an SQLite file but not a privacy ledger (tables {sorted(tables)}).")
+            fresh = not tables
+            self._db.executescript(_SCHEMA)
+            if fresh:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", [
+                    ("version", _SCHEMA_VERSION),
+                    ("budget", json.dumps(budget)),
+                    ("neighboring_relation", neighboring_relation),
+                ])
+                self._db.execute("COMMIT")
+            else:
+                self._verify_file()
             meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        except LedgerError:
+            self._db.close()
+            raise
+        except sqlite3.DatabaseError as exc:
+            if self._db is not None:
+                self._db.close()
+            raise LedgerError(f"{self.path} is not a privacy ledger or is damaged (SQLite error: {exc}).") from exc
         if meta.get("version") != _SCHEMA_VERSION:
-            raise LedgerError(f"ledger schema version {meta.get('version')!r} is not {_SCHEMA_VERSION!r}.")
-        stored = json.loads(meta["budget"])
-        stored = tuple(stored) if stored is not None else None
+            self._db.close()
+            raise LedgerError(f"ledger {self.path}: schema version {meta.get('version')!r} is not {_SCHEMA_VERSION!r}.")
+        try:
+            stored = _check_budget_arg(json.loads(meta["budget"]))
+            if meta["neighboring_relation"] not in ("add_remove", "replace_one"):
+                raise ValueError(f"unknown neighbouring relation {meta['neighboring_relation']!r}")
+        except (KeyError, ValueError, TypeError) as exc:
+            self._db.close()
+            raise LedgerError(f"ledger {self.path} has a damaged meta table ({type(exc).__name__}: {exc}); "
+                              "it was modified outside PrivacyLedger.") from exc
         if budget is not None and stored != budget:
             raise LedgerError(f"ledger {self.path} was created with budget {stored}; got {budget}. "
                               "Pass budget=None to use the stored one, or start a new run directory.")
@@ -180,9 +212,49 @@ class PrivacyLedger:
         self._rdp_acc = RdpAccountant(orders, neighboring_relation=self.neighboring_relation)
         self._curve_cache: dict[str, np.ndarray] = {}
         self._open: int | None = None
-        self._planned_key: Counter | None = None
         self._pld_cleared: tuple[dict, float] | None = None
         self._pending: list[tuple[str, str, str | None, str, str, float]] = []
+
+    def _verify_file(self) -> None:
+        """Refuse a damaged or inconsistent ledger file before anything reads it.
+
+        SQLite's ``quick_check`` (page-level damage), the exact columns of each table, the storage
+        type of every column, and the per-round entry counts (an entry deleted or added outside
+        :meth:`commit_round`, or an entry of a round that was never committed).
+        """
+        assert self._db is not None
+        problems = [r[0] for r in self._db.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise LedgerError(f"ledger {self.path} is damaged (SQLite quick_check: {'; '.join(problems[:3])}).")
+        for table, cols in _COLUMNS.items():
+            found = tuple(r[1] for r in self._db.execute(f"PRAGMA table_info({table})"))
+            if found != tuple(cols):
+                raise LedgerError(f"ledger {self.path}: table {table} has columns {found}, expected {tuple(cols)}; "
+                                  "it was modified outside PrivacyLedger.")
+            typed = " OR ".join(f"typeof({c}) NOT IN ({', '.join(repr(t) for t in types)})" for c, types in cols.items())
+            bad = self._db.execute(f"SELECT COUNT(*) FROM {table} WHERE {typed}").fetchone()[0]
+            if bad:
+                raise LedgerError(f"ledger {self.path}: {bad} row(s) of table {table} hold values of the wrong type; "
+                                  "it was modified outside PrivacyLedger.")
+        mismatch = self._db.execute(
+            "SELECT r.round, r.n_entries, COUNT(e.id) FROM rounds r LEFT JOIN entries e ON e.round = r.round "
+            "GROUP BY r.round HAVING COUNT(e.id) != r.n_entries LIMIT 1").fetchone()
+        if mismatch:
+            raise LedgerError(f"ledger {self.path}: round {mismatch[0]} was committed with {mismatch[1]} entries but "
+                              f"holds {mismatch[2]}; entries were added or removed outside PrivacyLedger.")
+        orphan = self._db.execute("SELECT MIN(round) FROM entries WHERE round NOT IN (SELECT round FROM rounds)").fetchone()[0]
+        if orphan is not None:
+            raise LedgerError(f"ledger {self.path}: entries of round {orphan}, which was never committed; "
+                              "it was modified outside PrivacyLedger.")
+
+    @contextmanager
+    def _reading(self, doing: str) -> Iterator[None]:
+        """Turn an SQLite error during ``doing`` into a LedgerError naming the file."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(f"ledger {self.path} could not be read while {doing} (SQLite error: {exc}); "
+                              "the file is damaged or was modified outside PrivacyLedger.") from exc
 
     # ------------------------------------------------------------------ rounds
     def close(self) -> None:
@@ -198,11 +270,13 @@ class PrivacyLedger:
 
     def committed_rounds(self) -> list[int]:
         """Round numbers committed so far, ascending."""
-        return [r[0] for r in self._db.execute("SELECT round FROM rounds ORDER BY round")]
+        with self._reading("listing rounds"):
+            return [r[0] for r in self._db.execute("SELECT round FROM rounds ORDER BY round")]
 
     def next_round(self) -> int:
         """The round to resume from: last committed round + 1 (0 for a new ledger)."""
-        row = self._db.execute("SELECT MAX(round) FROM rounds").fetchone()
+        with self._reading("finding the resume point"):
+            row = self._db.execute("SELECT MAX(round) FROM rounds").fetchone()
         return 0 if row[0] is None else int(row[0]) + 1
 
     def begin_round(self, round_: int, *, planned: Sequence[DpEvent] = ()) -> None:
@@ -215,10 +289,8 @@ class PrivacyLedger:
         if round_ < nxt:
             raise LedgerError(f"round {round_} is at or below the last committed round {nxt - 1}; "
                               f"resume from round {nxt} (a committed round is never re-run).")
-        self._planned_key: Counter | None = None
         if planned:
             self.check_budget(planned)
-            self._planned_key = Counter(json.dumps(event_to_dict(e), sort_keys=True) for e in planned)
         self._open, self._pending = round_, []
 
     def record(self, event: DpEvent, *, who: str, what: str = "", params: dict[str, Any] | None = None,
@@ -241,31 +313,53 @@ class PrivacyLedger:
         self._pending.append((who, str(what), cohort, ev, par, time.time()))
 
     def commit_round(self, round_: int) -> None:
-        """Write the open round and all its entries in one transaction (budget re-checked first)."""
+        """Write the open round and all its entries in one transaction.
+
+        Inside that transaction (``BEGIN IMMEDIATE``: SQLite's write lock is held from the first
+        read), the recorded events are checked against the budget together with every round
+        committed so far, by any handle, and the round number against the last committed one.
+
+        Raises:
+            BudgetExceededError: the recorded events would exceed the budget (the round is discarded).
+            LedgerError: ``round_`` is not the open round, is at or below a round another handle
+                committed meanwhile (discarded), or the ledger stayed locked by another writer.
+        """
         if self._open is None or round_ != self._open:
             raise LedgerError(f"commit_round({round_}) but the open round is {self._open}.")
         pending = self._pending
-        recorded_key = Counter(p[3] for p in pending if p[2] is None)
-        already_checked = self._planned_key is not None and all(p[2] is None for p in pending) and (
-            recorded_key == self._planned_key
-        )
-        if self.budget is not None and pending and not already_checked:
-            try:
-                self.check_budget([], extra=pending)
-            except BudgetExceededError:
-                self._open, self._pending = None, []
-                raise
-        self._db.execute("BEGIN IMMEDIATE")
         try:
-            self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (round_, len(pending), time.time()))
-            self._db.executemany(
-                "INSERT INTO entries (round, seq, who, what, cohort, event, params, recorded_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(round_, i, *p) for i, p in enumerate(pending)],
-            )
-            self._db.execute("COMMIT")
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise LedgerError(
+                f"cannot lock {self.path} to commit round {round_} ({exc}); another process holds "
+                "the ledger's write lock. The round is still open: retry commit_round."
+            ) from exc
+        try:
+            if self.budget is not None and pending:
+                self.check_budget([], extra=pending)  # reads the committed rounds under the write lock
+            with self._reading(f"committing round {round_}"):
+                last = self._db.execute("SELECT MAX(round) FROM rounds").fetchone()[0]
+            if last is not None and round_ <= last:
+                raise LedgerError(
+                    f"round {round_} is at or below round {last}, which another handle on this ledger "
+                    f"committed meanwhile; the round was discarded (resume from round {last + 1})."
+                )
+            with self._reading(f"committing round {round_}"):
+                self._db.execute("INSERT INTO rounds VALUES (?, ?, ?)", (round_, len(pending), time.time()))
+                self._db.executemany(
+                    "INSERT INTO entries (round, seq, who, what, cohort, event, params, recorded_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(round_, i, *p) for i, p in enumerate(pending)],
+                )
+                self._db.execute("COMMIT")
+        except (BudgetExceededError, LedgerError):
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            self._open, self._pending = None, []
+            raise
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             raise
         self._open, self._pending = None, []
 
@@ -283,9 +377,10 @@ class PrivacyLedger:
     # ------------------------------------------------------------------ reading
     def entries(self) -> list[LedgerEntry]:
         """Every committed entry, in order."""
-        rows = self._db.execute(
-            "SELECT round, seq, who, what, cohort, event, params, recorded_at FROM entries ORDER BY round, seq"
-        ).fetchall()
+        with self._reading("reading entries"):
+            rows = self._db.execute(
+                "SELECT round, seq, who, what, cohort, event, params, recorded_at FROM entries ORDER BY round, seq"
+            ).fetchall()
         out = []
         for r in rows:
             try:
@@ -309,7 +404,9 @@ class PrivacyLedger:
             q += " WHERE round <= ?"
             args = (upto,)
         groups: dict[str | None, Counter] = {}
-        for cohort, ev, n in self._db.execute(q + " GROUP BY cohort, event", args):
+        with self._reading("summing the spent budget"):
+            rows = self._db.execute(q + " GROUP BY cohort, event", args).fetchall()
+        for cohort, ev, n in rows:
             groups.setdefault(cohort, Counter())[ev] += n
         for p in extra:
             if isinstance(p, DpEvent):

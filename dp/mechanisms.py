@@ -9,8 +9,9 @@ that are rounded afterwards (e.g. to a fixed-point grid much coarser than a doub
 is Mironov's "snapping" idea in spirit but not his exact construction). Where the noisy value is
 released exactly, use :mod:`dp.discrete` on an integer grid instead.
 
-Uniforms come from 53 CSPRNG bits on the grid ``(k + 1/2) / 2^53`` (never 0 or 1); Laplace is
-the inverse CDF, Gaussian is Box-Muller.
+Uniforms come from 52 CSPRNG bits on the grid ``(k + 1/2) / 2^52`` (never 0, 1 or 1/2, so Laplace
+noise is always finite, at most ``b * 52 log 2`` in magnitude); Laplace is the inverse CDF, Gaussian
+is Box-Muller.
 """
 
 from __future__ import annotations

@@ -93,9 +93,16 @@ def uint64s(n: int, source: RandomSource) -> np.ndarray:
 
 
 def uniform_open01(n: int, source: RandomSource) -> np.ndarray:
-    """``n`` floats uniform on the 2^53-point grid ``(k + 1/2) / 2^53`` inside (0, 1)."""
-    k = uint64s(n, source) >> np.uint64(11)
-    return (k.astype(np.float64) + 0.5) * 2.0**-53
+    """``n`` floats uniform on the 2^52-point grid ``(k + 1/2) / 2^52``, ``k`` the top 52 random bits.
+
+    Every grid point is a double and every step is exact (``k + 1/2 < 2^52`` needs 53 significant
+    bits), so the result lies in ``[2^-53, 1 - 2^-53]``: never 0, never 1, and never exactly 1/2.
+    The grid is symmetric (``1 - u`` is on it too), so ``u - 1/2`` is exact and never 0 and Laplace
+    noise is finite and exactly antisymmetric. (A 53-bit ``k`` would not work: ``k + 1/2`` is not
+    a double above ``2^52``, and rounding reached exactly 1.0 and 0.5.)
+    """
+    k = uint64s(n, source) >> np.uint64(12)
+    return (k.astype(np.float64) + 0.5) * 2.0**-52
 
 
 def uniform_below(m: np.ndarray, source: RandomSource) -> np.ndarray:

@@ -25,13 +25,17 @@ import numpy as np
 
 from experiments.errors import UserError
 
-__all__ = ["register", "run_attack"]
+__all__ = ["TrainingFailed", "register", "run_attack"]
 
 SWEEP_EPSILONS = (1.0, 10.0, 100.0, 1000.0)
 
 #: Modules under ``experiments`` that add one ``secagg attack <protocol>`` sub-command each
 #: (``register(subparsers)``), listed explicitly; ``fedmf`` is defined in this module.
 PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = ()
+
+
+class TrainingFailed(UserError):
+    """Training diverged before the attack's rounds were complete (a sweep records it as a row)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -109,23 +113,28 @@ def run_attack(args: argparse.Namespace, data: Any, defense: str, epsilon: float
     t0 = time.perf_counter()
     stats, diverged = [], None
     try:
-        for _ in range(cfg.rounds):
-            stats.append(model.run_round())
-            print(f"round {stats[-1].round}: {stats[-1].seconds['round']:.2f} s", file=sys.stderr)
+        # A diverging model (LDP noise at small epsilon) overflows on its way to the ValueError
+        # below: that is reported as "model diverged", not as numpy warnings on stderr.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            for _ in range(cfg.rounds):
+                stats.append(model.run_round())
+                print(f"round {stats[-1].round}: {stats[-1].seconds['round']:.2f} s", file=sys.stderr)
     except ValueError as exc:  # e.g. LDP noise at small epsilon blows the model up
         if model.round < 2:
-            raise UserError(f"training failed in round {model.round}: {exc}") from exc
+            raise TrainingFailed(f"training failed in round {model.round}: {exc}") from exc
         diverged = f"training stopped in round {model.round}: {exc}"
     train_s = time.perf_counter() - t0
     name = "fedmf-one-round" if args.user_update == "sequential" else "fedmf-two-round"
     pub = model.public_info()
-    result = get_attack(name)(server_view(model.transport.transcript), pub, round=0)
-    lists = model.lists
-    sc = score(result, lists.rated_sets(), [lists.ratings[u, :c] for u, c in enumerate(lists.counts)],
-               model.n_items, pub["rating_scale"])
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # the attack inverts noisy, possibly huge updates
+        result = get_attack(name)(server_view(model.transport.transcript), pub, round=0)
+        lists = model.lists
+        sc = score(result, lists.rated_sets(), [lists.ratings[u, :c] for u, c in enumerate(lists.counts)],
+                   model.n_items, pub["rating_scale"])
         metrics = model.evaluate(split.test)
-    if diverged or not np.isfinite(metrics["rmse"]):
+    if not diverged and not (np.isfinite(metrics["rmse"]) and np.isfinite(metrics["mae"])):
+        diverged = f"the model's held-out RMSE is not finite after {model.round} rounds"
+    if diverged:
         metrics = {"rmse": None, "mae": None}  # null in JSON: the model diverged
     privacy = None
     if defense == "ldp":
@@ -177,13 +186,23 @@ def _sweep(args: argparse.Namespace, data: Any) -> int:
     rows = []
     for defense, eps in runs:
         print(f"sweep: {defense} {eps if defense == 'ldp' else ''}", file=sys.stderr)
-        r = run_attack(args, data, defense, eps)
+        label = defense if defense != "ldp" else f"ldp eps={eps:g}"
+        try:
+            r = run_attack(args, data, defense, eps)
+        except TrainingFailed as exc:  # one setting's failure is a row of the table, not the end of it
+            rows.append({
+                "defense": label, "variant": args.variant, "attack_f1": None, "random_f1": None, "rating_rmse": None,
+                "random_rating_rmse": None, "model_rmse": None, "model_mae": None,
+                "status": f"model diverged, no attack: {exc}", "train_seconds": None, "epsilon_total": None,
+            })
+            continue
         a = r["attack"]
+        status = a["status"] if not r["diverged"] else f"model diverged ({r['diverged']}); attack on round 0: {a['status']}"
         rows.append({
-            "defense": defense if defense != "ldp" else f"ldp eps={eps:g}", "variant": r["variant"],
+            "defense": label, "variant": r["variant"],
             "attack_f1": a["f1"], "random_f1": a["random_f1"], "rating_rmse": a["rating_rmse"],
             "random_rating_rmse": a["random_rating_rmse"], "model_rmse": r["rmse"], "model_mae": r["mae"],
-            "status": a["status"], "train_seconds": r["train_seconds"],
+            "status": status, "train_seconds": r["train_seconds"],
             "epsilon_total": r["privacy"]["epsilon_total"] if r["privacy"] else None,
         })
     with open(out_dir / "sweep.csv", "w", newline="") as fh:
@@ -215,8 +234,8 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(10, 4.5))
     nan = lambda v: np.nan if v is None else v  # noqa: E731
-    ax.bar(x - 0.3, [r["attack_f1"] for r in rows], 0.2, label="attack F1")
-    ax.bar(x - 0.1, [r["random_f1"] for r in rows], 0.2, label="random F1")
+    ax.bar(x - 0.3, [nan(r["attack_f1"]) for r in rows], 0.2, label="attack F1")
+    ax.bar(x - 0.1, [nan(r["random_f1"]) for r in rows], 0.2, label="random F1")
     ax.bar(x + 0.1, [nan(r["rating_rmse"]) for r in rows], 0.2, label="attack rating RMSE")
     ax.bar(x + 0.3, [nan(r["model_rmse"]) for r in rows], 0.2, label="model RMSE (held out)")
     ax.set_xticks(x, names, rotation=20)

@@ -3,7 +3,9 @@
 Sub-commands:
 
 * ``secagg data download {ml-100k,ml-1m,ml-latest-small} [--data-dir DIR] [--base-url URL] [--json]``
-* ``secagg data info PATH [--format F] [--json]``
+* ``secagg data info PATH [--format F] [--columns user=..,item=..,rating=..,timestamp=..] [--sep S] [--json]``:
+  loads any CSV/TSV (the format, delimiter, header and columns are inferred from the content) and
+  prints what it inferred beside the statistics
 * ``secagg data bench [--data PATH] [--seed S] [--json]``: times the data pipeline and the
   evaluation (load, split, candidate sampling, ItemPop sampled and full ranking, and a
   6,000 x 4,000 full ranking on synthetic data).
@@ -55,8 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info = sub.add_parser(
         "info",
         help="load an interaction file and print its size and statistics",
-        description="Load an interaction file (u.data, ratings.dat, ratings.csv, generic CSV, or a "
-        "folder holding one of them) and print its one-line description and statistics.",
+        description="Load an interaction file (u.data, ratings.dat, ratings.csv, any CSV/TSV, or a "
+        "folder holding one of them), print how it was read (format, delimiter, header, columns; "
+        "inferred from the content unless given) and its statistics.",
     )
     info.add_argument("path", help="file or folder")
     info.add_argument(
@@ -64,8 +67,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="fmt",
         default=None,
         choices=["ml-100k", "ml-1m", "ml-csv", "csv"],
-        help="file format (default: inferred from the file name)",
+        help="file format (default: inferred from the name and the content)",
     )
+    info.add_argument(
+        "--columns",
+        default=None,
+        metavar="user=NAME,item=NAME[,rating=NAME][,timestamp=NAME]",
+        help="which column holds each role: header names or 0-based indices, 'none' for absent "
+        "(default: inferred from the header names, e.g. userId/user_id, movieId/item_id, rating, timestamp)",
+    )
+    info.add_argument("--sep", default=None, help="delimiter, one character or '::' (default: inferred)")
     info.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     info.set_defaults(func=_cmd_info)
 
@@ -106,16 +117,23 @@ def _cmd_download(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from recmodels.data import interaction_stats
-    from recmodels.loaders import load_interactions
+    from recmodels.loaders import load_with_format
+    from recmodels.sniff import parse_columns
 
-    data = load_interactions(args.path, fmt=args.fmt)
+    columns = parse_columns(args.columns) if args.columns is not None else None
+    sep = "\t" if args.sep in ("\\t", "tab") else args.sep
+    data, layout = load_with_format(args.path, fmt=args.fmt, columns=columns, sep=sep)
     stats = interaction_stats(data)
+    stats["format"] = layout.as_dict()
     if args.json:
         print(json.dumps(stats, sort_keys=True))
     else:
         print(data.describe())
+        print(f"  read as: {layout.describe()}")
+        if layout.fmt == "csv":
+            print(f"  to read it the same way: --format csv --sep {layout.delimiter!r} --columns {layout.columns_spec()}")
         for key, value in stats.items():
-            if key not in ("source",):
+            if key not in ("source", "format"):
                 print(f"  {key}: {value}")
     return 0
 

@@ -11,12 +11,19 @@
   against rounds and writes ``RUN_DIR/privacy.png``.
 
 ``--json`` prints one JSON object as the last line of stdout with at least ``epsilon`` (the
-tightest available), ``accountant`` (which one gave it), ``epsilon_rdp``, ``order`` and ``delta``.
+tightest available), ``accountant`` (which one gave it), ``epsilon_rdp``, ``order``, ``delta`` and
+``private`` (false, with a ``reason`` in words, when no finite epsilon holds).
+
+``--delta`` must lie in (0, 1) (``laplace`` also accepts 0, meaning pure DP): delta 1 promises
+nothing, and Gaussian noise has no finite epsilon at delta 0. ``calibrate`` meets the target under
+the accountant it then reports (the tightest of RDP and PLD; RDP alone with ``--no-pld``) and says
+which.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -68,11 +75,42 @@ def _emit(payload: dict, human: list[str], as_json: bool) -> int:
     return 0
 
 
-def _report_lines(rep) -> list[str]:  # noqa: ANN001 - PrivacyReport
+def _check_delta(delta: float | None, *, allow_zero: bool) -> None:
+    """Refuse a delta outside (0, 1) (or [0, 1) where pure DP is meaningful), in words."""
+    if delta is None:
+        return
+    if delta >= 1 or delta < 0 or math.isinf(delta):
+        raise UserError(
+            f"--delta must lie in (0, 1); found {delta:g}. delta is the probability that the guarantee "
+            "fails: at delta >= 1 it promises nothing (any mechanism has epsilon 0 there). Typical: "
+            "1e-5, or below 1/(number of users)."
+        )
+    if delta == 0 and not allow_zero:
+        raise UserError(
+            "--delta 0 asks for pure DP, which Gaussian noise never gives (its epsilon is infinite at "
+            "delta 0); pass a delta in (0, 1), e.g. 1e-5."
+        )
+
+
+def _non_private_reason(rep, causes: list[str]) -> str | None:  # noqa: ANN001 - PrivacyReport
+    """Why no finite epsilon holds, in words (None when the guarantee is finite)."""
+    if math.isfinite(rep.epsilon):
+        return None
+    return "; ".join(causes) if causes else (
+        "no accountant finds a finite epsilon for these parameters at this delta"
+    )
+
+
+def _report_lines(rep, reason: str | None = None) -> list[str]:  # noqa: ANN001 - PrivacyReport
+    if reason is not None:
+        return [
+            f"epsilon = inf at delta = {rep.delta:g}: NOT differentially private. {reason}.",
+        ]
+    order = f" at order {rep.order:g}" if math.isfinite(rep.order) else " (no finite bound at any order)"
     lines = [
         f"epsilon = {rep.epsilon:.6g} at delta = {rep.delta:g} (tightest: {rep.accountant}; "
         f"{rep.neighboring_relation.replace('_', '/')} neighbours)",
-        f"  RDP : epsilon {rep.epsilon_rdp:.6g} at order {rep.order:g}",
+        f"  RDP : epsilon {rep.epsilon_rdp:.6g}{order}",
     ]
     lines.append(f"  PLD : epsilon {rep.epsilon_pld:.6g} (dp-accounting)" if rep.epsilon_pld is not None else "  PLD : skipped")
     if math.isfinite(rep.epsilon_pure):
@@ -87,8 +125,12 @@ def _account(args: argparse.Namespace) -> int:
 
     relation = "add_remove"
     params: dict[str, object] = {"mechanism": args.mechanism}
+    _check_delta(args.delta, allow_zero=args.mechanism == "laplace")
+    causes: list[str] = []
     if args.mechanism == "gaussian":
         _need(args, "q", "sigma", "steps", "delta")
+        if args.sigma == 0 and args.q > 0 and args.steps > 0:
+            causes.append("--sigma 0 adds no noise, so every sampled update is released exactly")
         if args.sampling == "fixed":
             relation = "replace_one"
         event = gaussian_training_event(noise_multiplier=args.sigma, q=args.q, steps=args.steps,
@@ -103,12 +145,16 @@ def _account(args: argparse.Namespace) -> int:
         params.update(epsilon0=args.epsilon0, count=args.count)
     else:  # fel
         _need(args, "sigma", "delta")
+        if args.sigma == 0:
+            causes.append("--sigma 0 adds no noise to the leaves' updates, so they are released exactly")
         if not args.cluster:
             raise UserError("--mechanism fel needs at least one --cluster Q,STEPS (one per leaf cluster).")
         leaves = tuple(gaussian_training_event(noise_multiplier=args.sigma, q=q, steps=t) for q, t in args.cluster)
         over = None
         if args.over_arch is not None:
             q, t, s = args.over_arch
+            if s == 0:
+                causes.append("the over-arch's SIGMA 0 adds no noise, so its updates are released exactly")
             over = gaussian_training_event(noise_multiplier=s, q=q, steps=t)
         users = args.over_arch_users or ("same" if over is not None else "opt_in")
         event = FelTotal(leaves, over, users)
@@ -116,8 +162,15 @@ def _account(args: argparse.Namespace) -> int:
         params.update(sigma=args.sigma, clusters=[list(c) for c in args.cluster],
                       over_arch=list(args.over_arch) if args.over_arch else None, over_arch_users=users)
     rep = best_epsilon(event, delta, use_pld=not args.no_pld, neighboring_relation=relation)
-    payload = rep.to_dict() | {"parameters": params}
-    return _emit(payload, _report_lines(rep), args.json)
+    reason = _non_private_reason(rep, causes)
+    if reason is not None:
+        rep = dataclasses.replace(rep, notes=tuple(n for n in rep.notes if not n.startswith("PLD skipped")))
+    payload = rep.to_dict() | {"parameters": params, "private": reason is None, "reason": reason}
+    human = _report_lines(rep, reason)
+    if rep.epsilon == 0:
+        payload["reason"] = "nothing is released: the sampling rate or the number of steps is 0"
+        human.append(f"  ({payload['reason']})")
+    return _emit(payload, human, args.json)
 
 
 def _need(args: argparse.Namespace, *names: str) -> None:
@@ -131,25 +184,31 @@ def _calibrate(args: argparse.Namespace) -> int:
     from dp.calibration import calibrate_gaussian_noise_multiplier, calibrate_laplace_epsilon0, gaussian_training_event
     from dp.events import Laplace, SelfComposed
 
+    _check_delta(args.delta, allow_zero=args.mechanism == "laplace")
+    use_pld = not args.no_pld
     if args.mechanism == "gaussian":
         _need(args, "epsilon", "delta", "q", "steps")
         sigma = calibrate_gaussian_noise_multiplier(target_epsilon=args.epsilon, delta=args.delta, q=args.q,
                                                     steps=args.steps, sampling=args.sampling,
-                                                    population=args.population)
+                                                    population=args.population, use_pld=use_pld)
         relation = "replace_one" if args.sampling == "fixed" else "add_remove"
         event = gaussian_training_event(noise_multiplier=sigma, q=args.q, steps=args.steps,
                                         sampling=args.sampling, population=args.population)
-        rep = best_epsilon(event, args.delta, use_pld=not args.no_pld, neighboring_relation=relation)
+        rep = best_epsilon(event, args.delta, use_pld=use_pld, neighboring_relation=relation)
+        what = f"sigma (noise multiplier) = {sigma:.6g}"
         payload = rep.to_dict() | {"sigma": sigma, "target_epsilon": args.epsilon}
-        human = [f"sigma (noise multiplier) = {sigma:.6g} for target epsilon {args.epsilon:g} (RDP-calibrated)"]
     else:
         _need(args, "epsilon", "count")
         delta = 0.0 if args.delta is None else args.delta
-        e0 = calibrate_laplace_epsilon0(target_epsilon=args.epsilon, count=args.count, delta=delta)
-        rep = best_epsilon(SelfComposed(Laplace.from_epsilon(e0), args.count), delta, use_pld=not args.no_pld,
+        e0 = calibrate_laplace_epsilon0(target_epsilon=args.epsilon, count=args.count, delta=delta, use_pld=use_pld)
+        rep = best_epsilon(SelfComposed(Laplace.from_epsilon(e0), args.count), delta, use_pld=use_pld,
                            neighboring_relation="replace_one")
+        what = f"epsilon0 per release = {e0:.6g} for {args.count} releases"
         payload = rep.to_dict() | {"epsilon0": e0, "target_epsilon": args.epsilon}
-        human = [f"epsilon0 per release = {e0:.6g} for {args.count} releases within epsilon {args.epsilon:g}"]
+    against = "the tightest of RDP, PLD and pure DP" if use_pld else "RDP and pure DP (--no-pld)"
+    payload["calibrated_against"] = "tightest" if use_pld else "rdp"
+    human = [f"{what}: the least noise whose epsilon, by {against}, is within the target {args.epsilon:g} "
+             f"(reached: {rep.epsilon:.6g}, by {rep.accountant})"]
     return _emit(payload, human + _report_lines(rep), args.json)
 
 
@@ -158,6 +217,7 @@ def _report(args: argparse.Namespace) -> int:
     from dp.events import NonPrivate
     from dp.ledger import PrivacyLedger
 
+    _check_delta(args.delta, allow_zero=True)
     run_dir = Path(args.run_dir)
     path = run_dir / "privacy_ledger.sqlite"
     if not run_dir.is_dir():
@@ -383,7 +443,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     acc.add_argument("--q", type=_float, help="sampling rate per step (Poisson unless --sampling fixed)")
     acc.add_argument("--sigma", type=_float, help="noise multiplier (noise std / sensitivity)")
     acc.add_argument("--steps", type=_int, help="number of steps/rounds")
-    acc.add_argument("--delta", type=_float, help="target delta (laplace: default 0 = pure DP)")
+    acc.add_argument("--delta", type=_float, help="target delta in (0, 1) (laplace: default 0 = pure DP)")
     acc.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson",
                      help="poisson (add/remove neighbours) or fixed-size without replacement (replace-one)")
     acc.add_argument("--population", type=_int, help="population size for --sampling fixed")
@@ -399,7 +459,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     acc.set_defaults(func=_account)
 
     cal = sub.add_parser("calibrate", help="noise for a target epsilon",
-                         description="Smallest noise meeting a target (epsilon, delta); never overshoots.")
+                         description="Smallest noise meeting a target (epsilon, delta) under the accountant it "
+                         "reports (the tightest of RDP and PLD; RDP with --no-pld); never overshoots.")
     cal.add_argument("--mechanism", choices=("gaussian", "laplace"), default="gaussian")
     cal.add_argument("--epsilon", type=_float, help="target epsilon")
     cal.add_argument("--delta", type=_float, help="target delta")
@@ -408,7 +469,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson")
     cal.add_argument("--population", type=_int, help="population size for --sampling fixed")
     cal.add_argument("--count", type=_int, help="laplace: number of releases")
-    cal.add_argument("--no-pld", action="store_true", help="skip the PLD check of the result")
+    cal.add_argument("--no-pld", action="store_true",
+                     help="calibrate against RDP alone (faster; more noise where PLD is tighter)")
     cal.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     cal.set_defaults(func=_calibrate)
 

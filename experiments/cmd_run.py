@@ -40,6 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", metavar="FILE.toml", help="TOML file overriding the preset's keys")
     p.add_argument("--data", metavar="PATH", help="MovieLens u.data / ratings.dat / ratings.csv (file or folder) or CSV")
     p.add_argument("--format", metavar="FMT", help="data format when it cannot be inferred: ml-100k, ml-1m, ml-csv, csv")
+    p.add_argument("--columns", metavar="SPEC",
+                   help="a CSV's columns, user=NAME,item=NAME[,rating=NAME][,timestamp=NAME] (header names or "
+                   "0-based indices; 'none' for absent); default: inferred from the header ([data.columns])")
+    p.add_argument("--sep", metavar="S", help="a CSV's delimiter, one character or '::' (default: inferred)")
     p.add_argument("--rounds", type=int, metavar="N", help="rounds (federated) or epochs (centralised)")
     p.add_argument("--seed", type=int, metavar="S", help="seed of every simulation choice")
     p.add_argument("--eval-negatives", type=int, metavar="N",
@@ -61,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
     if args.resume:
-        if args.preset or args.config or args.data or args.format or args.seed is not None or args.eval_negatives is not None or args.out:
+        if args.preset or args.config or args.data or args.format or args.columns or args.sep or args.seed is not None or args.eval_negatives is not None or args.out:
             raise UserError("--resume continues a run with its saved config; only --rounds may be changed")
         rd = RunDir.open_existing(Path(args.resume))
         config = cfgmod.load_config_file(rd.file("config.toml"))
@@ -76,6 +80,18 @@ def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
         overrides.setdefault("data", {})["source"] = args.data
     if args.format:
         overrides.setdefault("data", {})["format"] = args.format
+    if args.sep is not None:
+        overrides.setdefault("data", {})["sep"] = "\t" if args.sep in ("\\t", "tab") else args.sep
+    if args.columns is not None:
+        from recmodels.sniff import parse_columns
+
+        try:
+            given = parse_columns(args.columns)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        overrides.setdefault("data", {})["columns"] = {
+            role: ("none" if value is None else str(value)) for role, value in given.items()
+        }
     if args.rounds is not None:
         if args.rounds < 0:
             raise UserError(f"--rounds must be >= 0; found {args.rounds}")

@@ -68,12 +68,46 @@ class RunSection:
 
 
 @dataclass(frozen=True)
+class ColumnsSection:
+    """``[data.columns]``: which column of a CSV holds each role (``--columns`` on the command line).
+
+    Each value is a header name or a 0-based column index written as text (``"0"``); ``""``
+    (the default) infers the role from the header names, ``"none"`` says the file has no such
+    column. Only for ``csv`` files; MovieLens formats have fixed columns.
+    """
+
+    user: str = ""
+    item: str = ""
+    rating: str = ""
+    timestamp: str = ""
+
+    def mapping(self) -> dict[str, str | int | None] | None:
+        """The ``columns=`` argument of :func:`recmodels.loaders.load_interactions` (``None``: infer all)."""
+        given = {role: value for role, value in dataclasses.asdict(self).items() if value != ""}
+        if not given:
+            return None
+        from recmodels.sniff import parse_columns
+
+        return parse_columns(",".join(f"{role}={value}" for role, value in given.items()))
+
+    def __post_init__(self) -> None:
+        try:
+            self.mapping()
+        except ValueError as exc:
+            raise ValueError(f"[data.columns]: {exc}") from None
+
+
+@dataclass(frozen=True)
 class DataSection:
     """``[data]``: where interactions come from and how they are preprocessed.
 
     Attributes:
         source: ``"synthetic"`` (the embedded default) or a path to a MovieLens file/folder or CSV.
-        format: ``""`` infers from the file name; else ``ml-100k`` | ``ml-1m`` | ``ml-csv`` | ``csv``.
+        format: ``""`` infers from the file name and content; else ``ml-100k`` | ``ml-1m`` |
+            ``ml-csv`` | ``csv``.
+        sep: a CSV's delimiter (one character or ``"::"``); ``""`` infers it from the content.
+        columns: ``[data.columns]``, which CSV column holds the user, item, rating and timestamp
+            (:class:`ColumnsSection`; inferred from the header names by default).
         threshold: ratings >= threshold are positives; ``nan`` (default) counts every rating.
         min_user_interactions: users with fewer interactions are dropped (default 2: one to
             train on, one to hold out).
@@ -84,6 +118,8 @@ class DataSection:
 
     source: str = "synthetic"
     format: str = ""
+    sep: str = ""
+    columns: ColumnsSection = field(default_factory=ColumnsSection)
     threshold: float = math.nan
     min_user_interactions: int = 2
     min_item_interactions: int = 0
@@ -100,6 +136,12 @@ class DataSection:
             )
         if self.min_item_interactions < 0:
             raise ValueError(f"data.min_item_interactions must be >= 0; found {self.min_item_interactions}")
+        if self.sep not in ("", "::") and len(self.sep) != 1:
+            raise ValueError(f"data.sep must be one character or '::' (or empty to infer); found {self.sep!r}")
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """``fmt``/``sep``/``columns`` for :func:`recmodels.loaders.load_with_format`."""
+        return {"fmt": self.format or None, "sep": self.sep or None, "columns": self.columns.mapping()}
 
 
 @dataclass(frozen=True)
@@ -304,6 +346,8 @@ def _read_toml(path: Path, origin: str) -> dict[str, Any]:
         raise FileNotFoundError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{origin} is not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses per nesting level of arrays and inline tables
+        raise ValueError(f"{origin} is not valid TOML: arrays or tables nested too deeply") from None
 
 
 def _preset_names() -> list[str]:
@@ -329,6 +373,9 @@ def load_config_file(path: str | Path, base: RunConfig | None = None) -> RunConf
     return merge(base or RunConfig(), parse_sections(raw, str(path)))
 
 
+_TOML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -336,8 +383,8 @@ def _toml_value(v: Any) -> str:
         return '"nan"'
     if isinstance(v, (int, float)):
         return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, str):  # a TOML basic string: backslash, quote and control characters escaped
+        return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or c == "\x7f" else c) for c in v) + '"'
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise TypeError(f"cannot write {v!r} as TOML")

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from experiments.config import RunConfig
-from recmodels.data import Interactions, binarize, filter_min_interactions, subset
-from recmodels.loaders import load_interactions, resolve_data_path
+from recmodels.data import Interactions, align_interactions, binarize, filter_min_interactions, subset
+from recmodels.loaders import load_with_format, resolve_data_path
 from recmodels.sampling import EvalCandidates, sample_eval_candidates
 from recmodels.splits import leave_one_out, ratio_split
 from recmodels.synthetic import generate_synthetic
@@ -35,6 +35,10 @@ class Prepared:
     split: Any  # Split (ranking) or RatioSplit (rating)
     candidates: EvalCandidates | None
     description: dict[str, Any]
+    #: pairs the user rated below ``data.threshold`` (so not positives), on ``data``'s id maps:
+    #: never drawn as a training negative (a rated item is not an unseen one). ``None`` when
+    #: every rating is a positive.
+    exclude: Interactions | None = None
 
 
 def _sha256(path: Path) -> str:
@@ -70,6 +74,7 @@ def prepare_data(config: RunConfig) -> Prepared:
     them; rating protocols (task ``"rating"``) get a seeded 80/20 ratio split instead.
     """
     d, seed, spec = config.data, config.run.seed, config.spec
+    layout = None
     if d.source == "synthetic":
         raw = generate_synthetic(
             n_users=d.synthetic_users,
@@ -79,7 +84,7 @@ def prepare_data(config: RunConfig) -> Prepared:
             mean_interactions=d.synthetic_mean_interactions,
         )
     else:
-        raw = load_interactions(d.source, fmt=d.format or None)
+        raw, layout = load_with_format(d.source, **d.load_kwargs())
     threshold = None if math.isnan(d.threshold) else d.threshold
     if spec.keeps_ratings:
         data = raw if threshold is None else _at_least(raw, threshold)
@@ -91,6 +96,10 @@ def prepare_data(config: RunConfig) -> Prepared:
             f"no interactions left in {raw.source} after preprocessing (threshold={threshold}, "
             f"min_user_interactions={d.min_user_interactions}, min_item_interactions={d.min_item_interactions})"
         )
+    rated = align_interactions(raw, data)  # every rating in the file, on the prepared id maps
+    exclude = None
+    if threshold is not None and not spec.keeps_ratings:
+        exclude = subset(rated, np.flatnonzero(rated.ratings < np.float32(threshold)))
     candidates = None
     if spec.task == "rating":
         split = ratio_split(data, test_ratio=RATING_TEST_RATIO, seed=seed)
@@ -98,11 +107,13 @@ def prepare_data(config: RunConfig) -> Prepared:
         split = leave_one_out(data, seed=seed, validation=config.split.validation)
         if config.eval.negatives:
             candidates = sample_eval_candidates(
-                split, n_negatives=config.eval.negatives, rng=np.random.default_rng([seed, 1])
+                split, n_negatives=config.eval.negatives, rng=np.random.default_rng([seed, 1]), exclude=rated
             )
     description = {
         "source": raw.source,
         "raw": raw.describe(),
+        # how the file was read (format, delimiter, header, columns; inferred or given)
+        "layout": None if layout is None else {"read_as": layout.describe(), **layout.as_dict()},
         "preprocessed": data.describe(),
         "positives": ("explicit ratings kept" if spec.keeps_ratings else "every rating")
         if threshold is None
@@ -110,7 +121,7 @@ def prepare_data(config: RunConfig) -> Prepared:
         "min_user_interactions": d.min_user_interactions,
         "min_item_interactions": d.min_item_interactions,
     }
-    return Prepared(data, split, candidates, description)
+    return Prepared(data, split, candidates, description, exclude)
 
 
 def _at_least(data: Interactions, threshold: float) -> Interactions:

@@ -216,7 +216,7 @@ def _build(req: RunRequest, prep: Prepared):
     transport = InProcessTransport(Transcript()) if cfg.spec.federated else None
     ctx = BuildContext(
         split=prep.split, config=cfg.protocol_config, seed=cfg.run.seed, source=cfg.data.source,
-        transport=transport, data_options=cfg.to_dict()["data"],
+        transport=transport, data_options=cfg.to_dict()["data"], exclude=prep.exclude,
     )
     return cfg.spec.build(ctx)
 
@@ -277,6 +277,9 @@ def execute(req: RunRequest) -> dict[str, Any]:
     if cfg.run.rounds > MAX_ROUNDS:
         raise UserError(f"--rounds {cfg.run.rounds} is more than the {MAX_ROUNDS:,} rounds a run may have")
     prep = prepare_data(cfg)  # bad input fails here, before anything is written
+    layout = prep.description.get("layout")
+    if layout and not req.quiet:  # say how the file was read (the format and columns may be inferred)
+        print(f"data: {layout['read_as']}", file=sys.stderr)
     trainer = _build(req, prep)
     rd, run_id, elapsed = _open(req, prep, trainer)
     try:

@@ -52,7 +52,7 @@ class Centralized:
     transport = None
 
     def __init__(self, ctx: BuildContext):
-        self.trainer = CentralTrainer(ctx.train, ctx.config, seed=ctx.seed)
+        self.trainer = CentralTrainer(ctx.train, ctx.config, seed=ctx.seed, exclude=ctx.exclude)
         self.config = ctx.config
 
     @property

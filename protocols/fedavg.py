@@ -227,10 +227,15 @@ class FedAvgGMF:
         seed: seeds the initialisation and every simulation choice (client sampling, shuffles,
             negatives), so that a run is reproducible from it.
         transport: where messages go; a fresh in-process transport by default.
+        exclude: pairs never drawn as training negatives besides the client's own positives
+            (ratings below the positive threshold; :attr:`experiments.prepare.Prepared.exclude`).
     """
 
-    def __init__(self, train: Interactions, config: FedAvgConfig, *, seed: int, transport: InProcessTransport | None = None):
-        self.train, self.config = train, config
+    def __init__(
+        self, train: Interactions, config: FedAvgConfig, *, seed: int, transport: InProcessTransport | None = None,
+        exclude: Interactions | None = None,
+    ):
+        self.train, self.config, self.exclude = train, config, exclude
         self.transport = transport or InProcessTransport()
         self.rng = np.random.default_rng(seed)
         g = torch.Generator().manual_seed(int(seed))
@@ -327,7 +332,7 @@ class FedAvgGMF:
         epochs = []
         for _ in range(cfg.local_epochs):
             if cfg.train_negatives:
-                _, neg_items = sample_train_negatives(sub, n_neg=cfg.train_negatives, rng=self.rng)
+                _, neg_items = sample_train_negatives(sub, n_neg=cfg.train_negatives, rng=self.rng, exclude=self.exclude)
                 slots = np.concatenate([slots_pos, np.repeat(slots_pos, cfg.train_negatives)])
                 items = np.concatenate([items_pos, neg_items])
                 labels = np.concatenate([np.ones(len(items_pos)), np.zeros(len(neg_items))])
@@ -537,7 +542,7 @@ class FedAvgGMF:
 register(ProtocolSpec(
     name="fedavg",
     summary="FedAvg over GMF; user embeddings stay on the clients, sums optionally through SecAgg/SecAgg+",
-    build=lambda ctx: FedAvgGMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport),
+    build=lambda ctx: FedAvgGMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport, exclude=ctx.exclude),
     section="fedavg",
     config_cls=FedAvgConfig,
 ))

@@ -6,7 +6,7 @@ A protocol module registers itself when imported::
         name="fedavg",                       # the value of run.protocol
         summary="FedAvg over GMF; user embeddings stay on the clients",
         section="fedavg", config_cls=FedAvgConfig,   # the [fedavg] table it owns
-        build=lambda ctx: FedAvgGMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport),
+        build=lambda ctx: FedAvgGMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport, exclude=ctx.exclude),
     ))
 
 and its module path is listed in :data:`PROTOCOL_MODULES` (explicit, no import-time discovery).
@@ -58,6 +58,9 @@ class BuildContext:
             need side files, e.g. item titles in ``movies.csv``, look beside it).
         transport: the recording transport the protocol must send every message through.
         data_options: the run's ``[data]`` section as a dict (synthetic sizes, threshold, ...).
+        exclude: pairs rated below the positive threshold (on ``train``'s id maps), which a
+            protocol that samples negatives must never draw (pass it to
+            :func:`recmodels.sampling.sample_train_negatives`); ``None`` if every rating is a positive.
     """
 
     split: Split | Any
@@ -66,6 +69,7 @@ class BuildContext:
     source: str
     transport: InProcessTransport
     data_options: Mapping[str, Any]
+    exclude: Interactions | None = None
 
     @property
     def train(self) -> Interactions:

@@ -20,6 +20,7 @@ import numpy as np
 
 __all__ = [
     "Interactions",
+    "align_interactions",
     "binarize",
     "deduplicate",
     "filter_min_interactions",
@@ -207,6 +208,45 @@ def _reindex(data: Interactions, source: str) -> Interactions:
         user_ids=data.user_ids[user_present],
         item_ids=data.item_ids[item_present],
         source=source,
+        check_duplicates=False,
+    )
+
+
+def _positions(ids: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Index of each ``wanted`` raw id in ``ids`` and whether it is there (``ids`` need not be sorted)."""
+    if ids.size == 0:
+        return np.zeros(wanted.shape, np.int64), np.zeros(wanted.shape, bool)
+    if ids.dtype.kind != wanted.dtype.kind and not (ids.dtype.kind in "iu" and wanted.dtype.kind in "iu"):
+        return np.zeros(wanted.shape, np.int64), np.zeros(wanted.shape, bool)  # int ids never equal str ids
+    order = np.argsort(ids, kind="stable")
+    pos = np.minimum(np.searchsorted(ids[order], wanted), ids.size - 1)
+    found = ids[order][pos] == wanted
+    return order[pos].astype(np.int64), found
+
+
+def align_interactions(data: Interactions, like: Interactions) -> Interactions:
+    """``data``'s rows re-indexed onto ``like``'s id maps; rows of users or items ``like`` lacks are dropped.
+
+    Typical use: the interactions a sampler must never draw as negatives (``exclude=``) are the
+    raw file's, *before* :func:`binarize` dropped the ratings below the threshold and
+    :func:`filter_min_interactions` re-indexed: ``exclude = align_interactions(raw, prepared)``.
+    Matching is by raw id (``user_ids`` / ``item_ids``).
+
+    Returns:
+        A dataset with ``like``'s ``n_users``, ``n_items`` and id maps (ratings and timestamps
+        kept), which may contain pairs that ``like`` also holds.
+    """
+    upos, ufound = _positions(np.asarray(like.user_ids), np.asarray(data.user_ids))
+    ipos, ifound = _positions(np.asarray(like.item_ids), np.asarray(data.item_ids))
+    keep = ufound[data.users] & ifound[data.items]
+    return Interactions(
+        users=upos[data.users[keep]],
+        items=ipos[data.items[keep]],
+        ratings=data.ratings[keep],
+        timestamps=data.timestamps[keep],
+        user_ids=like.user_ids,
+        item_ids=like.item_ids,
+        source=f"{data.source} | aligned to {like.n_users} users, {like.n_items} items",
         check_duplicates=False,
     )
 

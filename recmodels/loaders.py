@@ -1,4 +1,4 @@
-"""Loaders for MovieLens files and generic CSV interaction logs.
+"""Loaders for MovieLens files and any delimited interaction log (CSV, TSV, ...).
 
 Formats (``fmt``):
 
@@ -8,21 +8,21 @@ Formats (``fmt``):
   ratings 1..5, no header.
 * ``"ml-csv"``: ``ratings.csv`` of ml-latest-small / ml-25m style: header
   ``userId,movieId,rating,timestamp``, ratings 0.5..5.0 in steps of 0.5.
-* ``"csv"``: a generic delimited file with a header row; ``columns`` maps the roles
-  ``"user"``, ``"item"`` (required), ``"rating"``, ``"timestamp"`` (optional) to column names.
-  Without ``columns`` common names are recognised (``user``/``user_id``/``userId``,
-  ``item``/``item_id``/``itemId``/``movieId``, ``rating``, ``timestamp``/``time``). Ids may be
-  any non-empty strings; a missing rating column means implicit data (rating 1.0); a missing
-  timestamp column uses the row order (0, 1, 2, ...) as time.
+* ``"csv"``: any delimited file (``,``, tab, ``;``, ``|``, ``::`` or spaces), with or without a
+  header; ``columns`` maps the roles ``"user"``, ``"item"`` (required), ``"rating"``,
+  ``"timestamp"`` (optional) to header names or 0-based indices. Ids may be any non-empty strings;
+  a missing rating column means implicit data (rating 1.0); a missing timestamp column uses the
+  row order (0, 1, 2, ...) as time; timestamps are numbers of seconds or ISO-8601 dates.
 
-The format is inferred from the file name (``u.data``, ``ratings.dat``, ``ratings.csv``) or
-from a directory holding exactly one of them; otherwise pass ``fmt`` (``--format`` on the
-command line). Raw ids are re-indexed densely in increasing raw-id order. A (user, item) pair
-that occurs more than once is merged, keeping the latest event (noted in ``source``).
+Nothing has to be named: :func:`recmodels.sniff.detect_format` infers the format, the delimiter,
+the header and the columns from the content (MovieLens files by name and content), and
+:func:`load_with_format` returns what it inferred beside the data so that callers can print it.
+Raw ids are re-indexed densely in increasing raw-id order. A (user, item) pair that occurs more
+than once is merged, keeping the latest event (noted in ``source``).
 
 Every input error raises :class:`DataFormatError` (a ``ValueError``) or
 :class:`DataFileNotFoundError` (a ``FileNotFoundError``) whose message names the file and the
-1-based line number.
+1-based line number. A binary file is refused without echoing its bytes.
 """
 
 from __future__ import annotations
@@ -38,13 +38,17 @@ from pathlib import Path
 import numpy as np
 
 from recmodels.data import Interactions, deduplicate
+from recmodels.sniff import DataFormat, detect_format, split_line
 
 __all__ = [
     "FORMATS",
     "DataFileNotFoundError",
+    "DataFormat",
     "DataFormatError",
+    "detect_format",
     "infer_format",
     "load_interactions",
+    "load_with_format",
     "resolve_data_path",
 ]
 
@@ -53,12 +57,6 @@ FORMATS: tuple[str, ...] = ("ml-100k", "ml-1m", "ml-csv", "csv")
 
 _FILE_NAMES: dict[str, str] = {"u.data": "ml-100k", "ratings.dat": "ml-1m", "ratings.csv": "ml-csv"}
 
-_ALIASES: dict[str, tuple[str, ...]] = {
-    "user": ("user", "user_id", "userid", "uid", "u"),
-    "item": ("item", "item_id", "itemid", "movieid", "movie_id", "iid", "i"),
-    "rating": ("rating", "ratings", "score", "value"),
-    "timestamp": ("timestamp", "time", "ts", "date_ts"),
-}
 
 
 class DataFormatError(ValueError):
@@ -99,10 +97,12 @@ _FIELDS = ("user", "item", "rating", "timestamp")
 
 
 def infer_format(path: Path | str) -> str:
-    """Format name for a file path from its name (``u.data``, ``ratings.dat``, ``ratings.csv``).
+    """MovieLens format name for a file path from its name alone (``u.data``, ``ratings.dat``,
+    ``ratings.csv``). :func:`load_interactions` does not need it: it sniffs the content
+    (:func:`~recmodels.sniff.detect_format`).
 
     Raises:
-        DataFormatError: when the name is not one of them (pass ``fmt`` / ``--format``).
+        DataFormatError: when the name is not one of them.
     """
     name = Path(path).name
     if name in _FILE_NAMES:
@@ -111,8 +111,7 @@ def infer_format(path: Path | str) -> str:
         path,
         None,
         f"cannot infer the format from the file name {name!r} (known: "
-        f"{', '.join(sorted(_FILE_NAMES))}); pass --format (fmt=) one of {', '.join(FORMATS)}, "
-        "and for 'csv' a column mapping if the header names are unusual.",
+        f"{', '.join(sorted(_FILE_NAMES))}); detect_format(path) reads the layout from the content.",
     )
 
 
@@ -145,7 +144,7 @@ def resolve_data_path(path: Path | str) -> Path:
             )
     raise DataFileNotFoundError(
         f"{p}: folder holds no u.data, ratings.dat or ratings.csv (nor does any sub-folder); "
-        "pass the file itself with --format."
+        "pass the file itself (any CSV/TSV of user, item[, rating, timestamp] rows)."
     )
 
 
@@ -153,49 +152,60 @@ def load_interactions(
     path: Path | str,
     *,
     fmt: str | None = None,
-    columns: Mapping[str, str | int] | None = None,
+    columns: Mapping[str, str | int | None] | None = None,
     sep: str | None = None,
     rating_range: tuple[float, float] | None = None,
 ) -> Interactions:
-    """Load an interaction file into :class:`~recmodels.data.Interactions`.
+    """Load an interaction file into :class:`~recmodels.data.Interactions` (see :func:`load_with_format`)."""
+    return load_with_format(path, fmt=fmt, columns=columns, sep=sep, rating_range=rating_range)[0]
+
+
+def load_with_format(
+    path: Path | str,
+    *,
+    fmt: str | None = None,
+    columns: Mapping[str, str | int | None] | None = None,
+    sep: str | None = None,
+    rating_range: tuple[float, float] | None = None,
+) -> tuple[Interactions, DataFormat]:
+    """Load an interaction file and say how it was read.
 
     Args:
         path: a file, or a folder holding ``u.data``, ``ratings.dat`` or ``ratings.csv``.
-        fmt: one of :data:`FORMATS`; ``None`` infers it from the file name.
-        columns: for ``fmt="csv"``, ``{"user": col, "item": col, "rating": col?,
-            "timestamp": col?}`` with column names from the header (or 0-based ints).
-        sep: for ``fmt="csv"``, the delimiter (default ``","``).
-        rating_range: for ``fmt="csv"``, inclusive ``(min, max)`` allowed ratings (default:
-            any finite value). MovieLens formats always check their published scale.
+        fmt: one of :data:`FORMATS`; ``None`` infers it from the name and the content.
+        columns: for ``csv``: ``{"user": col, "item": col, "rating": col?, "timestamp": col?}`` with
+            header names or 0-based indices (``None``: no such column); roles left out are inferred
+            from the header names. Implies ``fmt="csv"`` when ``fmt`` is None.
+        sep: for ``csv``, the delimiter (one character or ``"::"``); ``None`` infers it.
+        rating_range: for ``csv``, inclusive ``(min, max)`` allowed ratings (default: any finite
+            value). MovieLens formats always check their published scale.
 
     Returns:
-        The dataset, densely indexed, with ``source`` set to the file path.
+        ``(data, layout)``: the dataset, densely indexed, with ``source`` set to the file path; and
+        the :class:`~recmodels.sniff.DataFormat` used (``layout.describe()`` for people,
+        ``layout.as_dict()`` for JSON, ``layout.load_kwargs()`` to parse the same way again).
 
     Raises:
         DataFileNotFoundError: missing file or folder.
-        DataFormatError: unknown format, empty file, unparsable ids or fields, NaN or
-            out-of-range ratings (the message names the file and line).
+        DataFormatError: unknown format, binary or empty file, no consistent delimiter, no user or
+            item column, unparsable ids or fields, NaN or out-of-range ratings (the message names
+            the file and line).
     """
-    file = resolve_data_path(path)
-    if fmt is None:
-        fmt = infer_format(file)
-    if fmt not in FORMATS:
-        raise DataFormatError(
-            file, None, f"unknown format {fmt!r}; use --format (fmt=) one of {', '.join(FORMATS)}."
-        )
-    if fmt != "csv" and (columns is not None or sep is not None or rating_range is not None):
-        raise DataFormatError(
-            file, None, f"columns/sep/rating_range apply to fmt='csv' only, not {fmt!r}."
-        )
+    if fmt is None and rating_range is not None:
+        fmt = "csv"
+    if fmt not in (None, "csv") and rating_range is not None:
+        raise DataFormatError(path, None, f"rating_range applies to fmt='csv' only, not {fmt!r}.")
+    layout = detect_format(path, fmt=fmt, columns=columns, sep=sep)
+    file = layout.path
     try:
         text = file.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise DataFileNotFoundError(f"{file}: cannot read ({exc.strerror or exc}).") from exc
-    if fmt == "csv":
-        raw = _parse_generic(file, text, columns, sep or ",", rating_range)
+    if layout.fmt == "csv":
+        raw = _parse_generic(file, text, layout, rating_range)
     else:
-        raw = _parse_movielens(file, text, _ML_SPECS[fmt])
-    return _build(file, fmt, *raw)
+        raw = _parse_movielens(file, text, _ML_SPECS[layout.fmt])
+    return _build(file, layout.fmt, *raw), layout
 
 
 # --------------------------------------------------------------------------- MovieLens
@@ -286,81 +296,44 @@ def _scan_movielens(file: Path, text: str, spec: _MLSpec, skip: int) -> None:
 # --------------------------------------------------------------------------- generic CSV
 
 
-def _resolve_columns(
-    file: Path, header: list[str], columns: Mapping[str, str | int] | None
-) -> dict[str, int]:
-    names = [h.strip().lstrip("\ufeff") for h in header]
-    lowered = {n.lower(): i for i, n in enumerate(names)}
-    out: dict[str, int] = {}
-    if columns is None:
-        for role, aliases in _ALIASES.items():
-            for alias in aliases:
-                if alias in lowered:
-                    out[role] = lowered[alias]
-                    break
-    else:
-        unknown = set(columns) - set(_FIELDS)
-        if unknown:
-            raise DataFormatError(
-                file, None,
-                f"unknown column role(s) {sorted(unknown)}; use keys among {list(_FIELDS)}.",
-            )
-        for role, col in columns.items():
-            if isinstance(col, int) and not isinstance(col, bool):
-                if not 0 <= col < len(names):
-                    raise DataFormatError(
-                        file, 1, f"column index {col} for {role!r} is out of range 0..{len(names) - 1}."
-                    )
-                out[role] = col
-            elif col in names:
-                out[role] = names.index(col)
-            else:
-                raise DataFormatError(
-                    file, 1, f"column {col!r} for {role!r} is not in the header {names}; fix the "
-                    "column mapping.",
-                )
-    for role in ("user", "item"):
-        if role not in out:
-            raise DataFormatError(
-                file,
-                1,
-                f"no {role} column found in the header {names}; pass columns={{'{role}': NAME, ...}}.",
-            )
-    return out
+def _generic_rows(file: Path, text: str, delimiter: str) -> tuple[list[list[str]], list[int]]:
+    """Non-blank rows split on ``delimiter`` (quotes respected) with their 1-based line numbers."""
+    text = text.lstrip("\ufeff")
+    if len(delimiter) == 1 and delimiter != " ":
+        reader = csv.reader(io.StringIO(text), delimiter=delimiter)
+        rows, lines = [], []
+        try:
+            for row in reader:
+                if row and any(c.strip() for c in row):
+                    rows.append(row)
+                    lines.append(reader.line_num)
+        except csv.Error as exc:
+            raise DataFormatError(file, reader.line_num, f"cannot split the line: {exc}.") from None
+        return rows, lines
+    numbered = [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    return [split_line(ln, delimiter) for _, ln in numbered], [i for i, _ in numbered]
 
 
 def _parse_generic(
     file: Path,
     text: str,
-    columns: Mapping[str, str | int] | None,
-    sep: str,
+    layout: DataFormat,
     rating_range: tuple[float, float] | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    if len(sep) != 1:
-        raise DataFormatError(file, None, f"sep must be one character for --format csv; found {sep!r}.")
-    reader = csv.reader(io.StringIO(text), delimiter=sep)
-    rows: list[list[str]] = []
-    lines: list[int] = []
-    header: list[str] | None = None
-    for row in reader:
-        if not row or all(not c.strip() for c in row):
-            continue
-        if header is None:
-            header = row
-            continue
-        rows.append(row)
-        lines.append(reader.line_num)
-    if header is None or not rows:
+    rows, lines = _generic_rows(file, text, layout.delimiter)
+    if layout.header is not None:
+        rows, lines = rows[1:], lines[1:]
+    if not rows:
         raise DataFormatError(
             file, None, "no interactions (the file is empty or has only a header); check the path."
         )
-    cols = _resolve_columns(file, header, columns)
-    width = len(header)
+    width = len(layout.header) if layout.header is not None else len(rows[0])
+    delim = repr(layout.delimiter) if layout.delimiter != " " else "spaces"
     for row, line in zip(rows, lines):
         if len(row) != width:
-            raise DataFormatError(
-                file, line, f"found {len(row)} fields, the header has {width} (delimiter {sep!r})."
-            )
+            what = "the header has" if layout.header is not None else "the first line has"
+            raise DataFormatError(file, line, f"found {len(row)} fields, {what} {width} (delimiter {delim}).")
+    cols = layout.columns
     line_arr = np.asarray(lines)
 
     def column(role: str) -> list[str]:
@@ -392,11 +365,7 @@ def _parse_generic(
     else:
         ratings = np.ones(len(rows))
     if "timestamp" in cols:
-        ts_float = _numbers(file, column("timestamp"), line_arr, "timestamp")
-        if not np.all(np.isfinite(ts_float)):
-            row = int(np.flatnonzero(~np.isfinite(ts_float))[0])
-            raise DataFormatError(file, lines[row], "timestamp must be a finite number of seconds.")
-        timestamps = ts_float.astype(np.int64)
+        timestamps = _timestamps(file, column("timestamp"), line_arr)
     else:
         timestamps = np.arange(len(rows), dtype=np.int64)
     return (
@@ -405,6 +374,31 @@ def _parse_generic(
         ratings,
         timestamps,
     )
+
+
+def _timestamps(file: Path, values: list[str], lines: np.ndarray) -> np.ndarray:
+    """Seconds as int64: numbers of seconds, or ISO-8601 dates/times (``2024-05-01``, ``...T12:00:00``)."""
+    try:
+        seconds = np.array(values, dtype=np.float64)
+    except ValueError:
+        try:
+            return np.array(values, dtype="datetime64[s]").astype(np.int64)
+        except ValueError:
+            for value, line in zip(values, lines):
+                try:
+                    float(value)
+                except ValueError:
+                    try:
+                        np.datetime64(value, "s")
+                    except ValueError:
+                        raise DataFormatError(
+                            file, int(line), f"cannot parse timestamp {value!r} as seconds or an ISO-8601 date."
+                        ) from None
+            raise
+    if not np.all(np.isfinite(seconds)) or np.any(np.abs(seconds) >= 2.0**62):
+        row = int(np.flatnonzero(~np.isfinite(seconds) | (np.abs(seconds) >= 2.0**62))[0])
+        raise DataFormatError(file, int(lines[row]), "timestamp must be a finite number of seconds.")
+    return seconds.astype(np.int64)
 
 
 def _numbers(file: Path, values: list[str], lines: np.ndarray, what: str) -> np.ndarray:

@@ -5,7 +5,9 @@ passed in by the caller (reproducible runs); it never produces secrets.
 
 * :func:`sample_train_negatives`: for each training interaction, ``n_neg`` items drawn
   uniformly (with replacement across draws) from the items the user never interacted with in
-  training. Bulk rejection: draw everything, redraw the rejected entries, repeat.
+  training nor in ``exclude`` (e.g. ratings below the positive threshold: rated, hence not
+  "never interacted"; build it with :func:`recmodels.data.align_interactions`). Bulk rejection:
+  draw everything, redraw the rejected entries, repeat.
 * :func:`sample_eval_candidates`: for each evaluated user, the held-out item followed by
   ``n_negatives`` *distinct* items drawn uniformly from the items the user never interacted with
   (training, held-out and validation items, plus ``exclude``). Bulk rejection of
@@ -90,8 +92,22 @@ def _check_count(name: str, value: object) -> int:
     return int(value)
 
 
+def _excluded_keys(train: Interactions, exclude: Interactions | None, what: str) -> np.ndarray | None:
+    if exclude is None:
+        return None
+    if not isinstance(exclude, Interactions):
+        raise ValueError(f"exclude must be Interactions (see recmodels.data.align_interactions); found {type(exclude).__name__}.")
+    if exclude.n_items != train.n_items or exclude.n_users != train.n_users:
+        raise ValueError(
+            f"exclude must share the {what}'s id maps ({train.n_users} users, {train.n_items} items); "
+            f"found {exclude.n_users} users, {exclude.n_items} items. Build it with "
+            "recmodels.data.align_interactions(raw, like=...)."
+        )
+    return pair_keys(exclude.users, exclude.items, train.n_items)
+
+
 def sample_train_negatives(
-    train: Interactions, *, n_neg: int, rng: np.random.Generator
+    train: Interactions, *, n_neg: int, rng: np.random.Generator, exclude: Interactions | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Draw ``n_neg`` non-interacted items per training interaction.
 
@@ -99,34 +115,38 @@ def sample_train_negatives(
         train: training interactions.
         n_neg: negatives per interaction.
         rng: seeded generator (simulation randomness).
+        exclude: further interactions that are never negatives (e.g. every rating in the file,
+            including those below the positive threshold), with ``train``'s id maps
+            (:func:`recmodels.data.align_interactions`). ``None``: only ``train``'s pairs.
 
     Returns:
         ``(users, items)``, int64 arrays of length ``len(train) * n_neg``; entries
         ``i * n_neg .. i * n_neg + n_neg - 1`` belong to training interaction ``i`` (its user
-        repeated). Items are uniform over the user's non-interacted items, drawn independently
-        (the same item can appear twice).
+        repeated). Items are uniform over the items the user has no pair with in ``train`` or
+        ``exclude``, drawn independently (the same item can appear twice).
 
     Raises:
-        ValueError: if a user with training interactions interacted with every item.
+        ValueError: if a user with training interactions has a pair with every item, or
+            ``exclude`` has other id maps.
     """
     n_neg = _check_count("n_neg", n_neg)
     rng = _check_rng(rng)
     n_items = train.n_items
-    counts = np.bincount(train.users, minlength=train.n_users)
-    full = np.flatnonzero(counts >= n_items)
-    if full.size and n_neg > 0:
-        positives = np.unique(pair_keys(train.users, train.items, n_items))
+    extra = _excluded_keys(train, exclude, "training data")
+    key_parts = [pair_keys(train.users, train.items, n_items)] + ([extra] if extra is not None else [])
+    positives = np.unique(np.concatenate(key_parts)) if n_neg > 0 and len(train) else np.zeros(0, np.int64)
+    if n_neg > 0 and len(train):
         per_user = np.bincount(positives // max(n_items, 1), minlength=train.n_users)
-        full = np.flatnonzero(per_user >= n_items)
+        full = np.flatnonzero((per_user >= n_items) & (np.bincount(train.users, minlength=train.n_users) > 0))
         if full.size:
+            why = " (counting exclude)" if extra is not None else ""
             raise ValueError(
-                f"user {train.user_ids[int(full[0])].item()!r} interacted with all {n_items} items, so "
+                f"user {train.user_ids[int(full[0])].item()!r} interacted with all {n_items} items{why}, so "
                 "no negative exists; drop such users or add items."
             )
     users = np.repeat(train.users, n_neg)
     if users.size == 0:
         return users.astype(np.int64), np.zeros(0, dtype=np.int64)
-    positives = np.unique(pair_keys(train.users, train.items, n_items))
     items = rng.integers(0, n_items, size=users.size, dtype=np.int64)
     bad = np.flatnonzero(_in_sorted(positives, pair_keys(users, items, n_items)))
     while bad.size:
@@ -178,13 +198,9 @@ def sample_eval_candidates(
     if split.valid_items is not None:
         vu = np.flatnonzero(split.valid_items >= 0)
         key_parts.append(pair_keys(vu, split.valid_items[vu], n_items))
-    if exclude is not None:
-        if exclude.n_items != n_items or exclude.n_users != train.n_users:
-            raise ValueError(
-                f"exclude must share the split's id maps ({train.n_users} users, {n_items} items); "
-                f"found {exclude.n_users} users, {exclude.n_items} items."
-            )
-        key_parts.append(pair_keys(exclude.users, exclude.items, n_items))
+    extra = _excluded_keys(train, exclude, "split")
+    if extra is not None:
+        key_parts.append(extra)
     positives = np.unique(np.concatenate(key_parts))
     per_user = np.bincount(positives // max(n_items, 1), minlength=train.n_users)
     allowed = n_items - per_user[users]

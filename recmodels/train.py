@@ -52,10 +52,13 @@ class CentralTrainer:
         train: training interactions (every row a positive).
         config: hyper-parameters.
         seed: seeds the initialisation, shuffles and negatives.
+        exclude: interactions never sampled as negatives besides ``train``'s own (e.g. ratings
+            below the positive threshold), with ``train``'s id maps
+            (:func:`recmodels.data.align_interactions`).
     """
 
-    def __init__(self, train: Interactions, config: CentralConfig, *, seed: int):
-        self.train, self.config = train, config
+    def __init__(self, train: Interactions, config: CentralConfig, *, seed: int, exclude: Interactions | None = None):
+        self.train, self.config, self.exclude = train, config, exclude
         self.rng = np.random.default_rng(seed)
         self.model = GMF(train.n_users, train.n_items, config.dim, generator=torch.Generator().manual_seed(int(seed)))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -67,7 +70,7 @@ class CentralTrainer:
         users, items = tr.users, tr.items
         labels = np.ones(len(users), np.float32)
         if cfg.train_negatives:
-            nu, ni = sample_train_negatives(tr, n_neg=cfg.train_negatives, rng=self.rng)
+            nu, ni = sample_train_negatives(tr, n_neg=cfg.train_negatives, rng=self.rng, exclude=self.exclude)
             users = np.concatenate([users, nu])
             items = np.concatenate([items, ni])
             labels = np.concatenate([labels, np.zeros(len(nu), np.float32)])

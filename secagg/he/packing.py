@@ -7,11 +7,25 @@ Layout. A real value ``x`` is encoded as the signed fixed-point integer ``v = ro
 with ``|v| <= 2^(value_bits-1) - 1``, then shifted by the offset ``2^(value_bits-1)`` into
 ``[1, 2^value_bits - 1]``. Each slot is ``slot_bits = value_bits + ceil(log2(max_summands))`` wide:
 a sum of up to ``max_summands`` shifted values stays below ``2^slot_bits``, so no carry ever crosses
-into the next slot. ``slots`` slots are packed little-end first into one plaintext below
-``2^(bits(n) - 1 - guard_bits)``; the top ``guard_bits`` of every plaintext stay zero.
+into the next slot. Every plaintext is::
 
-Every packed ciphertext carries the number of summands ``k`` it holds (public: the server counts the
-uploads it adds); decoding subtracts ``k * offset`` per slot.
+    seal + sum_i slot_i * 2^(SEAL_BITS + i * slot_bits)      (the top guard_bits stay zero)
+
+``slots`` slots sit above a ``SEAL_BITS = 91``-bit seal, packed little-end first, and the whole
+plaintext stays below ``2^(bits(n) - 1 - guard_bits)``.
+
+The seal binds the summand count and the layout inside the encrypted plaintext. A fresh
+encryption's seal is ``T = 1 + (L << 32)``, where ``L`` packs ``value_bits``, ``frac_bits``,
+``headroom_bits`` and ``guard_bits`` (27 bits, injective). Homomorphic addition of ``k`` uploads adds
+their seals, giving ``k * T = k + (k * L << 32)`` with no carry (``k < 2^32``, ``k * L < 2^59``). The
+header still carries ``k`` (public: the server counts the uploads it adds and refuses a sum beyond
+``max_summands``), but decryption accepts a plaintext only if its seal equals ``k * T`` for the
+header's ``k`` and layout: since ``k * T mod 2^32 = k``, equality forces both the count and ``L`` to
+match. Editing ``summands``, ``frac_bits``, ``value_bits``, ``guard_bits`` or ``max_summands``
+(beyond a value with the same headroom, which decodes identically) in a serialized vector, or
+mixing ciphertexts of sums of different sizes, is therefore always detected; the seal sits at a
+fixed position, so this does not depend on the (possibly altered) layout. A MAC under a client key
+would not do: the server must produce the sum, whose count no client-side MAC could cover.
 
 What is refused, before anything is encrypted or added:
 
@@ -21,11 +35,13 @@ What is refused, before anything is encrypted or added:
 * vectors of different lengths or packing layouts: :class:`~secagg.he.errors.ShapeMismatchError`;
 * ciphertexts under another key: :class:`~secagg.he.errors.KeyMismatchError`.
 
-What decryption detects: each slot must lie in ``[k, k * (2^value_bits - 1)]`` and the guard bits
-and unused tail slots must be zero. A randomly corrupted ciphertext decrypts to a near-uniform value
-mod ``n`` and fails these checks except with probability below ``2^-guard_bits``
-(:class:`~secagg.he.errors.CiphertextError`). A deliberate change by a public-key holder (adding
-``Enc(delta)`` for a small in-range ``delta``) is NOT detectable: Paillier is malleable.
+What decryption detects (:class:`~secagg.he.errors.CiphertextError`): a seal other than
+``k * T`` (a wrong count or layout in the header, or mixed sums), non-zero guard bits or unused
+tail slots, and a slot outside ``[k, k * (2^value_bits - 1)]``. A randomly corrupted ciphertext
+decrypts to a near-uniform value mod ``n`` and passes these checks with probability below
+``2^-(guard_bits + 91)``. A deliberate change by a public-key holder (adding ``Enc(delta)`` for a
+small in-range ``delta``, to a slot or to the seal) is NOT detectable: Paillier is malleable, and
+whoever can add ciphertexts can add any plaintext.
 """
 
 from __future__ import annotations
@@ -55,9 +71,13 @@ __all__ = [
     "sum_packed",
 ]
 
-_PACKED_MAGIC = b"PPV1"
+_PACKED_MAGIC = b"PPV2"
 _HEADER = struct.Struct(">4s16sBBIHHII")  # magic, fingerprint, value_bits, frac_bits, max_summands,
 #                                           guard_bits, slots, length, summands
+#: Bits of the seal at the bottom of every plaintext: a 32-bit count, then count * layout (59 bits).
+SEAL_BITS = 91
+_COUNT_BITS = 32
+_MAX_SUMMANDS = (1 << _COUNT_BITS) - 1
 
 
 @dataclass(frozen=True)
@@ -67,7 +87,8 @@ class PackingSpec:
     Attributes:
         value_bits: Width of one signed fixed-point value, sign included (2..56). Default 32.
         frac_bits: Fractional bits of the fixed-point grid (scale ``2^frac_bits``). Default 16.
-        max_summands: Largest number of encrypted vectors that may be summed (>= 1). Default 1024.
+        max_summands: Largest number of encrypted vectors that may be summed (1 .. 2^32 - 1).
+            Default 1024.
         guard_bits: Zero bits kept above the slots of every plaintext for tamper detection.
             Default 40.
     """
@@ -88,8 +109,10 @@ class PackingSpec:
             raise HEError(
                 f"PackingSpec.frac_bits must lie in [0, value_bits={self.value_bits}); found {self.frac_bits}."
             )
-        if self.max_summands < 1:
-            raise HEError(f"PackingSpec.max_summands must be >= 1; found {self.max_summands}.")
+        if not 1 <= self.max_summands <= _MAX_SUMMANDS:
+            raise HEError(
+                f"PackingSpec.max_summands must lie in [1, 2^32 - 1]; found {self.max_summands}."
+            )
         if self.slot_bits > 64:
             raise HEError(
                 f"slot width value_bits + ceil(log2(max_summands)) = {self.slot_bits} exceeds 64 bits; "
@@ -123,17 +146,27 @@ class PackingSpec:
         """Largest encodable ``|x|``: ``(2^(value_bits-1) - 1) / 2^frac_bits`` (before rounding)."""
         return self.max_abs_int / (1 << self.frac_bits)
 
+    @property
+    def layout_code(self) -> int:
+        """``L = value_bits | frac_bits << 6 | headroom_bits << 12 | guard_bits << 18`` (27 bits)."""
+        return self.value_bits | self.frac_bits << 6 | self.headroom_bits << 12 | self.guard_bits << 18
+
+    def seal(self, summands: int) -> int:
+        """The seal of a sum of ``summands`` fresh encryptions: ``k * (1 + (L << 32))``."""
+        return summands * (1 + (self.layout_code << _COUNT_BITS))
+
     def slots_for(self, public_key: PaillierPublicKey) -> int:
-        """Slots per ciphertext under ``public_key``: ``(bits(n) - 1 - guard_bits) // slot_bits``.
+        """Slots per ciphertext: ``(bits(n) - 1 - guard_bits - SEAL_BITS) // slot_bits``.
 
         Raises:
             HEError: If not even one slot fits.
         """
-        slots = (public_key.bits - 1 - self.guard_bits) // self.slot_bits
+        slots = (public_key.bits - 1 - self.guard_bits - SEAL_BITS) // self.slot_bits
         if slots < 1:
             raise HEError(
-                f"no {self.slot_bits}-bit slot fits a {public_key.bits}-bit key with {self.guard_bits} "
-                "guard bits; use a larger key or fewer value/guard bits."
+                f"no {self.slot_bits}-bit slot fits a {public_key.bits}-bit key beside the "
+                f"{SEAL_BITS}-bit seal and {self.guard_bits} guard bits; use a larger key or fewer "
+                "value/guard bits."
             )
         return slots
 
@@ -391,7 +424,8 @@ def encrypt_packed(
     ints = np.asarray(values).ravel() if integers else spec.quantize(values)
     slot_values = spec.encode_ints(ints)
     slots = spec.slots_for(public)
-    plaintexts = spec.pack(slot_values, slots)
+    seal = spec.seal(1)
+    plaintexts = [seal + (m << SEAL_BITS) for m in spec.pack(slot_values, slots)]
     if pool is not None:
         if pool.public_key != public:
             raise KeyMismatchError("the obfuscator pool was precomputed for another key.")
@@ -475,9 +509,17 @@ def decrypt_packed(
             f"packed vector has {len(ciphertext.values)} ciphertexts of {ciphertext.slots} slots for "
             f"length {ciphertext.length}; expected {expected_count} of {spec.slots_for(pk)}."
         )
-    plain = [private_key._decrypt_value(pk.validate_value(v)) for v in ciphertext.values]
-    slot_values = spec.unpack(plain, ciphertext.slots)
     k = ciphertext.summands
+    if not 1 <= k <= spec.max_summands:
+        raise CiphertextError(f"packed vector claims {k} summands; must lie in [1, {spec.max_summands}].")
+    plain = [private_key._decrypt_value(pk.validate_value(v)) for v in ciphertext.values]
+    seal_mask = (mpz(1) << SEAL_BITS) - 1
+    expected_seal = spec.seal(k)
+    for m in plain:
+        found = int(m & seal_mask)
+        if found != expected_seal:
+            raise CiphertextError(_seal_mismatch(found, k, spec))
+    slot_values = spec.unpack([m >> SEAL_BITS for m in plain], ciphertext.slots)
     body, tail = slot_values[: ciphertext.length], slot_values[ciphertext.length :]
     if np.any(tail != 0):
         raise CiphertextError("decrypted padding slots are not zero: the ciphertext was corrupted or forged.")
@@ -491,3 +533,20 @@ def decrypt_packed(
     if integers:
         return ints
     return ints.astype(np.float64) / float(1 << spec.frac_bits)
+
+
+def _seal_mismatch(found: int, k: int, spec: PackingSpec) -> str:
+    """Explain a seal that is not ``spec.seal(k)``: a wrong count, another layout, or corruption."""
+    count = found & _MAX_SUMMANDS
+    code, rest = divmod(found >> _COUNT_BITS, count) if count else (None, 1)
+    if count and rest == 0 and code == spec.layout_code:
+        return (
+            f"the header claims {k} summands but the encrypted seal holds {count}: the summand count "
+            "was altered, or ciphertexts of different sums were mixed."
+        )
+    if count and rest == 0 and code is not None and code < 1 << 27:
+        return (
+            "the packing layout in the header (value_bits, frac_bits, max_summands, guard_bits) is not "
+            "the one sealed at encryption: the header was altered."
+        )
+    return "the encrypted seal is not valid: the ciphertext was corrupted, forged, or packed with another layout."

@@ -414,7 +414,7 @@ class PaillierPrivateKey:
             raise CiphertextError(f"serialized Paillier secret key has {len(data)} bytes; expected {12 + pb + qb}.")
         p = mpz(int.from_bytes(data[12 : 12 + pb], "big"))
         q = mpz(int.from_bytes(data[12 + pb :], "big"))
-        if not (gmpy2.is_bpsw_prp(p) and gmpy2.is_bpsw_prp(q)):
+        if p < 2 or q < 2 or not (gmpy2.is_bpsw_prp(p) and gmpy2.is_bpsw_prp(q)):
             raise HEError("serialized Paillier secret key factors are not prime.")
         return cls(PaillierPublicKey(p * q), p, q)
 

@@ -146,7 +146,9 @@ def _chisq_discrete(samples: np.ndarray, log_pmf, support: int) -> float:
     w = np.exp(log_pmf(ks) - log_pmf(ks).max())
     probs = w / w.sum()
     counts = np.array([(samples == k).sum() for k in ks], dtype=float)
-    assert (np.abs(samples) > support).sum() == 0 or True
+    # The support covers all but a mass below e^-40 (Laplace) or e^-72 (Gaussian): a sample outside
+    # it (with these fixed seeds) is a sampler bug, not a tail event.
+    assert not np.any(np.abs(samples) > support), samples[np.abs(samples) > support][:5]
     expected = probs * samples.size
     keep = expected >= 5
     obs = np.append(counts[keep], samples.size - counts[keep].sum())

@@ -53,3 +53,57 @@ def test_bad_paillier_key_bits_is_a_user_error(capsys):
     assert main([*TINY, "--defense", "paillier", "--key-bits", "16"]) == 2
     err = capsys.readouterr().err
     assert "--key-bits" in err and "1024" in err and "Traceback" not in err
+
+
+def _seeded_ldp(monkeypatch, seed: int = 7) -> None:
+    """Make the LDP noise reproducible (a test source), so that divergence happens at a known round."""
+    import functools
+
+    import protocols.fedmf as fedmf_protocol
+    from dp.ldp import ldp_laplace
+    from dp.rng import DeterministicTestSource
+
+    monkeypatch.setattr(fedmf_protocol, "ldp_laplace",
+                        functools.partial(ldp_laplace, _test_source=DeterministicTestSource(seed)))
+
+
+DIVERGING = ["--rounds", "6", "--ldp-clip", "100", "--epsilon", "1"]  # with seed 7: NaN in round 4
+
+
+def test_sweep_reports_a_diverged_ldp_model_as_diverged_without_numpy_warnings(tmp_path, capsys, monkeypatch):
+    """Issue 9, item 6: the sweep showed status 'ok' and RMSE n/a where the single run said
+    'model diverged', and numpy's overflow warnings leaked to stderr."""
+    import warnings
+
+    import experiments.cmd_attack as cmd_attack
+
+    _seeded_ldp(monkeypatch)
+    monkeypatch.setattr(cmd_attack, "SWEEP_EPSILONS", (1.0,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = _json(capsys, [*TINY[:-2], *DIVERGING, "--key-bits", "1024", "--sweep", str(tmp_path), "--json"])
+    ldp = [r for r in out["rows"] if r["defense"] == "ldp eps=1"]
+    assert len(ldp) == 1 and ldp[0]["model_rmse"] is None
+    assert ldp[0]["status"].startswith("model diverged (training stopped in round 4"), ldp[0]["status"]
+    assert all(r["status"] != "ok" or r["model_rmse"] is not None for r in out["rows"])
+    assert "model diverged" in (tmp_path / "sweep.md").read_text()
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in caught]
+
+
+def test_single_run_and_sweep_agree_on_divergence(capsys, monkeypatch):
+    _seeded_ldp(monkeypatch)
+    out = _json(capsys, [*TINY[:-2], *DIVERGING, "--defense", "ldp", "--json"])
+    assert out["rmse"] is None and out["diverged"].startswith("training stopped in round 4")
+
+
+def test_a_sweep_row_that_fails_early_does_not_end_the_sweep(tmp_path, capsys, monkeypatch):
+    """Divergence before round 2 (the attack needs rounds 0 and 1) is one row, not an exit 2."""
+    import experiments.cmd_attack as cmd_attack
+
+    _seeded_ldp(monkeypatch)
+    monkeypatch.setattr(cmd_attack, "SWEEP_EPSILONS", (1.0,))
+    out = _json(capsys, [*TINY[:-2], "--rounds", "3", "--ldp-clip", "1e200", "--key-bits", "1024",
+                         "--sweep", str(tmp_path), "--json"])
+    ldp = [r for r in out["rows"] if r["defense"] == "ldp eps=1"][0]
+    assert ldp["status"].startswith("model diverged, no attack: training failed in round"), ldp["status"]
+    assert (tmp_path / "sweep.png").stat().st_size > 0

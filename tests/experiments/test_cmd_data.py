@@ -103,3 +103,41 @@ def test_bench_json(tmp_path, capsys):
     assert out["protocol"]["kind"] == "leave-one-out"
     assert 0 <= out["itempop_sampled"]["HR@10"] <= 1
     assert set(out["seconds"]) >= {"load", "full_ranking_6000x4000", "eval_candidates_99"}
+
+
+# -- issue 9, item 8: any CSV/TSV loads, and info says how it was read ----------------------------------
+
+
+def test_info_sniffs_a_tsv_and_prints_what_it_inferred(tmp_path, capsys):
+    path = tmp_path / "log.tsv"
+    path.write_text("user_id\titem_id\tscore\tts\nu1\ti1\t4\t10\nu2\ti1\t5\t20\nu1\ti2\t3\t30\n")
+    assert main(["data", "info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 users, 2 items, 3 interactions" in out
+    assert "read as: csv, tab-separated, header line; user=user_id, item=item_id, rating=score, timestamp=ts" in out
+    assert "--columns user=user_id,item=item_id,rating=score,timestamp=ts" in out
+    assert main(["data", "info", str(path), "--json"]) == 0
+    fmt = last_json(capsys.readouterr().out)["format"]
+    assert fmt["format"] == "csv" and fmt["delimiter"] == "\t" and fmt["columns"]["rating"] == "score"
+    assert set(fmt["inferred"]) >= {"format", "delimiter", "user", "item"}
+
+
+def test_info_accepts_columns(tmp_path, capsys):
+    path = tmp_path / "x.csv"
+    path.write_text("a,b,c\n1,2,5\n3,2,4\n")
+    assert main(["data", "info", str(path), "--columns", "user=b,item=a,rating=c", "--json"]) == 0
+    info = last_json(capsys.readouterr().out)
+    assert (info["n_users"], info["n_items"]) == (1, 2) and info["format"]["columns"]["user"] == "b"
+    assert main(["data", "info", str(path), "--columns", "user=b,item=zz"]) == 2
+    err = capsys.readouterr().err
+    assert "'zz'" in err and "Traceback" not in err
+    assert main(["data", "info", str(path), "--columns", "person=a"]) == 2
+    assert "ROLE=NAME" in capsys.readouterr().err
+
+
+def test_info_refuses_a_binary_file_without_echoing_it(tmp_path, capsys):
+    path = tmp_path / "ratings.csv"
+    path.write_bytes(b"\x89PNG\r\n\x1a\nSECRETMARKER\x00\x00")
+    assert main(["data", "info", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not a text ratings file" in err and "SECRETMARKER" not in err and err.count("\n") == 1

@@ -117,3 +117,68 @@ def test_bench_and_validate_small(capsys) -> None:
     assert code == 0 and p["rdp_epsilon_ms"] > 0 and p["orders"] == 345
     code, p, _, _ = _run(capsys, "privacy", "validate", "--samples", "3", "--mp-samples", "2", "--no-gaps", "--json")
     assert code == 0 and p["below_mpmath"] == 0 and p["max_rel_dev_mpmath"] < 1e-6 and p["max_rel_dev_opacus"] < 1e-5
+
+
+# -- issue 9, items 4 and 5 -------------------------------------------------------------------------
+
+
+def test_calibrate_meets_the_target_under_the_reported_accountant_and_says_which(capsys) -> None:
+    argv = ["privacy", "calibrate", "--epsilon", "2", "--delta", "1e-5", "--q", "0.01", "--steps", "1000", "--json"]
+    code, p, out, _ = _run(capsys, *argv)
+    assert code == 0 and p["calibrated_against"] == "tightest" and p["accountant"] == "pld"
+    assert 1.99 <= p["epsilon"] <= 2.0  # was 1.747: RDP-calibrated noise, PLD-reported epsilon
+    assert "tightest of RDP, PLD and pure DP" in out
+    code, q, out, _ = _run(capsys, *argv, "--no-pld")
+    assert code == 0 and q["calibrated_against"] == "rdp" and 1.99 <= q["epsilon_rdp"] <= 2.0
+    assert q["sigma"] > p["sigma"] and "(--no-pld)" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--q", "0.01", "--sigma", "1", "--steps", "100", "--delta", "1"], "must lie in (0, 1); found 1"),
+        (["--q", "0.01", "--sigma", "1", "--steps", "100", "--delta", "1.5"], "must lie in (0, 1); found 1.5"),
+        (["--q", "0.01", "--sigma", "1", "--steps", "100", "--delta", "-0.1"], "must lie in (0, 1)"),
+        (["--q", "0.01", "--sigma", "1", "--steps", "100", "--delta", "0"], "pure DP, which Gaussian noise never gives"),
+        (["--mechanism", "laplace", "--epsilon0", "1", "--count", "3", "--delta", "1"], "must lie in (0, 1)"),
+        (["--mechanism", "fel", "--sigma", "1", "--cluster", "0.1,5", "--delta", "0"], "pure DP"),
+    ],
+)
+def test_account_refuses_a_delta_outside_the_open_unit_interval(capsys, argv: list[str], match: str) -> None:
+    code, _, out, err = _run(capsys, "privacy", "account", *argv)
+    assert code == 2 and match in err and "Traceback" not in err and out == ""
+
+
+def test_calibrate_and_report_refuse_delta_one(capsys, tmp_path: Path) -> None:
+    code, _, _, err = _run(capsys, "privacy", "calibrate", "--epsilon", "1", "--delta", "1", "--q", "0.1", "--steps", "3")
+    assert code == 2 and "must lie in (0, 1)" in err
+    code, _, _, err = _run(capsys, "privacy", "report", str(tmp_path), "--delta", "1")
+    assert code == 2 and "must lie in (0, 1)" in err
+
+
+def test_laplace_delta_zero_is_pure_dp_and_accepted(capsys) -> None:
+    code, p, _, _ = _run(capsys, "privacy", "account", "--mechanism", "laplace", "--epsilon0", "0.5", "--count", "4",
+                         "--delta", "0", "--json")
+    assert code == 0 and p["epsilon"] == pytest.approx(2.0) and p["private"] is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--q", "0.01", "--sigma", "0", "--steps", "100", "--delta", "1e-5"], "--sigma 0 adds no noise"),
+        (["--mechanism", "fel", "--sigma", "0", "--cluster", "0.1,5", "--delta", "1e-5"], "--sigma 0 adds no noise"),
+        (["--mechanism", "fel", "--sigma", "1", "--cluster", "0.1,5", "--over-arch", "0.1,5,0", "--delta", "1e-5"],
+         "SIGMA 0 adds no noise"),
+    ],
+)
+def test_non_private_settings_are_reported_in_words(capsys, argv: list[str], words: str) -> None:
+    code, p, out, err = _run(capsys, "privacy", "account", *argv, "--json")
+    assert code == 0 and p["private"] is False and words in p["reason"] and p["epsilon"] == "inf"
+    assert "NOT differentially private" in out and words in out
+    assert "nan" not in out.splitlines()[0] and "order nan" not in out + err
+
+
+def test_nothing_released_is_epsilon_zero_in_words(capsys) -> None:
+    code, p, out, _ = _run(capsys, "privacy", "account", "--q", "0", "--sigma", "1", "--steps", "10", "--delta",
+                           "1e-5", "--json")
+    assert code == 0 and p["epsilon"] == 0 and p["private"] is True and "nothing is released" in out

@@ -177,7 +177,9 @@ def test_untouched_items_are_exact_zeros_in_uploads():
     transcript = Transcript(keep_payloads=True)
     fa = FedAvgGMF(train, FedAvgConfig(dim=3, train_negatives=1), seed=3, transport=InProcessTransport(transcript))
     fa.run_round()
-    for r in transcript.view(SERVER, kind="update"):
+    uploads = transcript.view(SERVER, kind="update")
+    assert len(uploads) == 3  # the loop below must not pass over an empty view
+    for r in uploads:
         dense = r.payload.dense_item_delta(30)
         assert (np.abs(dense).sum(1) > 0).sum() <= 4  # 2 positives + 2 negatives at most
         u = r.payload.user

@@ -144,7 +144,9 @@ def test_ckks_server_cannot_decrypt():
 
     ctx = CKKSContext.from_bytes(server.public_bytes)
     ct = CKKSCiphertext.from_bytes(m.he.encrypt(np.ones(4)), ctx, length=4)
-    with pytest.raises(Exception):
+    from secagg.he.errors import NoSecretKeyError
+
+    with pytest.raises(NoSecretKeyError):
         decrypt_vector(ct, ctx)
 
 

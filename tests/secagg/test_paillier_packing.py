@@ -7,6 +7,7 @@ vectors with its own per-number encryption.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import gmpy2
@@ -16,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from secagg.he.packing import SEAL_BITS
 from secagg.he import (
     CiphertextError,
     HEError,
@@ -86,8 +88,9 @@ def test_default_layout_numbers(kp, kp2048) -> None:
     spec = PackingSpec()
     assert (spec.value_bits, spec.frac_bits, spec.max_summands) == (32, 16, 1024)
     assert spec.headroom_bits == 10 and spec.slot_bits == 42
-    assert spec.slots_for(kp.public_key) == (1023 - 40) // 42 == 23
-    assert spec.slots_for(kp2048.public_key) == (2047 - 40) // 42 == 47
+    assert SEAL_BITS == 91
+    assert spec.slots_for(kp.public_key) == (1023 - 40 - 91) // 42 == 21
+    assert spec.slots_for(kp2048.public_key) == (2047 - 40 - 91) // 42 == 45
 
 
 @pytest.mark.parametrize(
@@ -109,6 +112,7 @@ def test_headroom_is_ceil_log2(ms: int, headroom: int) -> None:
         {"guard_bits": -1},
         {"value_bits": 32.0},
         {"max_summands": True},
+        {"value_bits": 8, "max_summands": 2**32},
     ],
 )
 def test_bad_specs_are_refused(kwargs) -> None:
@@ -196,7 +200,7 @@ def test_two_thousand_forty_eight_bit_vector(kp2048) -> None:
     xs = [rng.uniform(-1, 1, size=500) for _ in range(3)]
     spec = PackingSpec()
     total = sum_packed([encrypt_packed(x, kp2048.private_key, spec) for x in xs], kp2048.public_key)
-    assert total.num_ciphertexts == -(-500 // 47)
+    assert total.num_ciphertexts == -(-500 // 45)
     assert np.max(np.abs(decrypt_packed(total, kp2048.private_key) - sum(xs))) <= 3 * 2.0**-17
 
 
@@ -211,13 +215,21 @@ def test_pairwise_add_method_and_counts(kp) -> None:
 # -- phe as an oracle ----------------------------------------------------------------------------------
 
 
+def _reference_seal(spec: PackingSpec, k: int) -> int:
+    """The documented seal, computed independently: k * (1 + (L << 32)), L packing the layout."""
+    headroom = math.ceil(math.log2(spec.max_summands)) if spec.max_summands > 1 else 0
+    code = spec.value_bits + 2**6 * spec.frac_bits + 2**12 * headroom + 2**18 * spec.guard_bits
+    return k * (1 + code * 2**32)
+
+
 def test_phe_decrypts_our_packed_ciphertexts(kp) -> None:
     spec = PackingSpec(value_bits=20, frac_bits=8, max_summands=8)
     ints = np.arange(-50, 50, dtype=np.int64)
     ct = encrypt_packed(ints, kp.private_key, spec, integers=True)
     psk = _phe_private(kp)
     plains = [psk.raw_decrypt(int(v)) for v in ct.values]
-    assert plains == _reference_pack([int(x) + spec.offset for x in ints], spec.slot_bits, ct.slots)
+    slots = _reference_pack([int(x) + spec.offset for x in ints], spec.slot_bits, ct.slots)
+    assert plains == [_reference_seal(spec, 1) + s * 2**91 for s in slots]
 
 
 def test_same_sums_as_phe_float_encryption(kp) -> None:
@@ -360,16 +372,97 @@ def test_random_corruption_of_a_ciphertext_is_detected(kp, position: int, flip: 
 
 def test_wrong_summand_count_is_detected(kp) -> None:
     ct = sum_packed([encrypt_packed([0.25, -0.5], kp.public_key) for _ in range(2)], kp.public_key)
-    lying = PackedCiphertext(ct.fingerprint, ct.spec, ct.slots, ct.length, 1, ct.values)
-    with pytest.raises(CiphertextError, match="outside"):
-        decrypt_packed(lying, kp.private_key)
+    for claimed in (1, 3, 4, 1024):
+        lying = PackedCiphertext(ct.fingerprint, ct.spec, ct.slots, ct.length, claimed, ct.values)
+        with pytest.raises(CiphertextError, match="claims .* summands but the encrypted seal holds 2"):
+            decrypt_packed(lying, kp.private_key)
+
+
+def test_raising_summands_in_the_header_is_detected(kp) -> None:
+    """Issue 8, item 3: a larger ``summands`` in the bytes used to shift every value by offsets.
+
+    The summed values are small, so every slot stays inside the range check for a larger count;
+    only the seal inside the plaintext can tell.
+    """
+    xs = [np.array([0.25, -0.5, 1.0]), np.array([0.5, 0.5, -2.0])]
+    total = sum_packed([encrypt_packed(x, kp.public_key) for x in xs], kp.public_key)
+    blob = bytearray(total.to_bytes(kp.public_key))
+    for claimed in (3, 4, 100, 1024):
+        blob[34:38] = claimed.to_bytes(4, "big")
+        parsed = PackedCiphertext.from_bytes(bytes(blob), kp.public_key)  # the header itself is well-formed
+        with pytest.raises(CiphertextError, match="encrypted seal holds 2"):
+            decrypt_packed(parsed, kp.private_key)
+
+
+def test_mixing_ciphertexts_of_different_sums_is_detected(kp) -> None:
+    spec = PackingSpec(value_bits=16, frac_bits=4, max_summands=8)
+    x = np.linspace(-1, 1, 100)  # 3 ciphertexts of 44 slots
+    two = sum_packed([encrypt_packed(x, kp.public_key, spec) for _ in range(2)], kp.public_key)
+    three = sum_packed([encrypt_packed(x, kp.public_key, spec) for _ in range(3)], kp.public_key)
+    assert two.num_ciphertexts == 3
+    mixed = PackedCiphertext(two.fingerprint, spec, two.slots, two.length, 2, (two.values[0], three.values[1], two.values[2]))
+    with pytest.raises(CiphertextError, match="seal holds 3"):
+        decrypt_packed(mixed, kp.private_key)
+
+
+def test_frac_bits_edited_in_the_header_is_detected(kp) -> None:
+    """Rescaling by editing frac_bits would halve every value; the sealed layout refuses it."""
+    ct = encrypt_packed([1.5, -2.0], kp.public_key)
+    blob = bytearray(ct.to_bytes(kp.public_key))
+    assert blob[21] == 16
+    blob[21] = 17
+    parsed = PackedCiphertext.from_bytes(bytes(blob), kp.public_key)
+    with pytest.raises(CiphertextError, match="layout"):
+        decrypt_packed(parsed, kp.private_key)
+
+
+_HEADER_FIELDS = [("magic", 0, 4), ("fingerprint", 4, 20), ("value_bits", 20, 21), ("frac_bits", 21, 22),
+                  ("max_summands", 22, 26), ("guard_bits", 26, 28), ("slots", 28, 30), ("length", 30, 34),
+                  ("summands", 34, 38)]
+
+
+def test_every_header_byte_flip_is_refused_or_harmless(kp) -> None:
+    """Deterministic and exhaustive: each of the 38 header bytes XOR-ed with each of 1..255.
+
+    Every mutated vector (a sum of 3 uploads spanning 3 ciphertexts) is refused with a typed
+    error at parse time or at decryption, or it decrypts to exactly the true sum (a change that
+    does not alter the meaning, e.g. max_summands 1024 -> 1000, the same headroom). Nothing else.
+    """
+    spec = PackingSpec()
+    rng = np.random.default_rng(5)  # CSPRNG-OK: test data
+    ints = [rng.integers(-(2**20), 2**20, size=50) for _ in range(3)]
+    total = sum_packed([encrypt_packed(v, kp.private_key, spec, integers=True) for v in ints], kp.public_key)
+    truth = np.sum(ints, axis=0)
+    blob = total.to_bytes(kp.public_key)
+    assert sum(end - start for _, start, end in _HEADER_FIELDS) == 38 == len(blob) - 3 * kp.public_key.ciphertext_bytes
+    harmless: dict[str, int] = {}
+    refused_at_decryption: dict[str, int] = {}
+    for name, start, end in _HEADER_FIELDS:
+        for pos in range(start, end):
+            for flip in range(1, 256):
+                mutated = bytearray(blob)
+                mutated[pos] ^= flip
+                try:
+                    parsed = PackedCiphertext.from_bytes(bytes(mutated), kp.public_key)
+                except (CiphertextError, KeyMismatchError, ShapeMismatchError):
+                    continue
+                try:
+                    got = decrypt_packed(parsed, kp.private_key, integers=True)
+                except (CiphertextError, ShapeMismatchError):
+                    refused_at_decryption[name] = refused_at_decryption.get(name, 0) + 1
+                    continue
+                np.testing.assert_array_equal(got, truth, err_msg=f"{name} byte {pos} ^ {flip:#04x} decoded wrongly")
+                harmless[name] = harmless.get(name, 0) + 1
+    # The checks were exercised where they matter: these fields parse and are caught by the seal.
+    assert {"frac_bits", "summands"} <= set(refused_at_decryption), refused_at_decryption
+    assert set(harmless) <= {"max_summands", "guard_bits"}, harmless
 
 
 def test_limit_malleability_in_range_shift_is_undetected(kp) -> None:
     """Stated limit: a public-key holder can add a valid small delta to a slot; nothing notices."""
     spec = PackingSpec()
     upload = encrypt_packed([1.0, 2.0, 3.0], kp.private_key, spec)
-    delta_plain = 5 << spec.slot_bits  # +5 grid units in slot 1, no offset: still in range
+    delta_plain = 5 << (SEAL_BITS + spec.slot_bits)  # +5 grid units in slot 1, no offset: still in range
     delta = kp.public_key.encrypt_int(delta_plain)
     forged_values = (gmpy2.mul(upload.values[0], delta.value) % kp.public_key.nsquare,)
     forged = PackedCiphertext(upload.fingerprint, spec, upload.slots, 3, 1, forged_values)
@@ -384,3 +477,16 @@ def test_in_memory_vector_with_missing_ciphertexts_is_refused(kp) -> None:
         sum_packed([a, short], kp.public_key)
     with pytest.raises(ShapeMismatchError):
         decrypt_packed(short, kp.private_key)
+
+
+def test_limit_a_public_key_holder_can_reseal_a_count(kp) -> None:
+    """Stated limit: the seal stops header edits, not homomorphic ones. Adding Enc(seal(1)) to
+    every ciphertext and claiming one more summand decodes to values shifted by -offset (what
+    adding an encrypted delta to the slots could do anyway: Paillier is malleable)."""
+    spec = PackingSpec(value_bits=16, frac_bits=0, max_summands=8)
+    up = encrypt_packed(np.array([100, -7]), kp.public_key, spec, integers=True)
+    extra = kp.public_key.encrypt_int(spec.seal(1)).value
+    forged = PackedCiphertext(up.fingerprint, spec, up.slots, 2, 2,
+                              (gmpy2.mul(up.values[0], extra) % kp.public_key.nsquare,))
+    got = decrypt_packed(forged, kp.private_key, integers=True)
+    np.testing.assert_array_equal(got, np.array([100, -7]) - spec.offset)

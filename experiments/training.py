@@ -102,8 +102,11 @@ def verify_resume(rd: RunDir, config: cfgmod.RunConfig) -> dict[str, Any]:
     if not isinstance(ident, dict) or not isinstance(ident.get("config"), dict) or "run_id" not in ident:
         raise UserError(f"{rd.file('run.json')} does not describe a run (no config or run id); cannot verify a resume")
     stored, now = _flatten(ident["config"]), _flatten(json.loads(json.dumps(config.to_dict())))
+    # A key added to the framework after the run was created is absent from run.json; at its
+    # default it changes nothing (the run was made under that default), so it is not a change.
+    defaults = _flatten(json.loads(json.dumps(cfgmod.merge(cfgmod.RunConfig(), {"run": {"protocol": config.run.protocol}}).to_dict())))
     for key in sorted(set(stored) | set(now)):
-        if key == "run.rounds":
+        if key == "run.rounds" or (key not in stored and key in now and key in defaults and _same(now[key], defaults[key])):
             continue
         if key not in stored or key not in now or not _same(stored[key], now[key]):
             raise UserError(

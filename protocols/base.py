@@ -1,6 +1,6 @@
 """What every protocol (and baseline) built by the registry provides, and what a round reports.
 
-The interface (ARCHITECTURE.md, "Protocol and attack registries") is one small structural type,
+The interface (docs/architecture.md, "Protocols: the registry and the trainer interface") is one small structural type,
 :class:`Trainer`; ``secagg run``, ``--resume``, the privacy report, the attacks and the Flower
 adapter use nothing else:
 

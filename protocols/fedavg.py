@@ -38,6 +38,7 @@ unchanged in its upload (FedFast notes A2/A3). Local optimiser state is fresh ev
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -272,6 +273,7 @@ class FedAvgGMF:
     def run_round(self) -> RoundStats:
         """Sample clients, train them locally (batched), collect their updates and aggregate."""
         cfg, rng, t = self.config, self.rng, self.round
+        t_start = time.perf_counter()
         m = cfg.clients_in_round(len(self._clients))
         sampled = np.sort(rng.choice(self._clients, size=m, replace=False))
         for u in sampled:
@@ -284,6 +286,8 @@ class FedAvgGMF:
         uniq, inverse = np.unique(keys, return_inverse=True)
         pair_slot, pair_item = uniq // self.train.n_items, uniq % self.train.n_items
         P, Q, H, B, loss, examples = self._train_locally(sampled, epochs, pair_slot, pair_item, torch.as_tensor(inverse))
+        t_local = time.perf_counter()
+        self._secagg_seconds = 0.0  # mean seconds of a client's secure-aggregation work
 
         # Uploads: the dense change of (Q, h, b) per client, weighted by its example count.
         weight = torch.as_tensor(counts * (1 + cfg.train_negatives) * cfg.local_epochs, dtype=torch.float32)
@@ -298,6 +302,15 @@ class FedAvgGMF:
             sums, upload_bytes = self._secure_sums(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
         self._apply(*sums)
         self.user[torch.as_tensor(sampled)] = P  # stays on the clients
+        t_end = time.perf_counter()
+        secagg_client = self._secagg_seconds
+        # Local training is simulated batched across the clients: its wall time is shared evenly.
+        # The aggregation window also ran every client's secure-aggregation work, sequentially.
+        seconds = {
+            "round": t_end - t_start,
+            "client": (t_local - t_start) / m + secagg_client,
+            "server": max(0.0, (t_end - t_local) - secagg_client * m),
+        }
 
         self.round += 1
         what = "item/output-layer updates, each in plaintext" if cfg.secure_aggregation == "none" else (
@@ -307,6 +320,7 @@ class FedAvgGMF:
             loss=loss / max(examples, 1),
             clients=m,
             bytes_per_client=self.model_bytes + upload_bytes,
+            seconds=seconds,
             extra={"examples": examples},
             releases=(Release(NonPrivate(), who="clients", what=what, params={"clients": m}),),
         )
@@ -423,6 +437,7 @@ class FedAvgGMF:
             dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
         )
         total = res.total
+        self._secagg_seconds = float(np.mean(res.client_seconds))
         n_items, d = self.train.n_items, cfg.dim
         item_num = torch.as_tensor(total[: n_items * d].reshape(n_items, d), dtype=torch.float32)
         off, touched = n_items * d, None

@@ -1,4 +1,4 @@
-"""Imports only go down (ARCHITECTURE.md): a lower layer importing a higher one fails here."""
+"""Imports only go down (docs/architecture.md): a lower layer importing a higher one fails here."""
 
 from __future__ import annotations
 

@@ -84,6 +84,21 @@ def test_resume_refuses_an_edited_config_naming_the_key(tmp_path, capsys, old, n
     assert len((run / "costs.jsonl").read_text().splitlines()) == 2  # nothing ran
 
 
+def test_a_key_added_after_the_run_was_created_resumes_at_its_default(tmp_path, capsys):
+    """A run made before ``data.sep`` existed has no such key in run.json: at its default value
+    the resume goes on; set to anything else it is refused like any edit."""
+    run = tmp_path / "run"
+    assert cli(capsys, "run", "--config", cfg(tmp_path, 1), "--out", str(run), "--quiet")[0] == 0
+    ident = json.loads((run / "run.json").read_text())
+    del ident["config"]["data"]["sep"]
+    (run / "run.json").write_text(json.dumps(ident))
+    assert cli(capsys, "run", "--resume", str(run), "--rounds", "2", "--quiet")[0] == 0
+    toml = (run / "config.toml").read_text()
+    (run / "config.toml").write_text(toml.replace('sep = ""', 'sep = ";"'))
+    code, _, err = cli(capsys, "run", "--resume", str(run), "--rounds", "3", "--quiet")
+    assert code == 2 and "data.sep" in err
+
+
 def test_resume_refuses_a_changed_data_file_naming_both_hashes(tmp_path, capsys):
     data = csv_data(tmp_path)
     run = tmp_path / "run"

@@ -298,3 +298,14 @@ def test_secagg_plus_parameters_follow_the_configured_dropout_and_corruption(mon
         FedAvgGMF(make_train(2, 10, [3, 3], seed=1), FedAvgConfig(dim=2, secure_aggregation="secagg+"), seed=1)
     with pytest.raises(ValueError, match="fedavg.secagg_corrupt"):
         FedAvgConfig(secagg_corrupt=0.5)
+
+
+def test_round_reports_seconds_per_party():
+    """costs.jsonl carries seconds per party: the client's share of the batched local training
+    (plus its secure-aggregation work) and the server's aggregation, each within the round."""
+    train = make_train(6, 20, [3] * 6, seed=2)
+    for secure in ("none", "secagg"):
+        stats = FedAvgGMF(train, FedAvgConfig(dim=2, secure_aggregation=secure), seed=1).run_round()
+        s = stats.seconds
+        assert set(s) == {"round", "client", "server"}, secure
+        assert 0 < s["client"] <= s["round"] and 0 <= s["server"] <= s["round"], (secure, s)

@@ -122,22 +122,24 @@ def metrics_from_ranks(
     Args:
         ranks: int ``[n]``, 1-based ranks of the held-out items.
         n_candidates: int or int ``[n]``, number of candidates of each user (target included),
-            at least 2.
+            at least 1. A user whose only candidate is the held-out item (it has interacted
+            with every other item) counts in every metric but AUC, which is undefined for it.
         ks: cut-offs K.
 
     Returns:
         ``{"HR@5": ..., "NDCG@5": ..., "Precision@5": ..., "Recall@5": ..., ..., "MRR": ...,
-        "AUC": ...}`` as Python floats (NaN for every metric when ``ranks`` is empty).
+        "AUC": ...}`` as Python floats (NaN for every metric when ``ranks`` is empty; AUC is NaN
+        when no user has two candidates).
 
     Raises:
-        ValueError: for ranks outside ``1..n_candidates`` or fewer than 2 candidates.
+        ValueError: for ranks outside ``1..n_candidates`` or no candidate.
     """
     ks = _check_ks(ks)
     ranks = np.asarray(ranks, dtype=np.int64).reshape(-1)
     n_cand = np.broadcast_to(np.asarray(n_candidates, dtype=np.int64), ranks.shape)
     if ranks.size:
-        if n_cand.min() < 2:
-            raise ValueError(f"AUC needs >= 2 candidates per user; found {int(n_cand.min())}.")
+        if n_cand.min() < 1:
+            raise ValueError(f"every user needs at least its held-out item as a candidate; found {int(n_cand.min())}.")
         if ranks.min() < 1 or np.any(ranks > n_cand):
             raise ValueError(
                 f"ranks must lie in 1..n_candidates; found {int(ranks.min())}..{int(ranks.max())}."
@@ -156,7 +158,8 @@ def metrics_from_ranks(
         out[f"Precision@{k}"] = hr / k
         out[f"Recall@{k}"] = hr
     out["MRR"] = mean(1.0 / ranks)
-    out["AUC"] = mean((n_cand - ranks) / np.maximum(n_cand - 1, 1))
+    two = n_cand >= 2
+    out["AUC"] = float(np.mean((n_cand[two] - ranks[two]) / (n_cand[two] - 1))) if two.any() else float("nan")
     return out
 
 

@@ -135,3 +135,16 @@ def test_run_reads_a_csv_through_columns_and_sep_and_records_the_layout(tmp_path
     # A malformed spec is refused in words.
     assert main(base + ["--columns", "person=a", "--out", str(tmp_path / "r3")]) == 2
     assert "--columns expects ROLE=NAME" in capsys.readouterr().err
+
+
+def test_the_full_ranking_advice_for_a_one_user_file_is_true(tmp_path, capsys):
+    """Issue 9, item 9: the error suggests full ranking, and full ranking then works."""
+    from experiments.cli import main
+
+    path = tmp_path / "one.csv"
+    path.write_text("userId,movieId,rating,timestamp\n1,1,5,1\n1,2,4,2\n1,3,3,3\n")
+    base = ["run", "--data", str(path), "--rounds", "1", "--quiet"]
+    assert main(base + ["--out", str(tmp_path / "a")]) == 2
+    assert "use full ranking" in capsys.readouterr().err
+    assert main(base + ["--eval-negatives", "0", "--out", str(tmp_path / "b")]) == 0
+    assert "HR@10 1.0000" in capsys.readouterr().out

@@ -159,3 +159,16 @@ def test_sampled_and_full_agree_for_oracle_on_synthetic():
     onehot = np.zeros((d.n_users, d.n_items))
     onehot[np.arange(d.n_users), split.test_items] = 1.0
     assert evaluate_sampled(lambda u, i: onehot[u[:, None], i], cands)["HR@5"] == 1.0
+
+
+def test_a_user_with_only_the_held_out_candidate_counts_except_in_auc():
+    """Issue 9, item 9: a user who interacted with every other item has one candidate under full
+    ranking; it is a hit at every K, and AUC (undefined for it) averages over the others."""
+    from recmodels.metrics import metrics_from_ranks
+
+    m = metrics_from_ranks(np.array([1, 2]), np.array([1, 3]), ks=(1,))
+    assert m["HR@1"] == 0.5 and m["MRR"] == 0.75 and m["AUC"] == 0.5
+    only = metrics_from_ranks(np.array([1]), np.array([1]), ks=(1,))
+    assert only["HR@1"] == 1.0 and np.isnan(only["AUC"])
+    with pytest.raises(ValueError, match="at least its held-out item"):
+        metrics_from_ranks(np.array([1]), np.array([0]), ks=(1,))

@@ -111,44 +111,39 @@ class ChainRing(Message):
                    successors=_read_entries(r, KEY_BYTES), predecessors=_read_entries(r, KEY_BYTES))
 
 
+@dataclass(frozen=True)
+class _SealedSeeds(Message):
+    """A message carrying one sealed seed per peer, ``(peer, blob)``, for one attempt."""
+
+    attempt: int = 0
+    seeds: tuple[tuple[int, bytes], ...] = ()
+
+    def _write_body(self, w: Writer) -> None:
+        w.u32(self.attempt)
+        _write_entries(w, self.seeds, CT_BYTES)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> _SealedSeeds:
+        attempt = r.u32()
+        return cls(**head, attempt=attempt, seeds=_read_entries(r, CT_BYTES))
+
+
 @register
 @dataclass(frozen=True)
-class ChainBundle(Message):
+class ChainBundle(_SealedSeeds):
     """Client -> server: one sealed seed per successor, ``(receiver, blob)``."""
 
     KIND: ClassVar[int] = int(Kind.BUNDLE)
     STAGE: ClassVar[int] = int(Kind.BUNDLE)
-    attempt: int = 0
-    seeds: tuple[tuple[int, bytes], ...] = ()
-
-    def _write_body(self, w: Writer) -> None:
-        w.u32(self.attempt)
-        _write_entries(w, self.seeds, CT_BYTES)
-
-    @classmethod
-    def _read_body(cls, r: Reader, head: dict) -> ChainBundle:
-        attempt = r.u32()
-        return cls(**head, attempt=attempt, seeds=_read_entries(r, CT_BYTES))
 
 
 @register
 @dataclass(frozen=True)
-class ChainDelivery(Message):
+class ChainDelivery(_SealedSeeds):
     """Server -> client: one sealed seed per predecessor, ``(sender, blob)``."""
 
     KIND: ClassVar[int] = int(Kind.DELIVERY)
     STAGE: ClassVar[int] = int(Kind.DELIVERY)
-    attempt: int = 0
-    seeds: tuple[tuple[int, bytes], ...] = ()
-
-    def _write_body(self, w: Writer) -> None:
-        w.u32(self.attempt)
-        _write_entries(w, self.seeds, CT_BYTES)
-
-    @classmethod
-    def _read_body(cls, r: Reader, head: dict) -> ChainDelivery:
-        attempt = r.u32()
-        return cls(**head, attempt=attempt, seeds=_read_entries(r, CT_BYTES))
 
 
 @register

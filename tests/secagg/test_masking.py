@@ -284,18 +284,10 @@ def test_limit_single_survivor_sum_is_its_input():
 # ------------------------------------------------------------------------------------------------
 # never both kinds of shares; consistency check stops an equivocating server
 # ------------------------------------------------------------------------------------------------
-def test_equivocating_server_is_caught_by_the_consistency_check():
+def test_equivocating_server_is_caught_by_the_consistency_check(start_round):
     n, d = 6, 8
     cfg = MaskingConfig.secagg(n, d, t=4)
-    identities, pki = make_pki(n)
-    clients = [MaskingClient(cfg, i, identities[i], pki) for i in range(n)]
-    server = MaskingServer(cfg, pki)
-    for c in clients:
-        server.receive(c.advertise().to_bytes())
-    inbox = server.broadcast_keys()
-    for c in clients:
-        server.receive(c.share_keys(inbox[c.id]).to_bytes())
-    inbox = server.forward_shares()
+    identities, clients, server, inbox = start_round(cfg)
     x = _inputs(n, d)
     for c in clients:
         server.receive(c.mask_input(inbox[c.id], x[c.id]).to_bytes())

@@ -146,22 +146,14 @@ def test_client_refuses_a_broadcast_reusing_its_own_keys():
             fresh.share_keys(blob)
 
 
-def test_a_deviating_client_shifts_the_sum_like_an_input_of_its_choice():
+def test_a_deviating_client_shifts_the_sum_like_an_input_of_its_choice(start_round):
     """The narrowed promise: the sum is exact when every client in U3 follows the protocol; a
     client that uploads something else shifts the sum by exactly what it added, as if it had
     chosen another input (inputs are not validated)."""
     n, d = 6, 8
     x = _inputs(n, d)
     cfg = MaskingConfig.secagg(n, d)
-    identities, pki = make_pki(n)
-    clients = [MaskingClient(cfg, i, identities[i], pki) for i in range(n)]
-    server = MaskingServer(cfg, pki)
-    for c in clients:
-        server.receive(c.advertise().to_bytes())
-    inbox = server.broadcast_keys()
-    for c in clients:
-        server.receive(c.share_keys(inbox[c.id]).to_bytes())
-    inbox = server.forward_shares()
+    identities, clients, server, inbox = start_round(cfg)
     shift = np.arange(d, dtype=np.uint64) + np.uint64(99)
     for c in clients:
         msg = c.mask_input(inbox[c.id], x[c.id])
@@ -184,21 +176,13 @@ def test_a_deviating_client_shifts_the_sum_like_an_input_of_its_choice():
 # ------------------------------------------------------------------------------------------------
 # item 5: t at or below half of a client's holders voids the consistency check
 # ------------------------------------------------------------------------------------------------
-def _split_view_attack(cfg: MaskingConfig, victim: int, group_a: list[int], group_b: list[int]):
+def _split_view_attack(cfg: MaskingConfig, victim: int, group_a: list[int], group_b: list[int], start_round):
     """The server shows group A a survivor set containing the victim (they reveal shares of its
     self-mask seed) and the disjoint group B one without it (they reveal shares of its mask key).
     Returns the victim's input as rebuilt by the server, or raises what the clients raise."""
     n, d = cfg.n, cfg.dim
     x = _inputs(n, d)
-    identities, pki = make_pki(n)
-    clients = [MaskingClient(cfg, i, identities[i], pki) for i in range(n)]
-    server = MaskingServer(cfg, pki)
-    for c in clients:
-        server.receive(c.advertise().to_bytes())
-    inbox = server.broadcast_keys()
-    for c in clients:
-        server.receive(c.share_keys(inbox[c.id]).to_bytes())
-    inbox = server.forward_shares()
+    identities, clients, server, inbox = start_round(cfg)
     ys = {c.id: decode(c.mask_input(inbox[c.id], x[c.id]).to_bytes()).y for c in clients}
     everyone = tuple(range(n))
     without = tuple(u for u in everyone if u != victim)
@@ -237,12 +221,12 @@ def test_threshold_at_or_below_half_the_holders_is_refused_everywhere():
     assert MaskingConfig.secagg_plus(20, 4, k=6, t=3, unsafe_threshold=True).t == 3
 
 
-def test_split_view_attack_succeeds_only_in_the_explicitly_unsafe_mode():
+def test_split_view_attack_succeeds_only_in_the_explicitly_unsafe_mode(start_round):
     n, d = 5, 12
     cfg = MaskingConfig(n, d, 2, complete_graph(n), os.urandom(16), unsafe_threshold=True)
-    got, want = _split_view_attack(cfg, 0, [1, 2], [3, 4])
+    got, want = _split_view_attack(cfg, 0, [1, 2], [3, 4], start_round)
     assert got.tolist() == want.tolist()  # both shares of client 0 collected: its input is out
     # the smallest safe threshold: two disjoint groups cannot both gather t signatures
     safe = MaskingConfig(n, d, 3, complete_graph(n), os.urandom(16))
     with pytest.raises(AbortError, match="valid consistency signatures"):
-        _split_view_attack(safe, 0, [1, 2], [3, 4])
+        _split_view_attack(safe, 0, [1, 2], [3, 4], start_round)

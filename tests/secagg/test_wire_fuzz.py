@@ -312,7 +312,7 @@ def test_limit_the_plain_baseline_folds_a_flipped_vector_bit():
     assert server.finish().tolist() == [0, 2**63]
 
 
-def test_a_flipped_bit_in_a_masked_input_is_refused_not_summed():
+def test_a_flipped_bit_in_a_masked_input_is_refused_not_summed(start_round):
     """Regression (found by this fuzzing): MaskedInput carried no integrity check, so a bit
     flipped in transit was added into the SecAgg sum. It is now signed by its sender."""
     t = _secagg_transcript()
@@ -324,15 +324,7 @@ def test_a_flipped_bit_in_a_masked_input_is_refused_not_summed():
     assert struct.unpack(">I", bytes(bad[28:32]))[0] == msg.sender < n
     # replay the whole round with a fresh server but the mutated input: refused with the opaque error
     cfg = MaskingConfig.secagg(5, 4)
-    identities, pki = make_pki(5)
-    clients = [MaskingClient(cfg, i, identities[i], pki) for i in range(5)]
-    server = MaskingServer(cfg, pki)
-    for c in clients:
-        server.receive(c.advertise().to_bytes())
-    inbox = server.broadcast_keys()
-    for c in clients:
-        server.receive(c.share_keys(inbox[c.id]).to_bytes())
-    inbox = server.forward_shares()
+    identities, clients, server, inbox = start_round(cfg)
     blob = bytearray(clients[0].mask_input(inbox[0], np.zeros(4, dtype=U64)).to_bytes())
     blob[-1] ^= 1
     with pytest.raises(AuthenticationError, match="^authenticated decryption failed$"):

@@ -1,0 +1,32 @@
+"""Fixtures shared by the secagg tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from secagg.bonawitz import MaskingClient, MaskingConfig, MaskingServer, make_pki
+
+
+def _start_round(cfg: MaskingConfig):
+    """A fresh PKI, clients and server, run honestly through ShareKeys.
+
+    Returns ``(identities, clients, server, inbox)`` with ``inbox`` the forwarded shares, ready
+    for the masked-input stage.
+    """
+    identities, pki = make_pki(cfg.n)
+    clients = [MaskingClient(cfg, i, identities[i], pki) for i in range(cfg.n)]
+    server = MaskingServer(cfg, pki)
+    for c in clients:
+        server.receive(c.advertise().to_bytes())
+    inbox = server.broadcast_keys()
+    for c in clients:
+        server.receive(c.share_keys(inbox[c.id]).to_bytes())
+    return identities, clients, server, server.forward_shares()
+
+
+@pytest.fixture
+def start_round() -> Callable[[MaskingConfig], tuple]:
+    """``start_round(cfg) -> (identities, clients, server, inbox)``: a round up to masked input."""
+    return _start_round

@@ -34,7 +34,6 @@ Rules, in order:
 from __future__ import annotations
 
 import csv
-import io
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field

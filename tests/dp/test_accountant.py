@@ -21,7 +21,6 @@ from dp.events import (
     FelTotal,
     Gaussian,
     Laplace,
-    NoOp,
     ParallelComposed,
     PoissonSampled,
     SampledWithoutReplacement,

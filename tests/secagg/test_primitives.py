@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from secagg import prg, shamir
 from secagg.additive import _additive_shares_from_seeds, additive_shares, reconstruct
 from secagg.channel import _seal_with_nonce, associated_data, open_sealed, seal
-from secagg.errors import AuthenticationError, BudgetError, MessageError
+from secagg.errors import AuthenticationError, MessageError
 from secagg.keys import KeyPair, hkdf_sha256
 
 H = bytes.fromhex

@@ -316,7 +316,7 @@ class LightFR:
         sel = self.sample_clients()
         model = self.packed_items
         for u in sel:
-            self.transport.send(SERVER, client(u), t, "model", None, int(model.nbytes))
+            self.transport.send(SERVER, client(u), t, "model", model, int(model.nbytes))
         tc = time.perf_counter()
         pidx = self._pairs(sel)
         users, items, r = self.users[pidx], self.items[pidx], self.r[pidx]
@@ -530,6 +530,7 @@ class LightFR:
         return {"n_users": self.n_users, "n_items": self.n_items, "bits": self.f, "server": c.server,
                 "secure_aggregation": c.secure_aggregation, "rating_range": [self.lo, self.hi],
                 "rating_scale": sorted({float(x) for x in np.unique(self.raw)}),
+                "rating_mean": float(self.raw.mean()),  # a published statistic: the attack's sign prior
                 "lambda_item": c.lambda_item, "lambda_user": c.lambda_user, "lambda_scale": c.lambda_scale,
                 "frac_bits": c.frac_bits, "client_fraction": c.client_fraction}
 

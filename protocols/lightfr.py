@@ -82,6 +82,8 @@ SECURE = ("none", "secagg+", "secagg")
 TIES = ("random", "pessimistic")
 LAMBDA_SCALES = ("count", "none")
 BROADCAST = "clients"
+#: Most values (clients x columns) summed by one secure-aggregation instance (memory bound).
+SECURE_CHUNK = 1 << 22
 
 
 class UpdateError(ValueError):
@@ -102,8 +104,9 @@ class LightFRConfig:
         user_sweeps: at most this many DCD sweeps over a user's bits per round (convergence stops earlier).
         item_sweeps: the same for the server's item DCD (``server = "dcd"``).
         lambda_user, lambda_item: balance weights (within-code form, §9.2).
-        lambda_scale: ``"count"`` multiplies lambda by ``|I_u|/f`` (``n_i/f`` for items) so that the
-            balance term has the data term's scale (§9.3); ``"none"`` uses it raw (the paper's
+        lambda_scale: ``"count"`` multiplies lambda by ``|I_u|/f^2`` (``n_i/f^2`` for items, the
+            raters of the round) so that the balance term has the data term's scale (§9.3: the data
+            term of a bit is at most ``n/f``, the balance term up to ``2 lambda f``); ``"none"`` uses it raw (the paper's
             reading, which collapses the codes at the paper's lambda: docs/lightfr.md).
         secure_aggregation: ``"none"`` (the paper), ``"secagg+"`` or ``"secagg"``.
         frac_bits: fixed-point fractional bits of every upload (both forms).
@@ -292,7 +295,7 @@ class LightFR:
 
     def _lam(self, base: float, counts: np.ndarray) -> np.ndarray:
         c = np.asarray(counts, dtype=np.float64)
-        return base * c / self.f if self.config.lambda_scale == "count" else np.full(c.shape, float(base))
+        return base * c / self.f**2 if self.config.lambda_scale == "count" else np.full(c.shape, float(base))
 
     def sample_clients(self) -> np.ndarray:
         """This round's clients: ``max(1, round(p n))`` without replacement (seeded)."""
@@ -429,28 +432,42 @@ class LightFR:
             cnt[up.items] += 1
         return total, cnt
 
-    def dense_vectors(self, uploads: list[Upload]) -> np.ndarray:
-        """Each client's zero-padded dense upload ``[n, m * width + m]`` (values, then the rated indicator)."""
+    def dense_vectors(self, uploads: list[Upload], lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Columns ``lo:hi`` of each client's zero-padded dense upload (length ``m * width + m``:
+        the values of every item, zero where unrated, then the rated indicator)."""
         w, m = self._width(), self.n_items
-        out = np.zeros((len(uploads), m * w + m))
+        hi = m * w + m if hi is None else hi
+        out = np.zeros((len(uploads), hi - lo))
         for j, up in enumerate(uploads):
-            rows = out[j, : m * w].reshape(m, w)
-            rows[up.items] = up.body
-            out[j, m * w + up.items] = 1.0
+            pos = (up.items[:, None] * w + np.arange(w)[None, :]).ravel()
+            vals = up.body.astype(np.float64).ravel()
+            pos = np.concatenate([pos, m * w + up.items])
+            vals = np.concatenate([vals, np.ones(len(up.items))])
+            keep = (pos >= lo) & (pos < hi)
+            out[j, pos[keep] - lo] = vals[keep]
         return out
 
     def _secure_total(self, uploads: list[Upload]) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """The sums through secure aggregation, in column chunks of at most ``SECURE_CHUNK`` values
+        per round (one protocol instance per chunk, so that memory stays bounded)."""
         cfg = self.config
-        vectors = self.dense_vectors(uploads)
-        res = secure_sum(
-            vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
-            round=self.round, transport=self.transport, senders=[client(up.user) for up in uploads],
-            where="lightfr.value_clip", dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
-        )
         w, m = self._width(), self.n_items
-        total = res.total[: m * w].reshape(m, w)
-        cnt = np.round(res.total[m * w :])
-        return total, cnt, float(res.bytes_per_client), float(np.mean(res.client_seconds))
+        dim = m * w + m
+        step = max(1, SECURE_CHUNK // max(len(uploads), 1))
+        total = np.empty(dim)
+        up_bytes = client_s = 0.0
+        for lo in range(0, dim, step):
+            hi = min(dim, lo + step)
+            res = secure_sum(
+                self.dense_vectors(uploads, lo, hi), protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
+                value_clip=cfg.value_clip, round=self.round, transport=self.transport,
+                senders=[client(up.user) for up in uploads], where="lightfr.value_clip",
+                dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
+            )
+            total[lo:hi] = res.total
+            up_bytes += float(res.bytes_per_client)
+            client_s += float(np.mean(res.client_seconds))
+        return total[: m * w].reshape(m, w), np.round(total[m * w :]), up_bytes, client_s
 
     def server_update(self, total: np.ndarray, cnt: np.ndarray) -> np.ndarray:
         """New item codes from the round's sums (the same for the plaintext and the secure form)."""

@@ -32,7 +32,7 @@ def _oracle_next_d(m: LightFR) -> np.ndarray:
     b = m.b.copy()
     for u in sel:  # per-user DCD with an explicit loop over bits
         idx = np.flatnonzero(m.users == u)
-        lam = cfg.lambda_user * len(idx) / f
+        lam = cfg.lambda_user * len(idx) / f**2
         for _ in range(cfg.user_sweeps):
             changed = False
             for k in range(f):
@@ -54,7 +54,7 @@ def _oracle_next_d(m: LightFR) -> np.ndarray:
             tot[i] += (m.r[j] - sim) * b[u] + m.d[i] / (2 * f)
             cnt[i] += 1
     d = m.d.astype(float)
-    lam_i = cfg.lambda_item * cnt / f
+    lam_i = cfg.lambda_item * cnt / f**2
     star = tot / f - 2 * lam_i[:, None] * (d.sum(1, keepdims=True) - d)
     new = np.where(star > 0, 1, np.where(star < 0, -1, m.d))
     return np.where(cnt[:, None] > 0, new, m.d)
@@ -239,3 +239,17 @@ def test_cli_run_and_resume_equal_the_uninterrupted_run(tmp_path, capsys, preset
     assert full["evaluation"]["sampled"].startswith("held-out item + 49")
     assert full["data"]["positives"] == "explicit ratings kept"
     assert full["privacy"]["unprotected"] is True
+
+
+def test_chunked_secure_sum_equals_one_instance(monkeypatch):
+    import protocols.lightfr as lf
+
+    data = _data(7, n=5, m=9)
+    whole = _model("grad", "secagg+", seed=7, data=data)
+    whole.run_round()
+    monkeypatch.setattr(lf, "SECURE_CHUNK", 60)  # several protocol instances per round
+    chunked = _model("grad", "secagg+", seed=7, data=data)
+    chunked.run_round()
+    np.testing.assert_array_equal(whole.d, chunked.d)
+    ups = [r for r in chunked.transport.transcript.view("server") if r.kind == "update"]
+    assert len(ups) > 3 * chunked.config.client_fraction * 5

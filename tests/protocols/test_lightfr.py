@@ -253,3 +253,16 @@ def test_chunked_secure_sum_equals_one_instance(monkeypatch):
     np.testing.assert_array_equal(whole.d, chunked.d)
     ups = [r for r in chunked.transport.transcript.view("server") if r.kind == "update"]
     assert len(ups) > 3 * chunked.config.client_fraction * 5
+
+
+def test_bench_lightfr_json(capsys):
+    import json
+
+    from experiments.cli import main
+
+    assert main(["bench", "lightfr", "--items", "300", "--bits", "64", "--repeats", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr()[0].splitlines()[-1])
+    s = out["storage_bytes"]
+    assert s["packed"] == 301 * 8 and s["one_byte_per_bit"] == 301 * 64 and s["float32_equal_dim"] == 301 * 256
+    assert out["top10_seconds"]["hamming_packed"] > 0
+    assert main(["bench", "lightfr", "--items", "0"]) == 2

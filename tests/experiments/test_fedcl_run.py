@@ -61,3 +61,17 @@ def test_fed_baseline_resume_equals_the_uninterrupted_run(tmp_path, capsys):
     assert main(["run", "--resume", str(tmp_path / "part"), "--rounds", "4", "--json", "--quiet"]) == 0
     resumed = last_json(capsys)
     assert resumed["metrics_full"] == whole["metrics_full"] and resumed["metrics"] == whole["metrics"]
+
+
+FEDCL_PRESETS = ["fedcl", "fedcl-ncf", "fed-local-negatives", "centralized-gru", "fedcl-no-semihard", "fedcl-no-inbatch",
+                 "fedcl-no-local", "fedcl-no-cluster", "fedcl-kmeans", "fedcl-hardest"]
+
+
+def test_every_fedcl_preset_runs_a_round(tmp_path, capsys):
+    small = TINY.format(rounds=1, secure="none", extra="").replace("eval_every = 2", "eval_every = 1")
+    small = small.replace('secure_aggregation = "none"\n', "")  # keep each preset's own secure aggregation
+    (tmp_path / "tiny.toml").write_text(small)
+    for preset in FEDCL_PRESETS:
+        code = main(["run", preset, "--config", str(tmp_path / "tiny.toml"), "--out", str(tmp_path / preset), "--json", "--quiet"])
+        summary = last_json(capsys)
+        assert code == 0 and summary["preset"] == preset and summary["metrics_full"]["HR@10"] >= 0

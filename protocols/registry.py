@@ -41,6 +41,7 @@ PROTOCOL_MODULES: tuple[str, ...] = (
     "protocols.fedavg",
     "protocols.fedmf",
     "protocols.lightfr",
+    "protocols.fedcl",
 )
 
 TASKS = ("ranking", "rating")

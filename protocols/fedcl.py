@@ -1,0 +1,501 @@
+"""FedCL (Wu et al. 2022): federated contrastive learning with LDP user embeddings, server-side
+clustering and semi-hard negatives, model updates through SecAgg+ (notes: papers/fedcl.md).
+
+Parties:
+    * one client per user, holding its interaction history (and, for the ``"id"`` encoder, its
+      private user embedding, which never leaves it);
+    * the server, holding the global model (item table, and the GRU for ``"gru"``), a cache of
+      the latest noisy user embedding of every client, and the server-side Adam state.
+
+Round ``t`` (notes section 2 with the decisions of section 8):
+    1. the server samples ``clients_per_round`` clients (a seeded simulation choice) and sends
+       them the global model (kind ``"model"``);
+    2. every client due to upload (``upload_every``/``user_budget`` policy; in round 0 with
+       ``initial_upload`` every client, notes 8.1 option b) encodes its training prefix into one
+       user embedding (notes 8.4), clips it in L1 to ``clip`` and adds i.i.d.
+       ``Laplace(2 clip / epsilon)`` noise from the OS CSPRNG (:func:`dp.ldp.ldp_laplace`), and
+       uploads it (kind ``"embedding"``); the server replaces the client's cache entry;
+    3. the server clusters the cache (Ward; k-means or none as options) and replaces each
+       embedding by its cluster centroid; for each sampled client it ranks all items by
+       ``centroid . item`` (global item table), keeps the top ``hard_percent``% and sends
+       ``semi_hard`` of them drawn uniformly (kind ``"negatives"``);
+    4. the client drops received negatives that are in its own history (notes 8.6) and computes
+       the gradient of Eq. (1) (sampled softmax over in-batch, local and semi-hard negatives) on
+       its data with the current global model (one step, notes 8.10);
+    5. the gradients are summed through ``secure_aggregation`` (SecAgg+ by default, dense
+       vectors: which items a client touched is not revealed, notes 8.12), the server divides by
+       the number of clients in the sum and applies Adam (``lr``) to the global model.
+
+Adversary and promise: an honest-but-curious server (and anyone who reads the uploads). Each
+embedding upload is ``epsilon``-LDP for its user (replace-one: any two embeddings; sensitivity
+``2 clip`` in L1 after the L1 clip, never per coordinate). ``k`` uploads by one user compose:
+every upload is recorded as a Laplace release with cohort ``"user:<u>"``, and
+``secagg privacy report RUN_DIR --json`` gives each user's composed epsilon (``per_user``: basic
+``k epsilon`` and the tightest of pure/RDP/PLD). With secure aggregation, the server sees only
+uniformly masked gradient vectors and learns their sum (SecAgg+'s collusion limits,
+docs/secagg.md). Limits: the summed model updates and the final model carry no DP (the ledger
+records them as ``NonPrivate``); the cluster a client falls in and the negatives it is sent are
+post-processing of its LDP upload and cost nothing more; the LDP noise is float noise (see
+:mod:`dp.mechanisms`' floating-point caveat).
+
+Simulation: the sampled clients' losses are computed as one batched computation; each client's
+gradient is then taken separately (its own loss only), so the uploads are exactly what each
+client would compute alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dp.events import NonPrivate
+from dp.ldp import ldp_laplace
+from protocols.base import Release, RoundStats
+from protocols.fedcl_server import CLUSTERINGS, cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
+from protocols.registry import ProtocolSpec, register
+from protocols.secure_sum import secure_sum
+from protocols.transport import SERVER, InProcessTransport, client
+from recmodels.data import Interactions, pair_keys
+from recmodels.seqrec import SeqEncoder, client_sequences, contrastive_loss
+from secagg.params import check_fraction
+
+__all__ = ["CentralSeqRec", "FedCL", "FedCLConfig"]
+
+_ENCODERS = ("gru", "id")
+_SECURE = ("none", "secagg", "secagg+")
+_HARD_MODES = ("sample", "hardest")
+
+
+@dataclass(frozen=True)
+class FedCLConfig:
+    """Hyper-parameters of FedCL (the ``[fedcl]`` section); paper values as defaults.
+
+    Attributes:
+        encoder: ``"gru"`` (GRU4Rec-style sequence encoder) or ``"id"`` (NCF/GMF variant with a
+            private local user embedding; in-batch negatives are never used with it).
+        dim: embedding and hidden size (64).
+        max_len: most recent training items a client encodes and trains on.
+        clients_per_round: clients per round (|U'| = 16).
+        lr: server Adam learning rate (1e-3).
+        user_lr: the ``"id"`` encoder's local Adam learning rate for the private user row.
+        init_std: standard deviation of the embedding initialisation.
+        epsilon: LDP epsilon per embedding upload (4).
+        clip: L1 clip ``delta`` of the embedding before noise (1).
+        clusters: number of clusters ``C`` (25).
+        clustering: ``"ward"``, ``"kmeans"`` or ``"none"`` (each client's own noisy embedding).
+        hard_percent: ``R``, the top share of items (in %) the semi-hard negatives come from (25).
+        semi_hard: ``T``, semi-hard negatives per client per round (20); 0 disables the LDP
+            uploads and the semi-hard negatives (the "Fed" baseline and the ablation).
+        semi_hard_mode: ``"sample"`` (uniform from the top R%) or ``"hardest"`` (the top T).
+        local_pool: items stored on each client as local negatives (100, never its own items).
+        local_negatives: local negatives per positive, drawn from the pool every round (10).
+        in_batch: use the client's other positives as negatives (ignored for ``"id"``).
+        upload_every: a client uploads a fresh embedding at most once per this many rounds and
+            otherwise reuses its cached one (1: whenever it is sampled).
+        initial_upload: in round 0 every client uploads, so the cache starts full (notes 8.1 b).
+        user_budget: per-user epsilon budget over the run (basic composition); a client whose
+            next upload would exceed it stops uploading and keeps its cached embedding. 0: none.
+        secure_aggregation: ``"secagg+"``, ``"secagg"`` or ``"none"`` (plaintext uploads).
+        frac_bits, value_clip: fixed-point encoding of the gradient vectors.
+        secagg_dropout, secagg_corrupt: the fractions SecAgg+'s k and t are chosen for.
+    """
+
+    encoder: str = "gru"
+    dim: int = 64
+    max_len: int = 50
+    clients_per_round: int = 16
+    lr: float = 1e-3
+    user_lr: float = 1e-2
+    init_std: float = 0.05
+    epsilon: float = 4.0
+    clip: float = 1.0
+    clusters: int = 25
+    clustering: str = "ward"
+    hard_percent: float = 25.0
+    semi_hard: int = 20
+    semi_hard_mode: str = "sample"
+    local_pool: int = 100
+    local_negatives: int = 10
+    in_batch: bool = True
+    upload_every: int = 1
+    initial_upload: bool = True
+    user_budget: float = 0.0
+    secure_aggregation: str = "secagg+"
+    frac_bits: int = 24
+    value_clip: float = 1024.0
+    secagg_dropout: float = 0.1
+    secagg_corrupt: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.encoder not in _ENCODERS:
+            raise ValueError(f"fedcl.encoder must be one of {_ENCODERS}; found {self.encoder!r}")
+        for name in ("dim", "max_len", "clients_per_round", "clusters", "upload_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"fedcl.{name} must be an int >= 1; found {v!r}")
+        for name in ("semi_hard", "local_pool", "local_negatives"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"fedcl.{name} must be an int >= 0; found {v!r}")
+        if self.local_negatives and not self.local_pool:
+            raise ValueError("fedcl.local_negatives > 0 needs fedcl.local_pool > 0 (the items they are drawn from)")
+        for name in ("lr", "user_lr", "init_std", "epsilon", "clip"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"fedcl.{name} must be a positive number; found {v!r}")
+        if not (0 < self.hard_percent <= 100):
+            raise ValueError(f"fedcl.hard_percent must be in (0, 100]; found {self.hard_percent}")
+        if self.clustering not in CLUSTERINGS:
+            raise ValueError(f"fedcl.clustering must be one of {CLUSTERINGS}; found {self.clustering!r}")
+        if self.semi_hard_mode not in _HARD_MODES:
+            raise ValueError(f"fedcl.semi_hard_mode must be one of {_HARD_MODES}; found {self.semi_hard_mode!r}")
+        if not (self.user_budget >= 0 and math.isfinite(self.user_budget)):
+            raise ValueError(f"fedcl.user_budget must be >= 0 (0: no budget); found {self.user_budget}")
+        if 0 < self.user_budget < self.epsilon:
+            raise ValueError(f"fedcl.user_budget {self.user_budget} is below one upload's fedcl.epsilon {self.epsilon}; "
+                             "no client could ever upload")
+        if self.secure_aggregation not in _SECURE:
+            raise ValueError(f"fedcl.secure_aggregation must be one of {_SECURE}; found {self.secure_aggregation!r}")
+        if not (0 < self.frac_bits < 62) or not (self.value_clip > 0 and math.isfinite(self.value_clip)):
+            raise ValueError(f"fedcl.frac_bits must be in 1..61 and fedcl.value_clip positive; "
+                             f"found {self.frac_bits}, {self.value_clip}")
+        check_fraction("fedcl.secagg_dropout", self.secagg_dropout)
+        check_fraction("fedcl.secagg_corrupt", self.secagg_corrupt, upper=0.5)
+
+    @property
+    def laplace_scale(self) -> float:
+        """``b = 2 clip / epsilon``, the Laplace scale of every upload."""
+        return 2.0 * self.clip / self.epsilon
+
+    @property
+    def uses_in_batch(self) -> bool:
+        return self.in_batch and self.encoder == "gru"
+
+
+class FedCL:
+    """The FedCL protocol (module docstring) behind :class:`protocols.base.Trainer`."""
+
+    def __init__(self, train: Interactions, config: FedCLConfig | None = None, *, seed: int = 0,
+                 transport: InProcessTransport | None = None, exclude: Interactions | None = None,
+                 _test_source: Any = None):
+        self.train, self.config = train, config or FedCLConfig()
+        # TEST-ONLY deterministic LDP noise (dp.rng.DeterministicTestSource); None: the OS CSPRNG.
+        self._test_source = _test_source
+        self.last_aggregate: np.ndarray | None = None  # the averaged gradient the server applied last
+        self.transport = transport if transport is not None else InProcessTransport()
+        self.exclude, self.round = exclude, 0
+        cfg, n_users, n_items = self.config, train.n_users, train.n_items
+        self.rng = np.random.default_rng([seed, 14])
+        self._clients = np.flatnonzero(np.bincount(train.users, minlength=n_users) > 0)
+        self._enc = client_sequences(train.users, train.items, train.timestamps, n_users, cfg.max_len)
+        self._seq = client_sequences(train.users, train.items, train.timestamps, n_users, cfg.max_len + 1)
+        keys = [pair_keys(train.users, train.items, n_items)]
+        if exclude is not None:
+            keys.append(pair_keys(exclude.users, exclude.items, n_items))
+        self._own = np.unique(np.concatenate(keys))  # what each client knows it has interacted with
+        self._pool = self._local_pools(np.random.default_rng([seed, 15]))
+        gen = torch.Generator().manual_seed(int(seed))
+        self.model = SeqEncoder(n_items, cfg.dim, generator=gen, init_std=cfg.init_std)
+        if cfg.encoder == "id":
+            self.model.gru.requires_grad_(False)
+            self.user = torch.randn(n_users, cfg.dim, generator=gen) * cfg.init_std
+            self.user_m, self.user_v = torch.zeros_like(self.user), torch.zeros_like(self.user)
+            self.user_steps = torch.zeros(n_users)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        n = sum(p.numel() for p in self.params)
+        self.adam_m, self.adam_v, self.adam_step = torch.zeros(n), torch.zeros(n), 0
+        self.cache = np.zeros((n_users, cfg.dim))
+        self.has_cache = np.zeros(n_users, dtype=bool)
+        self.last_upload = np.full(n_users, -1, dtype=np.int64)
+        self.uploads = np.zeros(n_users, dtype=np.int64)
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _local_pools(self, rng: np.random.Generator) -> np.ndarray:
+        """``[n_users, local_pool]`` items each client stores as local negatives (never its own)."""
+        n_users, n_items, k = self.train.n_users, self.train.n_items, self.config.local_pool
+        pool = rng.integers(0, n_items, size=(n_users, k), dtype=np.int64)
+        users = np.repeat(np.arange(n_users), k).reshape(n_users, k)
+        bad = np.isin(pair_keys(users, pool, n_items), self._own)
+        while bad.any():
+            pool[bad] = rng.integers(0, n_items, size=int(bad.sum()), dtype=np.int64)
+            bad = np.isin(pair_keys(users, pool, n_items), self._own)
+        return pool
+
+    @property
+    def model_bytes(self) -> int:
+        return 4 * sum(p.numel() for p in self.params)
+
+    # -- client side ----------------------------------------------------------------------------
+    def user_embeddings(self, users: np.ndarray) -> torch.Tensor:
+        """The user embedding each client computes from its training prefix (``[b, dim]``)."""
+        if self.config.encoder == "id":
+            return self.user[torch.as_tensor(users)]
+        seqs, lengths = self._enc
+        return self.model.encode(torch.as_tensor(seqs[users]), torch.as_tensor(lengths[users]))
+
+    def _due(self, users: np.ndarray, t: int) -> np.ndarray:
+        cfg = self.config
+        due = (self.last_upload[users] < 0) | (t - self.last_upload[users] >= cfg.upload_every)
+        if cfg.user_budget:
+            due &= (self.uploads[users] + 1) * cfg.epsilon <= cfg.user_budget * (1 + 1e-12)
+        return users[due]
+
+    def _upload_embeddings(self, t: int, uploaders: np.ndarray) -> list[Release]:
+        """Step 2: each uploader's LDP embedding into the server's cache; one release per upload."""
+        cfg = self.config
+        if not len(uploaders):
+            return []
+        with torch.no_grad():
+            emb = self.user_embeddings(uploaders).double().numpy()
+        keep = self.transport.transcript.keep_payloads
+        releases = []
+        for u, e in zip(uploaders, emb):
+            rel = ldp_laplace(e, clip_bound=cfg.clip, epsilon=cfg.epsilon, _test_source=self._test_source)
+            self.transport.send(client(u), SERVER, t, "embedding", rel.values.copy() if keep else None, 4 * cfg.dim)
+            self.cache[u], self.has_cache[u] = rel.values, True
+            releases.append(Release(rel.event, who=client(u), what="LDP user embedding", cohort=f"user:{int(u)}",
+                                    params={"epsilon": cfg.epsilon, "clip": cfg.clip, "laplace_scale": rel.noise_scale}))
+        self.last_upload[uploaders] = t
+        self.uploads[uploaders] += 1
+        return releases
+
+    def _semi_hard(self, t: int, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Step 3 and the client's filter: ``(negatives [m, T], kept [m, T])``."""
+        cfg = self.config
+        cached = np.flatnonzero(self.has_cache)
+        cent = np.zeros((self.train.n_users, cfg.dim))
+        cent[cached] = cluster_centroids(self.cache[cached], cfg.clusters, cfg.clustering, self.rng)[0]
+        item = self.model.item.detach().double().numpy()
+        neg = sample_semi_hard(hard_candidates(cent[sampled], item, cfg.hard_percent), cfg.semi_hard,
+                               cfg.semi_hard_mode, self.rng)
+        keep = self.transport.transcript.keep_payloads
+        for c, u in enumerate(sampled):
+            self.transport.send(SERVER, client(u), t, "negatives", neg[c].copy() if keep else None, 4 * neg.shape[1])
+        users = np.broadcast_to(sampled[:, None], neg.shape)
+        kept = ~np.isin(pair_keys(users, neg, self.train.n_items), self._own)  # the client drops its own items
+        kept &= self.has_cache[sampled][:, None]  # no cached embedding (budget spent early): no semi-hard
+        return neg, kept
+
+    def _names(self) -> tuple[str, ...]:
+        """The shared parameters (the order of :attr:`params` and of the upload vector)."""
+        return ("item",) if self.config.encoder == "id" else ("item", "weight_ih", "weight_hh", "bias_ih", "bias_hh")
+
+    def client_losses(self, sampled: np.ndarray, neg: np.ndarray | None, kept: np.ndarray | None, *,
+                      per_client: bool = True):
+        """Eq. (1) of every sampled client with the current global model.
+
+        Returns ``(losses [m], user rows or None, weights)``; with ``per_client`` every client
+        computes with its own copy of the shared parameters (``weights``), so that one backward
+        pass gives each client's own gradient (:meth:`client_gradients`).
+        """
+        cfg, m = self.config, len(sampled)
+        w = self.model.per_row_weights(m, self._names()) if per_client else self.model.shared_weights()
+        local = None
+        if cfg.encoder == "gru":
+            seqs, lengths = self._seq
+            s = torch.as_tensor(seqs[sampled])
+            n_pos = torch.as_tensor(lengths[sampled] - 1)
+            user_emb = self.model.states(s[:, :-1], n_pos, w)
+            pos = s[:, 1:].clamp_min(0)
+            pos_mask = torch.arange(cfg.max_len).unsqueeze(0) < n_pos.unsqueeze(1)
+            rows = None
+        else:
+            seqs, lengths = self._enc
+            pos = torch.as_tensor(seqs[sampled]).clamp_min(0)
+            pos_mask = torch.arange(cfg.max_len).unsqueeze(0) < torch.as_tensor(lengths[sampled]).unsqueeze(1)
+            rows = self.user[torch.as_tensor(sampled)].clone().requires_grad_(True)
+            user_emb = rows.unsqueeze(1).expand(-1, cfg.max_len, -1)
+        if cfg.local_negatives:
+            pick = self.rng.integers(0, cfg.local_pool, size=(m, pos.shape[1], cfg.local_negatives))
+            local = torch.as_tensor(self._pool[sampled][np.arange(m)[:, None, None], pick])
+        losses = contrastive_loss(
+            user_emb, pos, pos_mask, w["item"], local_neg=local,
+            hard_neg=None if neg is None else torch.as_tensor(neg),
+            hard_mask=None if kept is None else torch.as_tensor(kept), in_batch=cfg.uses_in_batch,
+        )
+        return losses, rows, w
+
+    def client_gradients(self, losses: torch.Tensor, rows: torch.Tensor | None,
+                         w: dict[str, torch.Tensor]) -> tuple[np.ndarray, torch.Tensor | None]:
+        """Each client's gradient of its own loss: ``(float64 [m, n_params], user-row gradients)``."""
+        leaves = [w[n] for n in self._names()] + ([rows] if rows is not None else [])
+        grads = torch.autograd.grad(losses.sum(), leaves)
+        m = len(losses)
+        flat = torch.cat([g.reshape(m, -1) for g in grads[: len(self._names())]], dim=1)
+        return flat.double().numpy(), (grads[-1] if rows is not None else None)
+
+    # -- one round ------------------------------------------------------------------------------
+    def run_round(self) -> RoundStats:
+        """Steps 1-5 of the module docstring."""
+        cfg, t, rng = self.config, self.round, self.rng
+        m = min(cfg.clients_per_round, len(self._clients))
+        sampled = np.sort(rng.choice(self._clients, size=m, replace=False))
+        releases: list[Release] = []
+        uploaders = np.zeros(0, np.int64)
+        if cfg.semi_hard:
+            candidates = self._clients if (t == 0 and cfg.initial_upload) else sampled
+            uploaders = self._due(candidates, t)
+        for u in np.union1d(sampled, uploaders):
+            self.transport.send(SERVER, client(u), t, "model", None, self.model_bytes)
+        neg = kept = None
+        if cfg.semi_hard:
+            releases += self._upload_embeddings(t, uploaders)
+            neg, kept = self._semi_hard(t, sampled)
+        losses, rows, w = self.client_losses(sampled, neg, kept)
+        grads, g_rows = self.client_gradients(losses, rows, w)
+        if g_rows is not None:  # the private user rows: local Adam, never uploaded
+            self._local_user_step(sampled, g_rows)
+        if cfg.secure_aggregation == "none":
+            keep = self.transport.transcript.keep_payloads
+            for c, u in enumerate(sampled):
+                self.transport.send(client(u), SERVER, t, "update", grads[c].copy() if keep else None, self.model_bytes)
+            total, n_sum, up_bytes = grads.sum(0), m, float(self.model_bytes)
+        else:
+            res = secure_sum(grads, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
+                             value_clip=cfg.value_clip, round=t, transport=self.transport,
+                             senders=[client(u) for u in sampled], where="fedcl.value_clip",
+                             dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
+            total, n_sum, up_bytes = res.total, len(res.survivors), res.bytes_per_client
+        self.last_aggregate = total / max(n_sum, 1)
+        self._server_step(torch.as_tensor(self.last_aggregate, dtype=torch.float32))
+        self.round += 1
+        what = ("gradient sum, plaintext uploads" if cfg.secure_aggregation == "none"
+                else f"gradient sum through {cfg.secure_aggregation} (no DP noise)")
+        releases.append(Release(NonPrivate(), who="clients", what=what, params={"clients": m}))
+        return RoundStats(
+            round=t, loss=float(losses.detach().mean()), clients=m,
+            bytes_per_client=self.model_bytes + up_bytes + (4 * cfg.semi_hard if cfg.semi_hard else 0),
+            extra={"uploads": int(len(uploaders)),
+                   "semi_hard_dropped": 0 if kept is None else int((~kept).sum())},
+            releases=tuple(releases),
+        )
+
+    def _server_step(self, grad: torch.Tensor) -> None:
+        """Adam (torch.optim.Adam's update, betas 0.9/0.999, eps 1e-8) on the averaged gradient."""
+        b1, b2, eps = 0.9, 0.999, 1e-8
+        self.adam_step += 1
+        self.adam_m.mul_(b1).add_(grad, alpha=1 - b1)
+        self.adam_v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        m_hat = self.adam_m / (1 - b1**self.adam_step)
+        denom = (self.adam_v / (1 - b2**self.adam_step)).sqrt().add_(eps)
+        step = (-self.config.lr * m_hat / denom)
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(torch.nn.utils.parameters_to_vector(self.params) + step, self.params)
+
+    def _local_user_step(self, users: np.ndarray, grad: torch.Tensor) -> None:
+        """Each client's Adam step on its own private user row (``user_lr``)."""
+        b1, b2, eps = 0.9, 0.999, 1e-8
+        u = torch.as_tensor(users)
+        self.user_steps[u] += 1
+        st = self.user_steps[u].unsqueeze(1)
+        self.user_m[u] = b1 * self.user_m[u] + (1 - b1) * grad
+        self.user_v[u] = b2 * self.user_v[u] + (1 - b2) * grad * grad
+        m_hat = self.user_m[u] / (1 - b1**st)
+        v_hat = self.user_v[u] / (1 - b2**st)
+        self.user[u] = self.user[u] - self.config.user_lr * m_hat / (v_hat.sqrt() + eps)
+
+    # -- evaluation and checkpoints ---------------------------------------------------------------
+    @torch.no_grad()
+    def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Candidate scores ``u . q_i``, as each client computes them on-device."""
+        emb = self.user_embeddings(np.asarray(users)).unsqueeze(1)
+        return (emb * self.model.item[torch.as_tensor(np.asarray(items))]).sum(-1).numpy()
+
+    @torch.no_grad()
+    def score_all(self, users: np.ndarray) -> np.ndarray:
+        return (self.user_embeddings(np.asarray(users)) @ self.model.item.T).numpy()
+
+    def public_info(self) -> dict[str, Any]:
+        cfg = self.config
+        return {"protocol": "fedcl", "n_users": self.train.n_users, "n_items": self.train.n_items,
+                "clients": int(len(self._clients)), "laplace_scale": cfg.laplace_scale, "config": asdict(cfg)}
+
+    def state_dict(self) -> dict[str, Any]:
+        out = {
+            "round": self.round, "config": asdict(self.config), "rng": self.rng.bit_generator.state,
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "adam_m": self.adam_m.clone(), "adam_v": self.adam_v.clone(), "adam_step": self.adam_step,
+            "cache": self.cache.copy(), "has_cache": self.has_cache.astype(np.int8),
+            "last_upload": self.last_upload.copy(), "uploads": self.uploads.copy(),
+        }
+        if self.config.encoder == "id":
+            out["user"] = {"emb": self.user.clone(), "m": self.user_m.clone(), "v": self.user_v.clone(),
+                           "steps": self.user_steps.clone()}
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["config"] != asdict(self.config):
+            raise ValueError("checkpoint was written with a different fedcl configuration")
+        self.round = int(state["round"])
+        self.rng.bit_generator.state = state["rng"]
+        self.model.load_state_dict({k: v.clone() for k, v in state["model"].items()})
+        self.adam_m, self.adam_v = state["adam_m"].clone(), state["adam_v"].clone()
+        self.adam_step = int(state["adam_step"])
+        self.cache = np.array(state["cache"], dtype=np.float64)
+        self.has_cache = np.asarray(state["has_cache"]).astype(bool)
+        self.last_upload = np.array(state["last_upload"], dtype=np.int64)
+        self.uploads = np.array(state["uploads"], dtype=np.int64)
+        if self.config.encoder == "id":
+            u = state["user"]
+            self.user, self.user_m, self.user_v = u["emb"].clone(), u["m"].clone(), u["v"].clone()
+            self.user_steps = u["steps"].clone()
+
+
+def _build(ctx: Any) -> FedCL:
+    return FedCL(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport, exclude=ctx.exclude)
+
+
+register(ProtocolSpec(
+    name="fedcl",
+    summary="FedCL: LDP user embeddings, clustered semi-hard negatives, contrastive loss, updates through SecAgg+",
+    build=_build,
+    section="fedcl",
+    config_cls=FedCLConfig,
+    privacy_report=per_user_report,
+))
+
+
+class CentralSeqRec(FedCL):
+    """The centralised baseline of FedCL's base models: the same encoder and Eq. (1), trained on all
+    users at once (no parties, no LDP, no secure aggregation); one round is one epoch over the users
+    in batches of ``clients_per_round``, with in-batch negatives (``"gru"``) and ``local_negatives``
+    uniform non-interacted items per positive drawn fresh every epoch (``local_pool`` of them per
+    user), and one Adam step per batch."""
+
+    def __init__(self, train: Interactions, config: FedCLConfig | None = None, *, seed: int = 0,
+                 exclude: Interactions | None = None):
+        super().__init__(train, config, seed=seed, exclude=exclude)
+        self.transport = None
+
+    def run_round(self) -> RoundStats:
+        cfg, t = self.config, self.round
+        self._pool = self._local_pools(self.rng)  # fresh negatives every epoch
+        order = self.rng.permutation(self._clients)
+        total, n = 0.0, 0
+        for start in range(0, len(order), cfg.clients_per_round):
+            batch = np.sort(order[start : start + cfg.clients_per_round])
+            losses, rows, _ = self.client_losses(batch, None, None, per_client=False)
+            grads = torch.autograd.grad(losses.mean(), self.params + ([rows] if rows is not None else []))
+            if rows is not None:
+                self._local_user_step(batch, grads[-1] * len(batch))  # each user's own loss
+            self._server_step(torch.cat([g.reshape(-1) for g in grads[: len(self.params)]]))
+            total, n = total + float(losses.detach().sum()), n + len(batch)
+        self.round += 1
+        return RoundStats(round=t, loss=total / max(n, 1), extra={"users": n})
+
+    def public_info(self) -> dict[str, Any]:
+        return {**super().public_info(), "protocol": "fedcl-central"}
+
+
+register(ProtocolSpec(
+    name="fedcl-central",
+    summary="FedCL's base model (GRU or ID encoder, Eq. 1 loss) trained centrally: the upper reference",
+    build=lambda ctx: CentralSeqRec(ctx.train, ctx.config, seed=ctx.seed, exclude=ctx.exclude),
+    section="fedcl",
+    config_cls=FedCLConfig,
+    federated=False,
+))

@@ -103,4 +103,4 @@ def train_over_arch(model: OverArch, z: torch.Tensor, y: torch.Tensor, *, epochs
             loss = torch.nn.functional.binary_cross_entropy_with_logits(model(z[idx]), y[idx])
             loss.backward()
             opt.step()
-    return float(loss)
+    return float(loss.detach())

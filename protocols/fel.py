@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -45,14 +45,11 @@ __all__ = ["FelConfig", "FelTrainer", "fel_privacy_report"]
 
 _CLUSTERING = ("hash", "attribute", "kmeans")
 _DP = ("none", "central", "distributed")
-_LEAF_KEYS = ("dim", "client_fraction", "clients_per_round", "local_epochs", "local_batch_size", "lr", "optimizer",
-              "train_negatives", "server_lr", "init_std", "secure_aggregation", "frac_bits", "value_clip",
-              "secagg_dropout", "secagg_corrupt")
 
 
 @dataclass(frozen=True)
-class FelConfig:
-    """The ``[fel]`` section. Leaf keys are FedAvg's (``[fedavg]`` documents them); the rest:
+class FelConfig(FedAvgConfig):
+    """The ``[fel]`` section: every ``[fedavg]`` key (the leaves' FedAvg; ``dim`` defaults to 16), and:
 
     Attributes:
         clustering: ``"hash"`` (sha256 of the raw user id), ``"attribute"`` (one demographic
@@ -92,20 +89,6 @@ class FelConfig:
     over_arch_lr: float = 0.01
     over_arch_negatives: int = 4
     dim: int = 16
-    client_fraction: float = 1.0
-    clients_per_round: int = 0
-    local_epochs: int = 1
-    local_batch_size: int = 64
-    lr: float = 0.01
-    optimizer: str = "adam"
-    train_negatives: int = 4
-    server_lr: float = 1.0
-    init_std: float = 0.01
-    secure_aggregation: str = "none"
-    frac_bits: int = 24
-    value_clip: float = 65536.0
-    secagg_dropout: float = 0.1
-    secagg_corrupt: float = 0.05
     dp: str = "none"
     clip: float = 1.0
     noise_multiplier: float = 1.0
@@ -151,13 +134,13 @@ class FelConfig:
             raise ValueError("fel.dp = \"distributed\" needs fel.secure_aggregation = \"secagg\" or \"secagg+\": "
                              "without it every client's lightly-noised update is in the clear")
         try:
-            self.leaf_config()
+            super().__post_init__()
         except ValueError as exc:
             raise ValueError(str(exc).replace("fedavg.", "fel.")) from None
 
     def leaf_config(self) -> FedAvgConfig:
         """The FedAvg configuration every leaf trains with."""
-        return FedAvgConfig(**{k: getattr(self, k) for k in _LEAF_KEYS})
+        return FedAvgConfig(**{f.name: getattr(self, f.name) for f in fields(FedAvgConfig)})
 
 
 def _calibrate(cfg: FelConfig, q: float) -> float:

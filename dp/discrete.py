@@ -19,12 +19,22 @@ than the continuous Gaussian with the same ``sigma``; :mod:`dp.accountant` accou
 ``Gaussian`` event with ``noise_multiplier = sigma / Delta``. The discrete Laplace with scale
 ``t`` and integer L1 sensitivity ``Delta`` is ``Delta / t``-DP (pure).
 
+Speed: the discrete Gaussian and discrete Laplace draw each Bernoulli(exp(-gamma)) with ONE uniform
+64-bit block compared against a float64 value of ``exp(-gamma)`` whose error is below 2^-45; only
+blocks within 2^-40 of it (probability about 2^-39 per draw) take the exact path, which extends the
+uniform bit by bit-block and compares it with interval bounds on ``exp(-gamma)`` from ``decimal``
+(correctly rounded ``exp``) at rising precision. The decision is therefore exactly
+``W < exp(-gamma)`` for a uniform real ``W`` -- the same distribution as CKS's alternating-series
+Bernoulli, at vectorised-numpy speed (about 100x faster on the 2^-16 grid, where the old path
+needed Python big integers).
+
 Timing: the rejection loops take data-dependent time; the samplers are not constant-time
 (CKS discuss timing side channels). Do not run them where an adversary can time one sample.
 """
 
 from __future__ import annotations
 
+import decimal
 import math
 from fractions import Fraction
 
@@ -138,36 +148,161 @@ def _to_fraction(value: int | float | Fraction, name: str) -> Fraction:
     return frac
 
 
-def _dlap_core(n: int, t: int, s: int, source: RandomSource) -> np.ndarray:
-    """``n`` draws of the discrete Laplace with scale t/s: P(y) ∝ exp(-|y| s / t) (CKS Alg. 2)."""
-    out = np.empty(n, dtype=np.int64)
-    todo = np.arange(n)
-    t_arr = np.int64(t)
-    while todo.size:
-        m = todo.size
-        u = uniform_below(np.full(m, t_arr), source)
-        keep = bernoulli_exp_neg(u, np.full(m, t_arr), source)
-        idx = np.flatnonzero(keep)
-        v = np.zeros(idx.size, dtype=np.int64)
-        alive = np.arange(idx.size)
-        one = np.ones(1, dtype=np.int64)
-        while alive.size:
-            a = _bernoulli_exp_neg_unit(np.repeat(one, alive.size), np.repeat(one, alive.size), source)
-            alive = alive[a]
-            v[alive] += 1
-        # u + t*v must not wrap around int64: such a draw (|y| near 2^63, probability about
-        # exp(-2^63 / t)) is rejected and redrawn, so the output is conditioned on fitting int64.
-        fits = v <= (_INT64_MAX - (t - 1)) // t
-        x = u[idx] + t * np.where(fits, v, 0)
-        y = x // s
-        b = (uint64s(idx.size, source) & np.uint64(1)).astype(bool)
-        ok = fits & ~(b & (y == 0))
-        accepted = idx[ok]
-        out[todo[accepted]] = np.where(b[ok], -y[ok], y[ok])
-        rejected = np.ones(m, dtype=bool)
-        rejected[accepted] = False
-        todo = todo[rejected]
+_MARGIN = 2.0**-40  # ambiguity band around the float64 value of exp(-gamma) (its error is < 2^-45)
+
+
+def _exp_neg_bounds(gamma: Fraction, digits: int) -> tuple[Fraction, Fraction]:
+    """Rigorous rational bounds ``lo <= exp(-gamma) <= hi`` from ``decimal`` at ``digits`` digits."""
+    ctx = decimal.Context(prec=digits, rounding=decimal.ROUND_HALF_EVEN)
+    g = ctx.divide(decimal.Decimal(gamma.numerator), decimal.Decimal(gamma.denominator))
+    e = ctx.exp(-g)  # correctly rounded (half an ulp) for the rounded argument
+    # |g - gamma| <= ulp(g) => relative error of exp <= (gamma + 1) * 10^(2 - digits); add the exp ulp.
+    rel = Fraction(int(gamma) + 2) * Fraction(1, 10 ** (digits - 2))
+    ef = Fraction(e)
+    return ef * (1 - rel), ef * (1 + rel)
+
+
+class _LazyUniform:
+    """A uniform real ``W`` in [0, 1) revealed 64 bits at a time (exact comparisons with exp)."""
+
+    def __init__(self, block: int, source: RandomSource) -> None:
+        self.k, self.nbits, self.source = int(block), 64, source
+
+    def below_exp(self, gamma: Fraction) -> bool:
+        """Exactly ``W < exp(-gamma)``, revealing more bits of ``W`` while undecided."""
+        digits = 40 + self.nbits // 3
+        while True:
+            lo, hi = _exp_neg_bounds(gamma, digits)
+            if Fraction(self.k + 1, 1 << self.nbits) <= lo:
+                return True
+            if Fraction(self.k, 1 << self.nbits) >= hi:
+                return False
+            self.k = (self.k << 64) | int(uint64s(1, self.source)[0])
+            self.nbits += 64
+            digits += 20
+
+
+def _exact_uniform_below_exp(block: int, gamma: Fraction, source: RandomSource) -> bool:
+    """Exactly decide ``W < exp(-gamma)`` for a uniform real ``W`` whose first 64 bits are ``block``."""
+    return _LazyUniform(block, source).below_exp(gamma)
+
+
+def _exact_floor_neg_log(block: int, t: int, guess: int, source: RandomSource) -> int:
+    """Exactly ``max{x >= 0 : W < exp(-x/t)}`` (= floor(-t ln W)) for ``W`` starting with ``block``."""
+    w = _LazyUniform(block, source)
+    x = max(int(guess), 0)
+    while x > 0 and not w.below_exp(Fraction(x, t)):
+        x -= 1
+    while w.below_exp(Fraction(x + 1, t)):
+        x += 1
+    return x
+
+
+def _geometric_fast(m: int, t: int, source: RandomSource) -> np.ndarray:
+    """``m`` draws of ``X`` with ``P(X >= x) = exp(-x/t)``, as ``floor(-t ln W)`` for uniform ``W``.
+
+    ``X >= x`` iff ``W < exp(-x/t)``, so this is exact given an exact comparison; the float64
+    value of ``-t ln W`` is used when an error bound far above its rounding error keeps it inside
+    one integer interval, otherwise :func:`_exact_floor_neg_log` settles it with the same leading
+    bits of ``W`` (probability about ``t 2^-39`` per draw; callers keep ``t < 2^24``).
+    """
+    u = uint64s(m, source)
+    w = (u >> np.uint64(11)).astype(np.float64) * 2.0**-53  # exact; W is within 2^-53 of it
+    tf = float(t)
+    with np.errstate(divide="ignore"):
+        r = -tf * np.log(w)
+    # Error bound on r = -t ln W: the block (2^-53 / w relative) plus float rounding (|r| 2^-50).
+    err = tf * 2.0**-40 / np.maximum(w, 2.0**-60) + r * 2.0**-48 + 2.0**-40
+    x = np.floor(r)
+    ok = np.isfinite(r) & (r - err >= x) & (r + err < x + 1.0) & (x < 2.0**62)
+    x = np.where(ok, x, 0.0)
+    out = x.astype(np.int64)
+    for i in np.flatnonzero(~ok):  # pragma: no cover - rare (tested through small t)
+        guess = int(r[i]) if np.isfinite(r[i]) and r[i] < 2.0**62 else int(t * 53 * math.log(2))
+        out[i] = _exact_floor_neg_log(int(u[i]), t, guess, source)
     return out
+
+
+def _bernoulli_exp_neg_fast(gamma_f: np.ndarray, gamma_exact, source: RandomSource) -> np.ndarray:  # noqa: ANN001
+    """Vectorised exact Bernoulli(exp(-gamma_i)).
+
+    ``gamma_f`` is a float64 approximation with ``|exp(-gamma_f) - exp(-gamma)| < 2^-45`` (callers
+    guarantee it); ``gamma_exact(i)`` returns the exact rational ``gamma_i`` for the rare ambiguous
+    draws, which are settled by :func:`_exact_uniform_below_exp` with the same leading 64 bits.
+    """
+    n = gamma_f.size
+    u = uint64s(n, source)
+    p = np.exp(-gamma_f)
+    # u * 2^-64 as float: relative error 2^-53, i.e. absolute < 2^-52 << _MARGIN.
+    w = u.astype(np.float64) * 2.0**-64
+    out = w < p
+    amb = np.flatnonzero(np.abs(w - p) <= _MARGIN)
+    for i in amb:  # pragma: no cover - probability ~2^-39 per draw (tested directly)
+        out[i] = _exact_uniform_below_exp(int(u[i]), gamma_exact(int(i)), source)
+    return out
+
+
+def _uniform_below_scalar(t: int, m: int, source: RandomSource) -> np.ndarray:
+    """``m`` exactly uniform integers in ``[0, t)`` (one bit mask; oversampled rejection)."""
+    if t == 1:
+        return np.zeros(m, dtype=np.int64)
+    mask = np.uint64((1 << (t - 1).bit_length()) - 1)
+    out = np.empty(0, dtype=np.int64)
+    while out.size < m:
+        need = m - out.size
+        r = (uint64s(2 * need + 16, source) & mask).astype(np.int64)
+        out = np.concatenate([out, r[r < t][:need]])
+    return out
+
+
+def _dlap_attempts(m: int, t: int, s: int, source: RandomSource) -> np.ndarray:
+    """``m`` attempts of CKS Algorithm 2; returns the accepted draws, in attempt order.
+
+    For ``t < 2^24`` the magnitude ``U + t V`` (U uniform below t accepted w.p. exp(-U/t), V
+    geometric) is drawn in one step as ``X = floor(-t ln W)``, which has the same law
+    ``P(X >= x) = exp(-x/t)``; larger ``t`` use CKS's two-step form.
+    """
+    if t < 1 << 24:
+        x = _geometric_fast(m, t, source)
+        y = x // s
+        b = (uint64s(m, source) & np.uint64(1)).astype(bool)
+        ok = ~(b & (y == 0))
+        return np.where(b[ok], -y[ok], y[ok])
+    u = _uniform_below_scalar(t, m, source)
+    # gamma = u / t in [0, 1): float quotient has relative error 2^-52.
+    keep = _bernoulli_exp_neg_fast(u.astype(np.float64) / float(t), lambda i: Fraction(int(u[i]), t), source)
+    idx = np.flatnonzero(keep)
+    v = np.zeros(idx.size, dtype=np.int64)
+    alive = np.arange(idx.size)
+    one = Fraction(1)
+    while alive.size:
+        a = _bernoulli_exp_neg_fast(np.ones(alive.size), lambda i: one, source)
+        alive = alive[a]
+        v[alive] += 1
+    # u + t*v must not wrap around int64: such a draw (|y| near 2^63, probability about
+    # exp(-2^63 / t)) is rejected and redrawn, so the output is conditioned on fitting int64.
+    fits = v <= (_INT64_MAX - (t - 1)) // t
+    x = u[idx] + t * np.where(fits, v, 0)
+    y = x // s
+    b = (uint64s(idx.size, source) & np.uint64(1)).astype(bool)
+    ok = fits & ~(b & (y == 0))
+    return np.where(b[ok], -y[ok], y[ok])
+
+
+def _dlap_core(n: int, t: int, s: int, source: RandomSource) -> np.ndarray:
+    """``n`` draws of the discrete Laplace with scale t/s: P(y) ∝ exp(-|y| s / t) (CKS Alg. 2).
+
+    Rejection sampling yields i.i.d. accepted draws, so taking the first ``n`` accepted ones of an
+    oversampled batch (acceptance is about 1 - e^-1 for large ``t``) is exact.
+    """
+    parts: list[np.ndarray] = []
+    have = 0
+    while have < n:
+        factor = 1.1 if t < 1 << 24 else 1.7  # acceptance: about 1 - e^(-1/t)/2, resp. 1 - e^-1
+        got = _dlap_attempts(int((n - have) * factor) + 32, t, s, source)[: n - have]
+        parts.append(got)
+        have += got.size
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
 def discrete_laplace(
@@ -220,25 +355,26 @@ def discrete_gaussian(
         raise ValueError(f"sigma must be below 2^62 grid units. Found {float(s)}.")
     source = resolve_source(_test_source)
     n = int(np.prod(shape))
-    out = np.empty(n, dtype=np.int64)
-    todo = np.arange(n)
-    den_int = 2 * a * b * t * t
-    small = den_int < _INT64_SAFE and (t * b + a) < (1 << 31)
-    while todo.size:
-        y = _dlap_core(todo.size, t, 1, source)
+    s2 = Fraction(a, b)
+    c_f = float(s2 / t)  # sigma^2 / t, rounded once
+    two_s2_f = 2.0 * float(s2)
+    parts: list[np.ndarray] = []
+    have = 0
+    while have < n:
+        y = _dlap_core(int((n - have) * 1.4) + 32, t, 1, source)
         ay = np.abs(y)
-        # int64 only when |Y| t b + a < 2^31, so the square stays below 2^62 (no wrap-around).
-        small_now = small and int(ay.max()) * t * b + a < (1 << 31)
-        if small_now:
-            num = (ay * (t * b) - a) ** 2
-            den = np.full(ay.size, den_int, dtype=np.int64)
-        else:
-            ay_o = _as_object(ay)
-            num = (ay_o * (t * b) - a) ** 2
-            den = np.full(ay.size, den_int, dtype=object)
-        c = bernoulli_exp_neg(num, den, source)
-        out[todo[c]] = y[c]
-        todo = todo[~c]
+        # gamma = (|y| - sigma^2/t)^2 / (2 sigma^2). In float64 its absolute error is about
+        # |d| sigma^-1 2^-51, so exp(-gamma) is off by < 2^-50 (u e^{-u^2/2} <= 0.61); exact
+        # fallback for draws within 2^-40 of the threshold. Accepted draws are i.i.d.: the first
+        # ``n`` of them are exact.
+        d = ay.astype(np.float64) - c_f
+        gamma_f = d * d / two_s2_f
+        c = _bernoulli_exp_neg_fast(
+            gamma_f, lambda i, ay=ay: (int(ay[i]) - s2 / t) ** 2 / (2 * s2), source)
+        got = y[c][: n - have]
+        parts.append(got)
+        have += got.size
+    out = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
     return out.reshape(shape)
 
 

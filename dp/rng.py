@@ -35,14 +35,28 @@ class RandomSource(Protocol):
         ...
 
 
+_BULK = 4096  # requests of at least this many bytes use a freshly keyed ChaCha20 keystream
+
+
 class SystemRandomSource:
-    """The operating system CSPRNG (``os.urandom``). The only source used by default."""
+    """The operating system CSPRNG. The only source used by default.
+
+    Requests below 4 KiB are ``os.urandom`` bytes. Larger requests (vectorised samplers ask for
+    megabytes) are the ChaCha20 keystream under a fresh 256-bit key and 128-bit nonce drawn from
+    ``os.urandom`` for that request alone: a standard stream-cipher DRBG, about 10x faster than the
+    ``getrandom`` syscall for bulk bytes. No state is kept between requests, so a forked process
+    never repeats its parent's stream.
+    """
 
     deterministic = False
 
     def random_bytes(self, n: int) -> bytes:
-        """Return ``n`` bytes from ``os.urandom``."""
-        return os.urandom(n)
+        """Return ``n`` CSPRNG bytes."""
+        if n < _BULK:
+            return os.urandom(n)
+        seed = os.urandom(48)
+        enc = Cipher(algorithms.ChaCha20(seed[:32], seed[32:]), mode=None).encryptor()
+        return enc.update(bytes(n))
 
 
 class DeterministicTestSource:

@@ -230,11 +230,13 @@ class FedAvgGMF:
         transport: where messages go; a fresh in-process transport by default.
         exclude: pairs never drawn as training negatives besides the client's own positives
             (ratings below the positive threshold; :attr:`experiments.prepare.Prepared.exclude`).
+        clients: restrict the client pool to these user indices (e.g. one FEL cluster); default:
+            every user with training data.
     """
 
     def __init__(
         self, train: Interactions, config: FedAvgConfig, *, seed: int, transport: InProcessTransport | None = None,
-        exclude: Interactions | None = None,
+        exclude: Interactions | None = None, clients: np.ndarray | None = None,
     ):
         self.train, self.config, self.exclude = train, config, exclude
         self.transport = transport or InProcessTransport()
@@ -249,6 +251,8 @@ class FedAvgGMF:
         self._pos_items = train.items[order]
         self._pos_start = np.concatenate([[0], np.cumsum(np.bincount(train.users, minlength=train.n_users))])
         self._clients = np.flatnonzero(np.diff(self._pos_start) > 0)
+        if clients is not None:
+            self._clients = np.intersect1d(self._clients, np.asarray(clients, dtype=np.int64))
         self.round = 0
         if config.secure_aggregation != "none":
             check_budget(
@@ -272,10 +276,10 @@ class FedAvgGMF:
     # -- one round ---------------------------------------------------------------------------
     def run_round(self) -> RoundStats:
         """Sample clients, train them locally (batched), collect their updates and aggregate."""
-        cfg, rng, t = self.config, self.rng, self.round
+        cfg, t = self.config, self.round
         t_start = time.perf_counter()
-        m = cfg.clients_in_round(len(self._clients))
-        sampled = np.sort(rng.choice(self._clients, size=m, replace=False))
+        sampled = self._sample_clients()
+        m = len(sampled)
         for u in sampled:
             self.transport.send(SERVER, client(u), t, "model", None, self.model_bytes)
 
@@ -287,13 +291,46 @@ class FedAvgGMF:
         pair_slot, pair_item = uniq // self.train.n_items, uniq % self.train.n_items
         P, Q, H, B, loss, examples = self._train_locally(sampled, epochs, pair_slot, pair_item, torch.as_tensor(inverse))
         t_local = time.perf_counter()
-        self._secagg_seconds = 0.0  # mean seconds of a client's secure-aggregation work
+        self._secagg_seconds = 0.0  # mean seconds of a client's secure-aggregation work (set by _secure_sums)
 
         # Uploads: the dense change of (Q, h, b) per client, weighted by its example count.
         weight = torch.as_tensor(counts * (1 + cfg.train_negatives) * cfg.local_epochs, dtype=torch.float32)
         dQ = Q - self.item[torch.as_tensor(pair_item)]
         dH = H - self.h
         dB = B.squeeze(1) - self.b
+        upload_bytes, releases, extra = self._aggregate(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
+        self.user[torch.as_tensor(sampled)] = P  # stays on the clients
+        t_end = time.perf_counter()
+        # Local training is simulated batched across the clients: its wall time is shared evenly.
+        # The aggregation window also ran every client's secure-aggregation work, sequentially.
+        seconds = {
+            "round": t_end - t_start,
+            "client": (t_local - t_start) / m + self._secagg_seconds,
+            "server": max(0.0, (t_end - t_local) - self._secagg_seconds * m),
+        }
+
+        self.round += 1
+        return RoundStats(
+            round=t,
+            loss=loss / max(examples, 1),
+            clients=m,
+            bytes_per_client=self.model_bytes + upload_bytes,
+            seconds=seconds,
+            extra={"examples": examples, **extra},
+            releases=releases,
+        )
+
+    def _sample_clients(self) -> np.ndarray:
+        """The round's cohort: a fixed-size uniform sample without replacement (seeded)."""
+        m = self.config.clients_in_round(len(self._clients))
+        return np.sort(self.rng.choice(self._clients, size=m, replace=False))
+
+    def _aggregate(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):
+        """Collect the uploads, update the server model; returns ``(upload bytes, releases, extra)``.
+
+        Subclasses (FEL's DP leaves) replace this step and keep the local training.
+        """
+        cfg, m = self.config, len(sampled)
         if cfg.secure_aggregation == "none":
             self._send_updates(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
             sums = self._plain_sums(torch.as_tensor(pair_slot), torch.as_tensor(pair_item), dQ, dH, dB, weight)
@@ -301,29 +338,9 @@ class FedAvgGMF:
         else:
             sums, upload_bytes = self._secure_sums(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
         self._apply(*sums)
-        self.user[torch.as_tensor(sampled)] = P  # stays on the clients
-        t_end = time.perf_counter()
-        secagg_client = self._secagg_seconds
-        # Local training is simulated batched across the clients: its wall time is shared evenly.
-        # The aggregation window also ran every client's secure-aggregation work, sequentially.
-        seconds = {
-            "round": t_end - t_start,
-            "client": (t_local - t_start) / m + secagg_client,
-            "server": max(0.0, (t_end - t_local) - secagg_client * m),
-        }
-
-        self.round += 1
         what = "item/output-layer updates, each in plaintext" if cfg.secure_aggregation == "none" else (
             f"the sum of item/output-layer updates through {cfg.secure_aggregation} (no DP noise)")
-        return RoundStats(
-            round=t,
-            loss=loss / max(examples, 1),
-            clients=m,
-            bytes_per_client=self.model_bytes + upload_bytes,
-            seconds=seconds,
-            extra={"examples": examples},
-            releases=(Release(NonPrivate(), who="clients", what=what, params={"clients": m}),),
-        )
+        return upload_bytes, (Release(NonPrivate(), who="clients", what=what, params={"clients": m}),), {}
 
     def _local_data(self, sampled: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
         """Positive counts and, per local epoch, ``(slot, item, label)`` of every example.

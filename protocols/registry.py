@@ -42,6 +42,7 @@ PROTOCOL_MODULES: tuple[str, ...] = (
     "protocols.fedmf",
     "protocols.lightfr",
     "protocols.fedcl",
+    "protocols.fel",
 )
 
 TASKS = ("ranking", "rating")

@@ -205,3 +205,56 @@ def test_discrete_laplace_huge_scale_uses_exact_big_integers() -> None:
     scale = (1 << 61) + 1
     x = discrete.discrete_laplace(3000, scale, _test_source=_src(31)).astype(float) / scale
     assert stats.kstest(x, "laplace").pvalue > P_MIN
+
+
+# ---------------------------------------------------------------- vectorised exact path (issue 13)
+def test_exact_fallback_decides_against_true_exp() -> None:
+    """The rare ambiguous draws are settled exactly: blocks just below/above exp(-gamma)."""
+    gamma = Fraction(7, 5)
+    p = Fraction(discrete._exp_neg_bounds(gamma, 60)[0])
+    k = int(p * 2**64)  # the block containing exp(-gamma): decided by extending the uniform
+    assert discrete._exact_uniform_below_exp(k - 2, gamma, _src(40)) is True
+    assert discrete._exact_uniform_below_exp(k + 2, gamma, _src(41)) is False
+    hits = [discrete._exact_uniform_below_exp(k, gamma, _src(50 + i)) for i in range(200)]
+    frac = float(p * 2**64 - k)  # P(accept | block k) = fractional position of exp(-gamma) in it
+    assert stats.binomtest(sum(hits), 200, frac).pvalue > P_MIN
+
+
+def test_fast_bernoulli_matches_exp_rate() -> None:
+    n = 200000
+    g = np.full(n, 0.3)
+    x = discrete._bernoulli_exp_neg_fast(g, lambda i: Fraction(3, 10), _src(42))
+    assert stats.binomtest(int(x.sum()), n, math.exp(-0.3)).pvalue > P_MIN
+
+
+def test_discrete_gaussian_grid16_chi_square_and_variance() -> None:
+    """The grid-16 parameter used by distributed DP (sigma = 0.5 real): moments and KS."""
+    x = discrete.discrete_gaussian_noise(100000, 0.5, 16, _test_source=_src(43)).astype(float) / 2**16
+    assert stats.chi2(x.size - 1).sf((x.size - 1) * x.var() / 0.25) > P_MIN / 2
+    assert stats.kstest(x, "norm", args=(0, 0.5)).pvalue > P_MIN
+
+
+def test_system_source_bulk_path_is_fresh_and_uniform() -> None:
+    src = rng.SystemRandomSource()
+    a, b = src.random_bytes(1 << 16), src.random_bytes(1 << 16)
+    assert len(a) == 1 << 16 and a != b
+    counts = np.bincount(np.frombuffer(a + b, dtype=np.uint8), minlength=256)
+    assert stats.chisquare(counts).pvalue > P_MIN
+
+
+def test_exact_floor_neg_log_matches_definition() -> None:
+    """The fallback of the one-step geometric: floor(-t ln W) found by exact comparisons."""
+    t = 3
+    for block, expect in ((1 << 63, math.floor(-t * math.log(0.5))), (1 << 60, math.floor(-t * math.log(1 / 16)))):
+        assert discrete._exact_floor_neg_log(block + 12345, t, 0, _src(60)) == expect
+        assert discrete._exact_floor_neg_log(block + 12345, t, expect + 5, _src(61)) == expect
+
+
+@pytest.mark.parametrize("t", [1, 2, 7, 65537])
+def test_geometric_fast_law(t: int) -> None:
+    x = discrete._geometric_fast(50000, t, _src(62 + t))
+    q = math.exp(-1 / t)
+    # P(X >= k) = q^k: compare the mean of X (geometric on {0,1,..}) and P(X = 0).
+    assert stats.binomtest(int((x == 0).sum()), x.size, 1 - q).pvalue > P_MIN
+    mean = q / (1 - q)
+    assert abs(x.mean() - mean) < 5 * math.sqrt(q) / (1 - q) / math.sqrt(x.size)

@@ -1,0 +1,359 @@
+"""FEL: federated ensemble of leaf models on disjoint client clusters (Hejazinia et al. 2022).
+
+Parties:
+    * one client per user, holding its interactions (the private labels) and, per leaf, its user
+      embedding; a fraction ``opt_in_fraction`` of users opt in to share their labels with the server;
+    * the server, which clusters the clients on public attributes only, runs one FedAvg per cluster
+      (a *leaf*), and combines the leaves (mean / median / max of their probabilities, or an
+      over-arch MLP trained on the opt-in users with the leaves frozen).
+
+Round ``t``: every leaf runs one FedAvg round on its own cluster (the leaves are interleaved, each
+with its own cohort, model and SecAgg session). Opt-in users never train a leaf (notes §8.5).
+
+Adversary and promise: an honest-but-curious server. Without DP nothing beyond data locality and,
+with ``secure_aggregation``, FedAvg's promise per leaf (the server learns only each leaf's sum).
+With ``dp = "central"`` or ``"distributed"`` each leaf is DP-FedAvg (:mod:`protocols.fel_leaf`):
+every released leaf model is ``(epsilon_c, delta)``-DP at the user level, and because the clusters
+are disjoint (a user is in exactly one leaf, by construction: :mod:`recmodels.clusters`) the
+ensemble is ``(max_c epsilon_c, delta)``-DP (parallel composition; FEL Theorem 2). The over-arch
+trained on opt-in users costs the leaves' users nothing (notes §2.6). Limits: the cluster
+assignment, the cluster sizes and everything derived from public features are public; the
+opt-in users' labels are disclosed to the server (they consented); with ``"central"`` noise the
+aggregator is trusted to add it (a TEE); Poisson amplification does not hold against the server
+that chose the cohort.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from protocols.fedavg import FedAvgConfig
+from protocols.fel_leaf import DpSettings, FelLeaf
+from protocols.registry import ProtocolSpec, register
+from protocols.base import RoundStats
+from recmodels import clusters as clmod
+from recmodels.ensemble import COMBINERS, OverArch, combine, fold_in, train_over_arch
+from recmodels.sampling import sample_train_negatives
+
+__all__ = ["FelConfig", "FelTrainer", "fel_privacy_report"]
+
+_CLUSTERING = ("hash", "attribute", "kmeans")
+_DP = ("none", "central", "distributed")
+
+
+@dataclass(frozen=True)
+class FelConfig(FedAvgConfig):
+    """The ``[fel]`` section: every ``[fedavg]`` key (the leaves' FedAvg; ``dim`` defaults to 16), and:
+
+    Attributes:
+        clustering: ``"hash"`` (sha256 of the raw user id), ``"attribute"`` (one demographic
+            attribute) or ``"kmeans"`` (over one-hot demographics); public inputs only.
+        n_clusters: number of leaves (1: the FL baseline).
+        attribute: for ``"attribute"``: ``age_band``, ``gender``, ``occupation`` or ``zip_region``.
+        hash_salt: salt of the hash clustering.
+        min_clients: a cluster with fewer training clients is refused before training.
+        combiner: ``"over-arch"``, ``"mean"``, ``"median"`` or ``"max"``.
+        opt_in_fraction: users who share their labels (excluded from the leaves; train the over-arch).
+        over_arch_hidden, over_arch_epochs, over_arch_lr, over_arch_negatives: the over-arch MLP.
+        dp: ``"none"``, ``"central"`` or ``"distributed"`` (DP-FedAvg per leaf).
+        clip: per-client L2 clip of the leaf update.
+        noise_multiplier: ``z`` (``calibration = "noise"``); 0 clips without noise (not private).
+        calibration: ``"noise"`` (fixed ``z``) or ``"epsilon"`` (``z`` per leaf so that its epsilon
+            after ``dp_rounds`` rounds is at most ``target_epsilon``).
+        target_epsilon, delta: the calibration target (delta is also the report's default).
+        dp_rounds: rounds the calibration plans for; more rounds are refused in ``"epsilon"`` mode.
+        max_noise_multiplier: a target needing more noise than this is refused before training.
+        sampling: ``"fixed"`` (fixed-size cohort, no amplification) or ``"poisson"`` (sampled Gaussian).
+        dropout_margin: fraction of a round's clients that may drop with the distributed noise
+            still meeting the target.
+        simulate_dropout: fraction of each round's clients dropped before uploading (tests, figures).
+        on_excess_dropout: ``"refuse"`` or ``"reaccount"`` when more drop than the margin.
+        noise_tail: noise standard deviations budgeted in ``value_clip`` (distributed noise).
+    """
+
+    clustering: str = "hash"
+    n_clusters: int = 4
+    attribute: str = "age_band"
+    hash_salt: str = "fel"
+    min_clients: int = 5
+    combiner: str = "over-arch"
+    opt_in_fraction: float = 0.1
+    over_arch_hidden: int = 32
+    over_arch_epochs: int = 3
+    over_arch_lr: float = 0.01
+    over_arch_negatives: int = 4
+    dim: int = 16
+    dp: str = "none"
+    clip: float = 1.0
+    noise_multiplier: float = 1.0
+    calibration: str = "noise"
+    target_epsilon: float = 4.0
+    delta: float = 1e-5
+    dp_rounds: int = 20
+    max_noise_multiplier: float = 100.0
+    sampling: str = "fixed"
+    dropout_margin: float = 0.1
+    simulate_dropout: float = 0.0
+    on_excess_dropout: str = "refuse"
+    noise_tail: float = 12.0
+
+    def __post_init__(self) -> None:
+        def bad(key: str, want: str) -> ValueError:
+            return ValueError(f"fel.{key} must be {want}; found {getattr(self, key)!r}")
+
+        for key, allowed in (("clustering", _CLUSTERING), ("dp", _DP), ("calibration", ("noise", "epsilon")),
+                             ("sampling", ("fixed", "poisson")), ("on_excess_dropout", ("refuse", "reaccount")),
+                             ("combiner", ("over-arch",) + COMBINERS), ("attribute", clmod.ATTRIBUTES)):
+            if getattr(self, key) not in allowed:
+                raise bad(key, f"one of {allowed}")
+        for key in ("n_clusters", "min_clients", "over_arch_hidden", "over_arch_epochs", "dp_rounds"):
+            if isinstance(getattr(self, key), bool) or not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise bad(key, "an int >= 1")
+        if self.over_arch_negatives < 0:
+            raise bad("over_arch_negatives", ">= 0")
+        for key in ("opt_in_fraction", "dropout_margin", "simulate_dropout"):
+            if not (0 <= getattr(self, key) < 1):
+                raise bad(key, "in [0, 1)")
+        for key in ("clip", "over_arch_lr", "target_epsilon", "max_noise_multiplier", "noise_tail"):
+            if not (getattr(self, key) > 0 and math.isfinite(getattr(self, key))):
+                raise bad(key, "positive and finite")
+        if not (self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier)):
+            raise bad("noise_multiplier", ">= 0 and finite")
+        if not (0 < self.delta < 1):
+            raise bad("delta", "in (0, 1)")
+        if self.combiner == "over-arch" and self.opt_in_fraction == 0:
+            raise ValueError("fel.combiner = \"over-arch\" trains on opt-in users: set fel.opt_in_fraction > 0 "
+                             "or use a fixed combiner (mean, median, max)")
+        if self.dp == "distributed" and self.secure_aggregation == "none":
+            raise ValueError("fel.dp = \"distributed\" needs fel.secure_aggregation = \"secagg\" or \"secagg+\": "
+                             "without it every client's lightly-noised update is in the clear")
+        try:
+            super().__post_init__()
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("fedavg.", "fel.")) from None
+
+    def leaf_config(self) -> FedAvgConfig:
+        """The FedAvg configuration every leaf trains with."""
+        return FedAvgConfig(**{f.name: getattr(self, f.name) for f in fields(FedAvgConfig)})
+
+
+def _calibrate(cfg: FelConfig, q: float) -> float:
+    """Noise multiplier meeting ``target_epsilon`` after ``dp_rounds`` rounds of one leaf (RDP)."""
+    from dp.calibration import calibrate_gaussian_noise_multiplier
+
+    qq = q if cfg.sampling == "poisson" else 1.0  # fixed: every round a full (unamplified) Gaussian
+    z = calibrate_gaussian_noise_multiplier(target_epsilon=cfg.target_epsilon, delta=cfg.delta, q=qq,
+                                            steps=cfg.dp_rounds, sampling="poisson", use_pld=False)
+    if z > cfg.max_noise_multiplier:
+        raise ValueError(f"fel.target_epsilon={cfg.target_epsilon:g} over fel.dp_rounds={cfg.dp_rounds} needs a noise "
+                         f"multiplier of {z:.4g}, above fel.max_noise_multiplier={cfg.max_noise_multiplier:g}; "
+                         "raise the target, plan fewer rounds or raise the cap")
+    return z
+
+
+class FelTrainer:
+    """FEL over GMF leaves (see the module docstring)."""
+
+    def __init__(self, train, config: FelConfig, *, seed: int, transport, exclude=None, source: str = "synthetic",  # noqa: ANN001
+                 assignment: np.ndarray | None = None) -> None:
+        self.train, self.config, self.seed, self.transport, self.exclude = train, config, int(seed), transport, exclude
+        self.round = 0
+        order = np.argsort(train.users, kind="stable")
+        self._pos_items = train.items[order].astype(np.int64)
+        self._pos_start = np.concatenate([[0], np.cumsum(np.bincount(train.users, minlength=train.n_users))])
+        with_data = np.flatnonzero(np.diff(self._pos_start) > 0)
+        self.assignment = assignment if assignment is not None else self._cluster(source)
+        if self.assignment.shape != (train.n_users,) or self.assignment.min() < 0 \
+                or self.assignment.max() >= config.n_clusters:
+            raise ValueError(f"cluster assignment must give every one of {train.n_users} users one cluster in "
+                             f"0..{config.n_clusters - 1}")
+        pick = np.random.default_rng([self.seed, 13, 1])  # opt-in users: a seeded simulation choice
+        n_opt = int(round(config.opt_in_fraction * len(with_data)))
+        self.opt_in = np.sort(pick.choice(with_data, size=n_opt, replace=False)) if n_opt else np.zeros(0, np.int64)
+        fl_clients = np.setdiff1d(with_data, self.opt_in)
+        clmod.check_sizes(self.assignment, config.n_clusters, fl_clients, config.min_clients, "fel.min_clients")
+        leaf_cfg = config.leaf_config()
+        self.leaves: list[FelLeaf] = []
+        self.noise_multipliers: list[float] = []
+        for c in range(config.n_clusters):
+            members = fl_clients[self.assignment[fl_clients] == c]
+            dp = None
+            if config.dp != "none":
+                q = leaf_cfg.clients_in_round(len(members)) / len(members)
+                z = _calibrate(config, q) if config.calibration == "epsilon" else config.noise_multiplier
+                self.noise_multipliers.append(z)
+                dp = DpSettings(mode=config.dp, clip=config.clip, noise_multiplier=z, sampling=config.sampling,
+                                dropout_margin=config.dropout_margin, simulate_dropout=config.simulate_dropout,
+                                on_excess_dropout=config.on_excess_dropout, noise_tail=config.noise_tail)
+            self.leaves.append(FelLeaf(train, leaf_cfg, index=c, dp=dp, seed=self.seed * 1009 + c, transport=transport,
+                                       exclude=exclude, clients=members))
+        self._cache: tuple[int, dict[str, Any]] | None = None
+
+    def _cluster(self, source: str) -> np.ndarray:
+        cfg, ids = self.config, self.train.user_ids
+        if cfg.clustering == "hash":
+            return clmod.hash_clusters(list(ids), cfg.n_clusters, salt=cfg.hash_salt)
+        from recmodels.side import load_user_demographics
+
+        demo = load_user_demographics(source, ids) if source != "synthetic" else None
+        if demo is None:
+            raise ValueError(f"fel.clustering = {cfg.clustering!r} needs user demographics (u.user or users.dat "
+                             f"beside the data); {source} has none: use fel.clustering = \"hash\"")
+        if cfg.clustering == "attribute":
+            return clmod.attribute_clusters(demo, cfg.attribute, cfg.n_clusters)
+        return clmod.kmeans_clusters(clmod.demographic_features(demo), cfg.n_clusters, seed=self.seed)
+
+    # -- training ------------------------------------------------------------------------------
+    def run_round(self) -> RoundStats:
+        """One FedAvg round of every leaf (interleaved); releases are labelled per leaf."""
+        cfg = self.config
+        if cfg.dp != "none" and cfg.calibration == "epsilon" and self.round >= cfg.dp_rounds:
+            raise ValueError(f"fel.dp_rounds={cfg.dp_rounds} rounds were calibrated for fel.target_epsilon="
+                             f"{cfg.target_epsilon:g}; another round would exceed it. Raise fel.dp_rounds")
+        t0 = time.perf_counter()
+        stats, secs = [], []
+        for leaf in self.leaves:
+            s0 = time.perf_counter()
+            stats.append(leaf.run_round())
+            secs.append(time.perf_counter() - s0)
+        clients = sum(s.clients for s in stats)
+        loss = sum(s.loss * s.clients for s in stats) / max(clients, 1)
+        t = self.round
+        self.round += 1
+        return RoundStats(
+            round=t, loss=float(loss), clients=clients,
+            bytes_per_client=float(sum(s.bytes_per_client * s.clients for s in stats) / max(clients, 1)),
+            seconds={"round": time.perf_counter() - t0, "client": 0.0, "server": 0.0},
+            extra={"leaf_clients": [s.clients for s in stats], "leaf_seconds": secs,
+                   "leaf_loss": [s.loss for s in stats]},
+            releases=tuple(r for s in stats for r in s.releases),
+        )
+
+    # -- the ensemble --------------------------------------------------------------------------
+    def _leaf_users(self, leaf: FelLeaf) -> torch.Tensor:
+        """Every user's vector in ``leaf``: trained for members, fitted by fold-in for the others."""
+        p = leaf.user.clone()
+        others = np.setdiff1d(np.flatnonzero(np.diff(self._pos_start) > 0), leaf._clients)
+        if others.size:
+            p[torch.as_tensor(others)] = fold_in(leaf.item * leaf.h, self._pos_start, self._pos_items, others)
+        return p
+
+    def _ensemble(self) -> dict[str, Any]:
+        if self._cache is not None and self._cache[0] == self.round:
+            return self._cache[1]
+        ens: dict[str, Any] = {"users": [self._leaf_users(leaf) for leaf in self.leaves]}
+        if self.config.combiner == "over-arch":
+            ens["over_arch"] = self._train_over_arch(ens["users"])
+        self._cache = (self.round, ens)
+        return ens
+
+    def _features(self, users_vecs: list[torch.Tensor], users: torch.Tensor, items: torch.Tensor):
+        """Leaf probabilities ``[C, ...]`` and the over-arch input ``[..., C (1 + d)]``."""
+        probs, parts = [], []
+        for leaf, p in zip(self.leaves, users_vecs):
+            hidden = p[users] * leaf.item[items] * leaf.h
+            pr = torch.sigmoid(hidden.sum(-1) + leaf.b)
+            probs.append(pr)
+            parts += [pr.unsqueeze(-1), hidden]
+        return torch.stack(probs), torch.cat(parts, dim=-1)
+
+    def _train_over_arch(self, users_vecs: list[torch.Tensor]) -> OverArch:
+        cfg = self.config
+        rng = np.random.default_rng([self.seed, 13, 2, self.round])
+        counts = self._pos_start[self.opt_in + 1] - self._pos_start[self.opt_in]
+        users = np.repeat(self.opt_in, counts)
+        items = np.concatenate([self._pos_items[self._pos_start[u]:self._pos_start[u + 1]] for u in self.opt_in])
+        labels = np.ones(len(items))
+        if cfg.over_arch_negatives:
+            from recmodels.data import Interactions
+
+            sub = Interactions(users=users, items=items, ratings=np.ones(len(items), np.float32),
+                               timestamps=np.zeros(len(items), np.int64), user_ids=self.train.user_ids,
+                               item_ids=self.train.item_ids, check_duplicates=False)
+            nu, ni = sample_train_negatives(sub, n_neg=cfg.over_arch_negatives, rng=rng, exclude=self.exclude)
+            users, items = np.concatenate([users, nu]), np.concatenate([items, ni])
+            labels = np.concatenate([labels, np.zeros(len(ni))])
+        with torch.no_grad():
+            _, z = self._features(users_vecs, torch.as_tensor(users), torch.as_tensor(items))
+        model = OverArch(z.shape[-1], cfg.over_arch_hidden, seed=self.seed * 7 + self.round)
+        with torch.enable_grad():  # scoring runs under no_grad
+            train_over_arch(model, z, torch.as_tensor(labels, dtype=torch.float32), epochs=cfg.over_arch_epochs,
+                            lr=cfg.over_arch_lr, batch_size=256, seed=self.seed * 11 + self.round)
+        return model
+
+    @torch.no_grad()
+    def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Ensemble scores (probabilities for the fixed combiners, the over-arch's logit otherwise)."""
+        ens = self._ensemble()
+        u = torch.as_tensor(np.asarray(users))
+        it = torch.as_tensor(np.asarray(items))
+        if it.ndim == u.ndim + 1:
+            u = u.unsqueeze(-1).expand_as(it)
+        probs, z = self._features(ens["users"], u, it)
+        if self.config.combiner == "over-arch":
+            return ens["over_arch"](z).numpy()
+        return combine(probs.numpy(), self.config.combiner)
+
+    @torch.no_grad()
+    def score_all(self, users: np.ndarray) -> np.ndarray:
+        users = np.asarray(users)
+        items = torch.arange(self.train.n_items)
+        out = []
+        for lo in range(0, len(users), 16):
+            chunk = torch.as_tensor(users[lo:lo + 16])
+            out.append(self.score(chunk.unsqueeze(1).expand(-1, len(items)).numpy(),
+                                  items.expand(len(chunk), -1).numpy()))
+        return np.concatenate(out) if out else np.zeros((0, self.train.n_items))
+
+    # -- public info and checkpoints -----------------------------------------------------------
+    def public_info(self) -> dict[str, Any]:
+        return {"protocol": "fel", "n_users": self.train.n_users, "n_items": self.train.n_items,
+                "assignment": self.assignment.tolist(), "opt_in": self.opt_in.tolist(),
+                "leaves": [leaf.dp_info() for leaf in self.leaves], "noise_multipliers": self.noise_multipliers,
+                "config": asdict(self.config)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "config": asdict(self.config), "assignment": self.assignment.copy(),
+                "leaves": [leaf.state_dict() for leaf in self.leaves]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["config"] != asdict(self.config):
+            raise ValueError("checkpoint was written with a different fel configuration")
+        if not np.array_equal(np.asarray(state["assignment"]), self.assignment):
+            raise ValueError("checkpoint was written with a different cluster assignment")
+        for leaf, s in zip(self.leaves, state["leaves"]):
+            leaf.load_state_dict(s)
+        self.round = int(state["round"])
+        self._cache = None
+
+
+def fel_privacy_report(ledger, delta: float) -> dict[str, Any]:  # noqa: ANN001
+    """FEL's keys for ``secagg privacy report --json``: per-leaf epsilon and their parallel composition."""
+    clients: dict[str, int] = {}
+    for e in ledger.entries():
+        if e.cohort and e.cohort.startswith("leaf:"):
+            clients[e.cohort] = max(clients.get(e.cohort, 0), int(e.params.get("population", e.params.get("clients", 0))))
+    per = ledger.spent_by_cohort(delta)
+    per_leaf = [{"cluster": int(c.split(":")[1]), "clients": clients.get(c, 0), "epsilon": rep.epsilon}
+                for c, rep in per.items() if c.startswith("leaf:")]
+    per_leaf.sort(key=lambda d: d["cluster"])
+    total = ledger.spent(delta, use_pld=False)
+    return {"epsilon": total.epsilon, "delta": delta, "per_leaf": per_leaf, "composition": "parallel",
+            "over_arch": {"mode": "opt-in", "epsilon": 0.0}, "accountant": total.accountant}
+
+
+register(ProtocolSpec(
+    name="fel",
+    summary="FEL: one FedAvg-GMF leaf per disjoint public-attribute cluster, ensembled on the server; DP-FedAvg per leaf",
+    build=lambda ctx: FelTrainer(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport, exclude=ctx.exclude,
+                                 source=ctx.source),
+    section="fel",
+    config_cls=FelConfig,
+    privacy_report=fel_privacy_report,
+))

@@ -1,0 +1,217 @@
+"""FEL's leaf trainer: FedAvg-GMF on one cluster, with optional DP-FedAvg (notes §2.2, §2.5, §8.1-8.3).
+
+A leaf is :class:`protocols.fedavg.FedAvgGMF` restricted to its cluster's clients (local training
+is FedAvg's, unchanged); only the aggregation step differs when DP is on:
+
+1. every sampled client's update ``(dQ, dh, db)`` (unweighted) is clipped to L2 norm ``clip``;
+2. the clipped updates are summed, plus Gaussian noise of standard deviation ``z * clip``:
+   * ``central``: the aggregator adds ``N(0, (z clip)^2)`` (CSPRNG float noise) to the sum, which
+     is plaintext or comes out of SecAgg/SecAgg+ (a trusted aggregator, e.g. a TEE: notes §8.3);
+   * ``distributed``: each client adds discrete Gaussian noise on the fixed-point grid
+     (:func:`dp.discrete.discrete_gaussian_noise`) before masking, sized so that the noise of
+     ``ceil((1 - dropout_margin) m)`` survivors alone reaches the target; the sum goes through
+     SecAgg/SecAgg+ (:func:`protocols.secure_sum.secure_sum`), so no party ever sees a sum with
+     less noise. The L2 sensitivity on the grid is ``clip 2^f + sqrt(width)/2`` (nearest
+     rounding of each coordinate); the value clip budgets ``noise_tail`` standard deviations.
+     If more clients drop than the margin, the round is refused (``on_excess_dropout="refuse"``)
+     or accounted with the noise that actually survived (``"reaccount"``): never silently
+     under-noised.
+3. the server applies ``server_lr * noisy_sum / m`` with the fixed denominator ``m`` (the
+   expected cohort size), so the update's sensitivity does not depend on who took part.
+
+Sampling readings (notes §8.2), both labelled in every release's params: ``"fixed"`` (FedAvg's
+fixed-size cohort; every round is accounted as an unamplified Gaussian release, sequential within
+the leaf) or ``"poisson"`` (each client joins w.p. ``q = m / N_c``; the sampled-Gaussian accountant).
+Every release carries ``cohort="leaf:<c>"`` so the ledger composes leaves in parallel. Poisson
+amplification protects against observers of the released models, not against the server that
+ran the round (it knows the cohort); docs/fel.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from dp.clipping import clip_rows_l2
+from dp.discrete import discrete_gaussian_noise
+from dp.events import DpEvent, Gaussian, NonPrivate, PoissonSampled
+from dp.mechanisms import gaussian_noise
+from protocols.base import Release
+from protocols.fedavg import FedAvgConfig, FedAvgGMF
+from protocols.secure_sum import secure_sum
+from protocols.transport import client
+
+__all__ = ["DpSettings", "ExcessDropoutError", "FelLeaf"]
+
+
+class ExcessDropoutError(RuntimeError):
+    """More clients dropped than the distributed-noise margin allows (the round was not applied)."""
+
+
+class DpSettings:
+    """The DP knobs of one leaf (validated by :class:`protocols.fel.FelConfig`)."""
+
+    def __init__(self, *, mode: str, clip: float, noise_multiplier: float, sampling: str,
+                 dropout_margin: float, simulate_dropout: float, on_excess_dropout: str, noise_tail: float) -> None:
+        self.mode, self.clip, self.z, self.sampling = mode, clip, noise_multiplier, sampling
+        self.dropout_margin, self.simulate_dropout = dropout_margin, simulate_dropout
+        self.on_excess_dropout, self.noise_tail = on_excess_dropout, noise_tail
+
+
+class FelLeaf(FedAvgGMF):
+    """One cluster's leaf: FedAvg-GMF on ``clients`` with its releases labelled ``leaf:<index>``.
+
+    Args:
+        index: the cluster index (the ledger cohort is ``"leaf:<index>"``).
+        dp: DP-FedAvg settings, or ``None`` for FedAvg's own aggregation (no DP).
+        (the rest as :class:`protocols.fedavg.FedAvgGMF`.)
+    """
+
+    def __init__(self, train, config: FedAvgConfig, *, index: int, dp: DpSettings | None, seed: int,
+                 transport, exclude, clients: np.ndarray) -> None:  # noqa: ANN001
+        super().__init__(train, config, seed=seed, transport=transport, exclude=exclude, clients=clients)
+        self.index, self.dp = index, dp
+        self.width = train.n_items * config.dim + config.dim + 1
+        self.expected = config.clients_in_round(len(self._clients))  # the fixed denominator m
+        self.q = self.expected / max(len(self._clients), 1)
+        if dp is not None and dp.mode == "distributed":
+            self.min_survivors = max(1, math.ceil((1 - dp.dropout_margin) * self.expected))
+            self.sens_grid = dp.clip * 2.0**config.frac_bits + math.sqrt(self.width) / 2
+            self.sigma_client = dp.z * (self.sens_grid / 2.0**config.frac_bits) / math.sqrt(self.min_survivors)
+            need = dp.clip + dp.noise_tail * self.sigma_client
+            if config.value_clip < need:
+                raise ValueError(
+                    f"fel.value_clip={config.value_clip:g} cannot hold a clipped update plus {dp.noise_tail:g} noise "
+                    f"standard deviations ({need:.4g}) for leaf {index}; raise fel.value_clip")
+        else:
+            self.min_survivors, self.sigma_client = 0, 0.0
+        self._presampled: np.ndarray | None = None
+
+    @property
+    def cohort(self) -> str:
+        return f"leaf:{self.index}"
+
+    def _sample_clients(self) -> np.ndarray:
+        if self._presampled is not None:
+            out, self._presampled = self._presampled, None
+            return out
+        if self.dp is not None and self.dp.sampling == "poisson":
+            return self._clients[self.rng.random(len(self._clients)) < self.q]
+        return super()._sample_clients()
+
+    def run_round(self):  # noqa: ANN201
+        if self.dp is not None and self.dp.sampling == "poisson":
+            self._presampled = self._sample_clients()
+            if self._presampled.size == 0:  # nobody sampled: the noise alone is still released
+                self._presampled = None
+                return self._empty_round()
+        stats = super().run_round()
+        rel = tuple(Release(r.event, who=r.who, what=f"leaf {self.index}: {r.what}", cohort=self.cohort,
+                            params={**r.params, "leaf": self.index}) for r in stats.releases)
+        return type(stats)(round=stats.round, loss=stats.loss, clients=stats.clients,
+                           bytes_per_client=stats.bytes_per_client, seconds=stats.seconds,
+                           extra=stats.extra, releases=rel)
+
+    def _empty_round(self):  # noqa: ANN202
+        from protocols.base import RoundStats
+
+        t = self.round
+        empty = np.zeros((0, self.width))
+        total = empty.sum(0)
+        if self.dp.z > 0:  # the server adds the noise (it knows the cohort is empty anyway)
+            total = total + gaussian_noise(self.width, self.dp.z * self.dp.clip)
+        self._apply_dp(total)
+        self.round += 1
+        z = self.dp.z
+        rel = Release(self._event(z), who="server", what=f"leaf {self.index}: empty Poisson cohort, noise only",
+                      cohort=self.cohort, params={"clients": 0, "leaf": self.index, "sampling": "poisson"})
+        return RoundStats(round=t, loss=0.0, clients=0, releases=(rel,))
+
+    # -- DP-FedAvg aggregation ----------------------------------------------------------------
+    def client_vectors(self, sampled, pair_slot, pair_item, dQ, dH, dB) -> np.ndarray:  # noqa: ANN001
+        """Each client's unweighted update ``dQ | dh | db`` as one dense row."""
+        n_items, d, m = self.train.n_items, self.config.dim, len(sampled)
+        out = np.zeros((m, self.width))
+        out[:, : n_items * d].reshape(m, n_items, d)[pair_slot, pair_item] = dQ.numpy()
+        out[:, n_items * d : n_items * d + d] = dH.numpy()
+        out[:, -1] = dB.numpy()
+        return out
+
+    def _event(self, z: float) -> DpEvent:
+        if z <= 0:
+            return NonPrivate()
+        if self.dp.sampling == "poisson":
+            return PoissonSampled(self.q, Gaussian(z))
+        return Gaussian(z)
+
+    def _aggregate(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):  # noqa: ANN001
+        if self.dp is None:
+            return super()._aggregate(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
+        cfg, dp, m = self.config, self.dp, len(sampled)
+        clipped, scales = clip_rows_l2(self.client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB), dp.clip)
+        total, upload, z_eff, extra = self._noisy_sum(t, sampled, clipped)
+        self._apply_dp(total)
+        label = ("fixed-size cohort, unamplified Gaussian per round" if dp.sampling == "fixed"
+                 else "Poisson sampling, sampled Gaussian")
+        params = {"clients": m, "clip": dp.clip, "noise_multiplier": z_eff, "noise": dp.mode,
+                  "sampling": dp.sampling, "sampling_reading": label, "denominator": self.expected,
+                  "population": int(len(self._clients)), "q": self.q, **extra}
+        what = f"the clipped sum with {dp.mode} Gaussian noise (DP-FedAvg)"
+        extra["clipped_fraction"] = float(np.mean(scales < 1)) if m else 0.0
+        return upload, (Release(self._event(z_eff), who="clients", what=what, params=params),), extra
+
+    def _noisy_sum(self, t: int, sampled: np.ndarray, clipped: np.ndarray):
+        cfg, dp = self.config, self.dp
+        senders = [client(u) for u in sampled]
+        if dp.mode == "central":
+            if cfg.secure_aggregation == "none" or len(sampled) == 0:
+                total, upload = clipped.sum(0), 4.0 * self.width
+                for u in sampled:
+                    self.transport.send(client(u), "server", t, "update", None, 4 * self.width)
+            else:
+                res = secure_sum(clipped, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
+                                 value_clip=cfg.value_clip, round=t, transport=self.transport, senders=senders,
+                                 where="fel.value_clip", dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
+                total, upload = res.total, res.bytes_per_client
+            if dp.z > 0:
+                total = total + gaussian_noise(self.width, dp.z * dp.clip)
+            return total, upload, dp.z, {}
+        # distributed: discrete Gaussian on the grid, added by each client before masking
+        f = cfg.frac_bits
+        noise = discrete_gaussian_noise((len(sampled), self.width), self.sigma_client, f).astype(np.float64) / 2.0**f \
+            if dp.z > 0 else np.zeros_like(clipped)
+        dropped = np.zeros(0, dtype=np.int64)
+        if dp.simulate_dropout > 0 and len(sampled):
+            n_drop = int(round(dp.simulate_dropout * len(sampled)))
+            dropped = np.sort(self.rng.choice(len(sampled), size=n_drop, replace=False))
+        res = secure_sum(clipped + noise, protocol=cfg.secure_aggregation, frac_bits=f, value_clip=cfg.value_clip,
+                         round=t, transport=self.transport, senders=senders, where="fel.value_clip",
+                         dropouts={"masked_input": frozenset(int(i) for i in dropped)} if dropped.size else None,
+                         dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
+        n_surv = len(res.survivors)
+        z_eff = math.sqrt(n_surv) * self.sigma_client * 2.0**f / self.sens_grid if dp.z > 0 else 0.0
+        if dp.z > 0 and n_surv < self.min_survivors:
+            if dp.on_excess_dropout == "refuse":
+                raise ExcessDropoutError(
+                    f"leaf {self.index} round {t}: {n_surv} of {len(sampled)} clients survived, below the "
+                    f"{self.min_survivors} the distributed noise was sized for (fel.dropout_margin="
+                    f"{dp.dropout_margin}); the round was not applied. Raise fel.dropout_margin or set "
+                    "fel.on_excess_dropout = \"reaccount\"")
+        return res.total, res.bytes_per_client, z_eff, {"survivors": n_surv, "dropped": int(dropped.size),
+                                                        "sigma_client": self.sigma_client}
+
+    def _apply_dp(self, total: np.ndarray) -> None:
+        n_items, d, lr = self.train.n_items, self.config.dim, self.config.server_lr
+        scale = lr / max(self.expected, 1)
+        t = torch.as_tensor(total, dtype=torch.float32)
+        self.item += scale * t[: n_items * d].reshape(n_items, d)
+        self.h += scale * t[n_items * d : n_items * d + d]
+        self.b += scale * t[-1]
+
+    def dp_info(self) -> dict[str, Any]:
+        """Public DP parameters of this leaf (for public_info and reports)."""
+        return {"leaf": self.index, "clients": int(len(self._clients)), "denominator": self.expected, "q": self.q,
+                "min_survivors": self.min_survivors, "sigma_client": self.sigma_client}

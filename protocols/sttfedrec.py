@@ -251,6 +251,10 @@ class STTFedRec:
                                where="sttfedrec.value_clip")
             g_sum, n_i, bytes_i = res_i.total, len(res_i.survivors), res_i.bytes_per_client
             rs_s += res_i.server_seconds
+            # RS's own output (0 bytes on the wire), in its view so attacks see what RS learns.
+            names_in = [names[i] for i in res_i.survivors]
+            self.transport.send(RS, RS, t, "item-gradient-sum",
+                                (union.copy(), g_sum.reshape(len(union), cfg.dim).copy(), names_in) if keep else None, 0)
         # Both sums are in: only now does any state change (an abort above leaves the model as it was).
         n_u = len(res_u.survivors)
         mean_u = self._unflatten(res_u.total[:-1] / n_u, self.user_params)

@@ -77,7 +77,7 @@ class CentralTwoTower:
                                         cfg.temperature)
             grads = torch.autograd.grad(loss.mean(), list(params.values()))
             self.opt.step(self.params, dict(zip(params, grads)), lr=cfg.lr_at(self.round))
-            total += float(loss.sum())
+            total += float(loss.detach().sum())
             n += len(users)
         self.round += 1
         self._cache = None

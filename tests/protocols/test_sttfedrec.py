@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -172,3 +174,76 @@ def test_config_errors_name_the_key():
         TwoTowerConfig(item_aggregation="paillier")
     with pytest.raises(ValueError, match="sttfedrec.tower"):
         TwoTowerConfig(tower="bert")
+
+
+TINY = """
+[run]
+rounds = {rounds}
+eval_every = 0
+[data]
+synthetic_users = 40
+synthetic_items = 80
+synthetic_mean_interactions = 10
+[eval]
+negatives = 20
+[sttfedrec]
+hash_dim = 64
+dim = 16
+clients_per_round = 6
+max_words = 4
+"""
+
+
+def _cli(capsys, *argv):
+    from experiments.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _tiny(tmp_path, rounds):
+    path = tmp_path / f"tiny{rounds}.toml"
+    path.write_text(TINY.format(rounds=rounds))
+    return str(path)
+
+
+def test_sttfedrec_preset_runs_and_resumes_through_secagg_run(tmp_path, capsys):
+    whole = _cli(capsys, "run", "sttfedrec", "--config", _tiny(tmp_path, 2), "--out", str(tmp_path / "whole"),
+                 "--json", "--quiet")
+    _cli(capsys, "run", "sttfedrec", "--config", _tiny(tmp_path, 1), "--out", str(tmp_path / "part"), "--json", "--quiet")
+    resumed = _cli(capsys, "run", "--resume", str(tmp_path / "part"), "--rounds", "2", "--json", "--quiet")
+    assert resumed["metrics"] == whole["metrics"] and resumed["metrics_full"] == whole["metrics_full"]
+    costs = whole["costs"]
+    for key in ("train_bytes_per_client_per_round", "inference_bytes_per_client",
+                "device_train_seconds_per_round", "device_inference_seconds"):
+        assert costs[key] > 0, key
+    assert whole["bytes_per_client_per_round"] > 0
+    assert costs["inference_bytes_per_client"] == whole["public_info"]["n_items"] * 16 * 4  # M x k float32 (C8)
+
+
+@pytest.mark.parametrize("preset", ["fl-dssm", "centralized-clsm"])
+def test_baseline_presets_run(tmp_path, capsys, preset):
+    out = _cli(capsys, "run", preset, "--config", _tiny(tmp_path, 1), "--out", str(tmp_path / preset), "--json", "--quiet")
+    assert out["rounds"] == 1 and 0 <= out["metrics"]["HR@10"] <= 1
+    if preset == "fl-dssm":  # FL downloads the raw item data to infer, not M x k embeddings
+        assert 0 < out["costs"]["inference_bytes_per_client"] != out["public_info"]["n_items"] * 16 * 4
+
+
+def test_ml_latest_small_features_and_one_round(ml_latest_small):
+    from recmodels.loaders import load_interactions
+
+    data = binarize(load_interactions(ml_latest_small))
+    train = leave_one_out(data, seed=0).train
+    cfg = TwoTowerConfig(hash_dim=256, dim=16, clients_per_round=5)
+    feats = build_features(train, str(ml_latest_small), cfg)
+    assert feats.user_rule == "clicks"  # ml-latest-small has no demographics
+    assert len(feats.vocab.trigrams) == 255 and feats.item_x.shape == (train.n_items, 256)
+    removed = set(map(tuple, feats.feature_pairs.tolist()))
+    kept = set(zip(feats.train.users.tolist(), feats.train.items.tolist()))
+    assert removed and not removed & kept and len(removed) + len(kept) == len(train)
+    assert (np.bincount(feats.train.users, minlength=train.n_users) >= 1).all()
+    tr = STTFedRec(train, cfg, seed=0, source=str(ml_latest_small), data=feats)
+    stats = tr.run_round()
+    assert np.isfinite(stats.loss) and stats.extra["survivors_user"] == 5

@@ -31,6 +31,8 @@ from experiments.errors import UserError
 __all__ = ["register", "run"]
 
 ATTACKS = ("request-intersection", "item-gradient")
+SWEEP_RHOS = (0.5, 0.9)
+SWEEP_ROUNDS = (5, 10, 20)
 DEFENSES = {"request-intersection": ("none", "fixed-pool"), "item-gradient": ("none", "secagg")}
 
 
@@ -75,7 +77,13 @@ def _split(args: argparse.Namespace):
 
 def run(args: argparse.Namespace, *, defense: str, rho: float, rounds: int) -> dict[str, Any]:
     """Train, attack RS's view, score; a JSON-ready dict."""
+    return run_many(args, defense=defense, rho=rho, rounds=(rounds,))[0]
+
+
+def run_many(args: argparse.Namespace, *, defense: str, rho: float, rounds: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Train once to ``max(rounds)`` and attack RS's view of the first ``r`` rounds for each ``r``."""
     from attacks.registry import get_attack
+    from attacks.sttfedrec import requests_by_client
     from attacks.scoring import score_sets
     from protocols.sttfedrec import RS, STTFedRec
     from protocols.transport import InProcessTransport, Transcript
@@ -85,8 +93,8 @@ def run(args: argparse.Namespace, *, defense: str, rho: float, rounds: int) -> d
 
     if defense not in DEFENSES[args.attack]:
         raise UserError(f"--defense {defense!r} does not apply to --attack {args.attack}; use one of {DEFENSES[args.attack]}")
-    if rounds < 1:
-        raise UserError(f"--rounds must be >= 1; found {rounds}")
+    if min(rounds) < 1:
+        raise UserError(f"--rounds must be >= 1; found {min(rounds)}")
     split, source = _split(args)
     try:
         cfg = TwoTowerConfig(hash_dim=256, dim=32, clients_per_round=args.clients, request_size=args.request_size,
@@ -97,30 +105,30 @@ def run(args: argparse.Namespace, *, defense: str, rho: float, rounds: int) -> d
     keep = lambda r: r.receiver == RS  # noqa: E731  (RS's view only)
     model = STTFedRec(split.train, cfg, seed=args.seed, source=source,
                       transport=InProcessTransport(Transcript(keep_payloads=keep)))
-    t0 = time.perf_counter()
-    for _ in range(rounds):
-        model.run_round()
-    train_s = time.perf_counter() - t0
-    view = model.transport.transcript.view(RS)
+    cands = sample_eval_candidates(split, n_negatives=min(99, model.n_items // 2), rng=np.random.default_rng([args.seed, 1]))
     spec = get_attack("sttfedrec", args.attack)
-    inferred = spec.run(view, model.public_info())
-    from attacks.sttfedrec import requests_by_client
-
-    pos_items, pos_start = model.pos_items, model.pos_start
-    requested = {u: np.unique(np.concatenate(r)) for u, r in requests_by_client(view).items()}
-    truth = {u: np.intersect1d(ids, pos_items[pos_start[u]:pos_start[u + 1]]) for u, ids in requested.items()}
-    sc = score_sets(inferred, truth, n_candidates=model.n_items)
-    everything = score_sets(requested, truth, n_candidates=model.n_items)
-    cands = sample_eval_candidates(split, n_negatives=99, rng=np.random.default_rng([args.seed, 1]))
-    hr = evaluate_sampled(model.score, cands, ks=(10,))["HR@10"]
-    status = "ok" if sc.f1 > max(sc.random_f1, everything.f1) + 0.05 else "no better than guessing"
-    return {
-        "attack_name": args.attack, "defense": defense, "rho": rho, "rounds": rounds, "clients": args.clients,
-        "request_size": args.request_size, "data": source, "users": model.n_users, "items": model.n_items,
-        "attack": {**sc.to_dict(), "requested_f1": everything.f1, "status": status},
-        "HR@10": hr, "train_seconds": train_s,
-        "train_bytes_per_client_per_round": model.cost_report()["train_bytes_per_client_per_round"],
-    }
+    out, t0 = [], time.perf_counter()
+    for r in range(max(rounds)):
+        model.run_round()
+        if r + 1 not in rounds:
+            continue
+        view = [x for x in model.transport.transcript.view(RS) if x.round <= r]
+        inferred = spec.run(view, model.public_info())
+        pos_items, pos_start = model.pos_items, model.pos_start
+        requested = {u: np.unique(np.concatenate(q)) for u, q in requests_by_client(view).items()}
+        truth = {u: np.intersect1d(ids, pos_items[pos_start[u]:pos_start[u + 1]]) for u, ids in requested.items()}
+        sc = score_sets(inferred, truth, n_candidates=model.n_items)
+        everything = score_sets(requested, truth, n_candidates=model.n_items)
+        status = "ok" if sc.f1 > max(sc.random_f1, everything.f1) + 0.05 else "no better than guessing"
+        out.append({
+            "attack_name": args.attack, "defense": defense, "rho": rho, "rounds": r + 1, "clients": args.clients,
+            "request_size": args.request_size, "data": source, "users": model.n_users, "items": model.n_items,
+            "attack": {**sc.to_dict(), "requested_f1": everything.f1, "status": status},
+            "HR@10": evaluate_sampled(model.score, cands, ks=(10,))["HR@10"],
+            "train_seconds": time.perf_counter() - t0,
+            "train_bytes_per_client_per_round": model.cost_report()["train_bytes_per_client_per_round"],
+        })
+    return out
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -143,10 +151,9 @@ def _sweep(args: argparse.Namespace) -> int:
     args.sweep.mkdir(parents=True, exist_ok=True)
     rows = []
     for defense in ("none", "fixed-pool"):
-        for rho in (0.5, 0.7, 0.9):
-            for rounds in (5, 10, 20, 40):
-                out = run(args, defense=defense, rho=rho, rounds=rounds)
-                rows.append({"defense": defense, "rho": rho, "rounds": rounds, **{
+        for rho in SWEEP_RHOS:
+            for out in run_many(args, defense=defense, rho=rho, rounds=SWEEP_ROUNDS):
+                rows.append({"defense": defense, "rho": rho, "rounds": out["rounds"], **{
                     k: round(out["attack"][k], 4) for k in ("f1", "precision", "recall", "random_f1", "requested_f1")},
                     "HR@10": round(out["HR@10"], 4),
                     "train_bytes_per_client_per_round": round(out["train_bytes_per_client_per_round"])})
@@ -162,7 +169,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for defense, style in (("none", "-"), ("fixed-pool", "--")):
-        for rho in (0.5, 0.7, 0.9):
+        for rho in SWEEP_RHOS:
             sel = [r for r in rows if r["defense"] == defense and r["rho"] == rho]
             ax.plot([r["rounds"] for r in sel], [r["f1"] for r in sel], style, marker="o", label=f"{defense}, rho {rho}")
     ax.plot([r["rounds"] for r in rows if r["defense"] == "none" and r["rho"] == 0.9],

@@ -269,14 +269,14 @@ def decoy_pools(train: Interactions, never: Interactions, n_pos: int, n_neg: int
                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Each user's fixed, popularity-matched decoy pool (the request-intersection defense).
 
-    Pool size ``ceil(factor * |history| * n_neg / n_pos)`` (at least ``n_neg``), so that a decoy
+    Pool size ``ceil(factor * |history| * n_neg / n_pos)`` (at least ``T``), so that a decoy
     recurs across requests as often as a click does; decoys are drawn without replacement with
     probability proportional to the item's training popularity (plus one) among the items the
     user never interacted with, so the pool looks like the clicks to a popularity prior.
     """
     pop = np.bincount(train.items, minlength=train.n_items).astype(np.float64) + 1.0
     hist = np.bincount(train.users, minlength=train.n_users)
-    size = np.maximum(np.ceil(factor * hist * n_neg / n_pos).astype(np.int64), n_neg)
+    size = np.maximum(np.ceil(factor * hist * n_neg / n_pos).astype(np.int64), n_pos + n_neg)  # a short history fills up
     size[hist == 0] = 0
     seen = sp.csr_matrix((np.ones(len(never)), (never.users, never.items)), shape=(never.n_users, never.n_items))
     items, start = [], [0]

@@ -148,13 +148,14 @@ def test_bad_messages_are_refused_before_any_state_changes(train):
 
 
 def test_resume_from_a_checkpoint_reproduces_the_uninterrupted_run(train):
-    whole = _trainer(train, decoys="fixed-pool")
+    # rho 0.5 with a fixed decoy pool: clients with fewer than n_pos = 5 clicks fill up from their pool
+    whole = _trainer(train, decoys="fixed-pool", rho=0.5)
     for _ in range(3):
         whole.run_round()
-    part = _trainer(train, decoys="fixed-pool")
+    part = _trainer(train, decoys="fixed-pool", rho=0.5)
     part.run_round()
     state = state_from_bytes(state_to_bytes(part.state_dict()))
-    resumed = _trainer(train, decoys="fixed-pool")
+    resumed = _trainer(train, decoys="fixed-pool", rho=0.5)
     resumed.load_state_dict(state)
     for _ in range(2):
         resumed.run_round()
@@ -164,7 +165,7 @@ def test_resume_from_a_checkpoint_reproduces_the_uninterrupted_run(train):
     users = np.arange(5)
     assert np.array_equal(whole.score_all(users), resumed.score_all(users))
     with pytest.raises(ValueError, match="different"):
-        _trainer(train, rho=0.5).load_state_dict(state)
+        _trainer(train, rho=0.7).load_state_dict(state)
 
 
 def test_config_errors_name_the_key():

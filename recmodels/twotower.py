@@ -37,6 +37,7 @@ __all__ = [
     "TOWERS",
     "dense_rows",
     "make_tower",
+    "numpy_flat",
     "sampled_softmax_loss",
     "tower_inputs",
 ]

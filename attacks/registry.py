@@ -31,6 +31,7 @@ ATTACK_MODULES: tuple[str, ...] = (
     "attacks.fedmf",
     "attacks.lightfr",
     "attacks.fedcl",
+    "attacks.sttfedrec",
 )
 
 

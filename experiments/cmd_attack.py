@@ -34,6 +34,7 @@ SWEEP_EPSILONS = (1.0, 10.0, 100.0, 1000.0)
 PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = (
     "attack_lightfr",
     "attack_fedcl",
+    "attack_sttfedrec",
 )
 
 

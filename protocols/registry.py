@@ -43,6 +43,7 @@ PROTOCOL_MODULES: tuple[str, ...] = (
     "protocols.lightfr",
     "protocols.fedcl",
     "protocols.fel",
+    "protocols.sttfedrec",
 )
 
 TASKS = ("ranking", "rating")

@@ -98,9 +98,10 @@ class Transcript:
     def round_summary(self, round: int) -> dict[str, float | int]:
         """Cost summary of one round: messages, total bytes, bytes per participating client."""
         recs = [r for r in self.records if r.round == round]
-        clients = {p for r in recs for p in (r.sender, r.receiver) if p != SERVER}
-        up = sum(r.nbytes for r in recs if r.receiver == SERVER)
-        down = sum(r.nbytes for r in recs if r.sender == SERVER)
+        # Every party that is not a client is a server (``server``, or e.g. STTFedRec's ``rs``/``sas``).
+        clients = {p for r in recs for p in (r.sender, r.receiver) if p.startswith("client:")}
+        up = sum(r.nbytes for r in recs if not r.receiver.startswith("client:"))
+        down = sum(r.nbytes for r in recs if not r.sender.startswith("client:"))
         n = max(len(clients), 1)
         return {
             "round": round,

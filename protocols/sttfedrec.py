@@ -1,0 +1,451 @@
+"""STTFedRec (Qin et al.): a split two-tower model trained by clients, RS and SAS; and FL-DSSM/CLSM.
+
+Parties:
+    * clients: one per user, holding the user's features, clicks and a copy of the user tower;
+    * RS, the recommendation server: all item data and the item tower (never the user tower);
+    * SAS, the secure aggregation server: the user tower and its FedAdam state.
+
+Round ``t`` (notes section 2.4, with the decisions of issue 10):
+    1. SAS samples ``K`` clients (seeded simulation choice) and sends each the user tower
+       (kind ``"user-tower"``).
+    2. each client sends RS an obfuscated request of ``T`` item ids (kind ``"request"``):
+       ``T - round(rho T)`` of its clicks among non-clicked ids (``decoys``), shuffled. RS
+       validates it (:class:`RequestError`: wrong length, unknown id, replay) and returns only
+       the ``T`` item embeddings (kind ``"embeddings"``). RS computes the union of the round's
+       ids once, with one dropout mask per item id, so every client sees the same embedding of
+       an item (notes G19).
+    3. each client computes the sampled-softmax loss over cosines (Eq. 8, ``temperature``) and
+       the gradients of its user tower and of the ``T`` returned embeddings.
+    4. the user-tower gradient and the loss go to SAS through the circular chain
+       (:func:`protocols.secure_sum.secure_sum` with ``protocol="chain"``, ``s =
+       chain_successors``; Z_2^64 fixed point, a fresh random ring per round, dropouts re-run
+       or abort); SAS divides the sum by the survivors and applies FedAdam with the descending
+       sign (notes G2).
+    5. each client scatters its embedding gradients into the round's union of requested ids
+       (zero rows elsewhere, notes G1) and the rows go to RS through ``item_aggregation``
+       (SecAgg+ by default): RS learns the per-id sum only, divides by the survivors and
+       backpropagates it through the item tower, then applies FedAdam.
+    6. inference: the device downloads all item embeddings (``M x k`` float32) once and ranks by
+       cosine with its user embedding (``score`` / ``score_all`` compute exactly that).
+
+``fl-twotower`` (FL-DSSM / FL-CLSM, Huang et al. 2020a) is the same model and the same round,
+except that each client downloads both towers and the raw item data of its request, computes both
+towers' gradients itself and uploads them in plaintext to one server, which runs FedAdam on both;
+for inference it downloads the raw data of all items and runs the item tower. With the same seed
+it computes the same updates as the split protocol (notes C6), up to the fixed point of step 4-5.
+
+Adversary and promise (honest-but-curious RS and SAS that do not collude with each other):
+    * RS never receives the user tower, a user's features, a loss, or one client's gradient: it
+      sees the requests, and (with ``item_aggregation`` != ``"none"``) only the per-id *sum* of
+      the embedding gradients over the round's clients.
+    * SAS sees only chain uploads (uniform given their sum) and learns the sum of user-tower
+      gradients and losses over the round's survivors; with ``s`` successors it needs ``2s``
+      colluding clients around a victim to isolate it (docs/chain.md; attack
+      ``chain-collusion``).
+Stated limits (each shown by an attack, docs/sttfedrec.md): the requests are linked to their
+client and the clicks recur across rounds while fresh decoys do not, so RS recovers the clicked
+set by intersection (attack ``request-intersection``; defense ``decoys = "fixed-pool"``); an id
+requested by one client only in a round leaks that client's gradient row even in the sum (notes
+G1); the RS learns which ids were requested together.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+from torch.func import functional_call, grad_and_value, vmap
+
+from dp.events import NonPrivate
+from protocols.base import Release, RoundStats
+from protocols.registry import ProtocolSpec, register
+from protocols.secure_sum import secure_sum
+from protocols.transport import InProcessTransport, client
+from protocols.twotower_data import (
+    TwoTowerConfig,
+    TwoTowerData,
+    build_features,
+    decoy_pools,
+    positive_lists,
+    sample_requests,
+)
+from recmodels.data import Interactions
+from recmodels.twotower import FedAdam, make_tower, numpy_flat, sampled_softmax_loss, tower_inputs
+from secagg.encoding import check_budget
+
+__all__ = ["RS", "SAS", "ProtocolError", "RequestError", "STTFedRec", "TwoTowerConfig"]
+
+RS, SAS = "rs", "sas"
+
+
+class ProtocolError(ValueError):
+    """A message that does not fit the protocol; refused before any state changes."""
+
+
+class RequestError(ProtocolError):
+    """An item request RS refuses (wrong length, unknown id, replay)."""
+
+
+class STTFedRec:
+    """The split protocol (``mode="split"``) or its FL baseline (``mode="fl"``); see the module docstring."""
+
+    def __init__(self, train: Interactions, config: TwoTowerConfig, *, seed: int, source: str = "synthetic",
+                 transport: InProcessTransport | None = None, exclude: Interactions | None = None,
+                 mode: str = "split", data: TwoTowerData | None = None):
+        if mode not in ("split", "fl"):
+            raise ValueError(f"mode must be 'split' or 'fl'; found {mode!r}")
+        self.config, self.mode, self.seed = config, mode, seed
+        self.transport = transport or InProcessTransport()
+        self.data = data or build_features(train, source, config, exclude)
+        self.n_users, self.n_items = train.n_users, train.n_items
+        self.rng = np.random.default_rng(seed)
+        g = torch.Generator().manual_seed(int(seed))
+        kw = dict(dropout=config.dropout, init_std=config.init_std, generator=g, dim=config.dim)
+        self.user_tower = make_tower(config.tower, config.hash_dim, **kw)  # SAS (and each client's copy)
+        self.item_tower = make_tower(config.tower, config.hash_dim, **kw)  # RS
+        self.dropout_gen = torch.Generator().manual_seed(int(seed) + 1)
+        self.user_params = {k: v.detach().clone() for k, v in self.user_tower.named_parameters()}
+        self.item_params = {k: v.detach().clone() for k, v in self.item_tower.named_parameters()}
+        opt = dict(lr=config.lr, beta1=config.beta1, beta2=config.beta2, tau=config.tau)
+        self.user_opt, self.item_opt = FedAdam(self.user_params, **opt), FedAdam(self.item_params, **opt)
+        self.pos_items, self.pos_start = positive_lists(self.data.train)
+        self._clients = np.flatnonzero(np.diff(self.pos_start) > 0)
+        self.pool = None
+        if config.decoys == "fixed-pool":
+            self.pool = decoy_pools(self.data.train, self.data.never_negative, config.n_pos, config.n_neg,
+                                    config.pool_factor, np.random.default_rng([seed, 7]))
+        self.round = 0
+        self._served: set[tuple[int, str]] = set()
+        self._cache: tuple[int, torch.Tensor] | None = None
+        self._dropouts: dict[str, dict[str, frozenset[int]]] = {}  # test hook: "user"/"item" -> stage -> rows
+        self._device_seconds: list[float] = []
+        self._train_bytes: list[float] = []
+        self.n_user_params = sum(p.numel() for p in self.user_params.values())
+        self.n_item_params = sum(p.numel() for p in self.item_params.values())
+        k = min(config.clients_per_round, len(self._clients))
+        check_budget(n_summands=max(k, 1), clip=config.value_clip, frac_bits=config.frac_bits)
+
+    # -- sizes --------------------------------------------------------------------------------
+    @property
+    def clients_per_round(self) -> int:
+        return min(self.config.clients_per_round, len(self._clients))
+
+    def _inputs(self, which: str, rows: np.ndarray) -> tuple[torch.Tensor, ...]:
+        d, cfg = self.data, self.config
+        x, lens = (d.user_x, d.user_len) if which == "user" else (d.item_x, d.item_len)
+        return tower_inputs(cfg.tower, (x, lens), rows, cfg.max_words)
+
+    # -- RS -----------------------------------------------------------------------------------
+    def check_request(self, t: int, who: str, ids: Any) -> np.ndarray:
+        """RS's validation of one request; raises :class:`RequestError` before any state changes."""
+        arr = np.asarray(ids)
+        if arr.shape != (self.config.request_size,) or arr.dtype.kind not in "iu":
+            raise RequestError(f"round {t}: {who} sent a request of shape {arr.shape} and dtype {arr.dtype}; "
+                               f"expected {self.config.request_size} integer item ids")
+        if arr.min() < 0 or arr.max() >= self.n_items:
+            bad = int(arr[(arr < 0) | (arr >= self.n_items)][0])
+            raise RequestError(f"round {t}: {who} requested unknown item id {bad} (catalogue has {self.n_items})")
+        if t != self.round:
+            raise RequestError(f"round {t}: {who}'s request is for round {t}, RS is in round {self.round} (replay?)")
+        if (t, who) in self._served:
+            raise RequestError(f"round {t}: {who} already requested this round (replayed request refused)")
+        return arr.astype(np.int64)
+
+    def check_user(self, users: np.ndarray) -> np.ndarray:
+        users = np.asarray(users)
+        if users.dtype.kind not in "iu" or (users.size and (users.min() < 0 or users.max() >= self.n_users)):
+            raise ProtocolError(f"features requested for unknown user(s) {users!r}; known users are 0..{self.n_users - 1}")
+        return users.astype(np.int64)
+
+    # -- one round ------------------------------------------------------------------------------
+    def run_round(self) -> RoundStats:
+        cfg, t, rng = self.config, self.round, self.rng
+        t0 = time.perf_counter()
+        sampled = np.sort(rng.choice(self._clients, size=self.clients_per_round, replace=False))
+        names = [client(u) for u in sampled]
+        ids, labels = sample_requests(sampled, self.pos_items, self.pos_start, cfg.n_pos, cfg.n_neg,
+                                      self.data.never_negative, rng, self.pool)
+        union, inverse = np.unique(ids, return_inverse=True)
+        inverse = inverse.reshape(ids.shape)
+        # Dropout masks: one per item id of the round (RS) and one per client (its user tower).
+        item_masks = self.item_tower.masks(len(union), self.dropout_gen)
+        user_masks = self.user_tower.masks(len(sampled), self.dropout_gen)
+        sizes = {"user_tower": 4 * self.n_user_params, "item_tower": 4 * self.n_item_params}
+        for name in names:
+            self.transport.send(SAS if self.mode == "split" else RS, name, t, "user-tower", None, sizes["user_tower"])
+            if self.mode == "fl":
+                self.transport.send(RS, name, t, "item-tower", None, sizes["item_tower"])
+        keep = self.transport.transcript.keep_payloads
+        for name, req in zip(names, ids):
+            self.check_request(t, name, req)
+            self.transport.send(name, RS, t, "request", req.copy() if keep else None, 4 * cfg.request_size)
+            self._served.add((t, name))
+        item_x = self._inputs("item", union)
+        user_x = self._inputs("user", sampled)
+        t_server = time.perf_counter()
+        try:
+            if self.mode == "split":
+                stats = self._split_round(t, sampled, names, union, inverse, labels, item_x, user_x, item_masks,
+                                          user_masks)
+            else:
+                stats = self._fl_round(t, sampled, names, union, inverse, labels, item_x, user_x, item_masks,
+                                       user_masks)
+        except Exception:
+            self._served = {s for s in self._served if s[0] != t}  # the round may be run again
+            raise
+        self._device_seconds.append(self._time_one_device(user_x, user_masks, item_x, item_masks, inverse, labels))
+        self._train_bytes.append(float(stats.bytes_per_client))
+        self._served = {s for s in self._served if s[0] > t}
+        self.round += 1
+        self._cache = None
+        stats.seconds.update({"round": time.perf_counter() - t0, "client": self._device_seconds[-1]})
+        stats.seconds.setdefault("server", time.perf_counter() - t_server)
+        return stats
+
+    def _user_fn(self, params, inputs, masks, items, labels):
+        u = functional_call(self.user_tower, params, (*inputs, masks))
+        return sampled_softmax_loss(u, items, labels, self.config.temperature)
+
+    def _per_client(self, user_x, user_masks, items, labels):
+        """Per-client user-tower gradients, embedding gradients and losses (one vmap call)."""
+        f = grad_and_value(self._user_fn, argnums=(0, 3))
+        n_in = len(user_x)
+        (gu, gi), loss = vmap(f, in_dims=(None, (0,) * n_in, 0, 0, 0))(
+            self.user_params, user_x, user_masks, items, labels)
+        return gu, gi, loss
+
+    def _split_round(self, t, sampled, names, union, inverse, labels, item_x, user_x, item_masks, user_masks):
+        cfg, k = self.config, len(sampled)
+        keep = self.transport.transcript.keep_payloads
+        params_v = {n: p.clone().requires_grad_(True) for n, p in self.item_params.items()}
+        ts = time.perf_counter()
+        emb = functional_call(self.item_tower, params_v, (*item_x, item_masks))  # RS, kept for backprop
+        rs_s = time.perf_counter() - ts
+        returned = emb.detach()[torch.as_tensor(inverse)]  # [K, T, d], what each client receives
+        for c, name in enumerate(names):
+            self.transport.send(RS, name, t, "embeddings", returned[c].numpy().copy() if keep else None,
+                                4 * cfg.request_size * cfg.dim)
+        gu, gi, loss = self._per_client(user_x, user_masks, returned, torch.as_tensor(labels))
+        # Step 4: user-tower gradient and loss through the circular chain to SAS.
+        vec = np.concatenate([numpy_flat(gu), loss.double().numpy()[:, None]], axis=1)
+        res_u = secure_sum(vec, protocol="chain", frac_bits=cfg.frac_bits, value_clip=cfg.value_clip, round=t,
+                           transport=self.transport, senders=names, kind="user-gradient", receiver=SAS,
+                           k=cfg.chain_successors, dropouts=self._dropouts.get("user"), where="sttfedrec.value_clip")
+        # Step 5: per-item-id embedding gradients, summed, to RS.
+        rows = np.zeros((k, len(union), cfg.dim))
+        np.add.at(rows, (np.repeat(np.arange(k), cfg.request_size), inverse.ravel()),
+                  gi.reshape(-1, cfg.dim).double().numpy())
+        flat = rows.reshape(k, -1)
+        if cfg.item_aggregation == "none":
+            for c, name in enumerate(names):
+                payload = (union.copy(), rows[c].astype(np.float32)) if keep else None
+                self.transport.send(name, RS, t, "item-gradient", payload, 4 * flat.shape[1])
+            g_sum, n_i, bytes_i = flat.sum(0), k, 4.0 * flat.shape[1]
+        else:
+            res_i = secure_sum(flat, protocol=cfg.item_aggregation, frac_bits=cfg.frac_bits,
+                               value_clip=cfg.value_clip, round=t, transport=self.transport, senders=names,
+                               kind="item-gradient", receiver=RS, dropouts=self._dropouts.get("item"),
+                               where="sttfedrec.value_clip")
+            g_sum, n_i, bytes_i = res_i.total, len(res_i.survivors), res_i.bytes_per_client
+            rs_s += res_i.server_seconds
+            # RS's own output (0 bytes on the wire), in its view so attacks see what RS learns.
+            names_in = [names[i] for i in res_i.survivors]
+            self.transport.send(RS, RS, t, "item-gradient-sum",
+                                (union.copy(), g_sum.reshape(len(union), cfg.dim).copy(), names_in) if keep else None, 0)
+        # Both sums are in: only now does any state change (an abort above leaves the model as it was).
+        n_u = len(res_u.survivors)
+        mean_u = self._unflatten(res_u.total[:-1] / n_u, self.user_params)
+        mean_loss = float(res_u.total[-1] / n_u)
+        ts = time.perf_counter()
+        self.user_opt.step(self.user_params, mean_u, lr=cfg.lr_at(t))
+        sas_s = time.perf_counter() - ts + res_u.server_seconds
+        ts = time.perf_counter()
+        G = torch.as_tensor(g_sum.reshape(len(union), cfg.dim) / n_i, dtype=torch.float32)
+        grads_v = torch.autograd.grad(emb, list(params_v.values()), grad_outputs=G)
+        self.item_opt.step(self.item_params, dict(zip(params_v, grads_v)), lr=cfg.lr_at(t))
+        rs_s += time.perf_counter() - ts
+        train_bytes = (4 * self.n_user_params + 4 * cfg.request_size * (1 + cfg.dim)
+                       + res_u.bytes_per_client + bytes_i)
+        what = (f"user-tower gradient sum via the chain (s={cfg.chain_successors}) to SAS; item-id gradient "
+                + ("rows of each client in plaintext to RS" if cfg.item_aggregation == "none"
+                   else f"sums via {cfg.item_aggregation} to RS") + "; requests in plaintext to RS (no DP noise)")
+        return RoundStats(
+            round=t, loss=mean_loss, clients=k, bytes_per_client=float(train_bytes),
+            seconds={"rs": rs_s, "sas": sas_s, "server": rs_s + sas_s},
+            extra={"union_ids": int(len(union)), "survivors_user": n_u, "survivors_item": n_i,
+                   "train_bytes_per_client": float(train_bytes)},
+            releases=(Release(NonPrivate(), who="clients", what=what, params={"clients": k}),),
+        )
+
+    def _fl_round(self, t, sampled, names, union, inverse, labels, item_x, user_x, item_masks, user_masks):
+        cfg, k = self.config, len(sampled)
+        inv = torch.as_tensor(inverse)
+        ix = tuple(x[inv] for x in item_x)  # each client's raw item features [K, T, ...]
+        im = [m[inv] for m in item_masks]
+
+        def loss_fn(pu, pv, ux, um, vx, vm, lab):
+            u = functional_call(self.user_tower, pu, (*ux, um))
+            v = functional_call(self.item_tower, pv, (*vx, vm))
+            return sampled_softmax_loss(u, v, lab, cfg.temperature)
+
+        f = grad_and_value(loss_fn, argnums=(0, 1))
+        n_u, n_v = len(user_x), len(ix)
+        (gu, gv), loss = vmap(f, in_dims=(None, None, (0,) * n_u, 0, (0,) * n_v, 0, 0))(
+            self.user_params, self.item_params, user_x, user_masks, ix, im, torch.as_tensor(labels))
+        item_bytes = int(self.data.item_x[union].nnz * 8 // max(len(union), 1)) * cfg.request_size
+        upload = 4 * (self.n_user_params + self.n_item_params) + 4
+        for name in names:
+            self.transport.send(RS, name, t, "item-features", None, item_bytes)
+            self.transport.send(name, RS, t, "update", None, upload)
+        ts = time.perf_counter()
+        self.user_opt.step(self.user_params, {n: g.mean(0) for n, g in gu.items()}, lr=cfg.lr_at(t))
+        self.item_opt.step(self.item_params, {n: g.mean(0) for n, g in gv.items()}, lr=cfg.lr_at(t))
+        train_bytes = 4 * (self.n_user_params + self.n_item_params) + upload + 4 * cfg.request_size + item_bytes
+        return RoundStats(
+            round=t, loss=float(loss.mean()), clients=k, bytes_per_client=float(train_bytes),
+            seconds={"server": time.perf_counter() - ts},
+            extra={"train_bytes_per_client": float(train_bytes)},
+            releases=(Release(NonPrivate(), who="clients", what="both towers' gradients, each in plaintext",
+                              params={"clients": k}),),
+        )
+
+    @staticmethod
+    def _unflatten(vec: np.ndarray, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        expected = sum(p.numel() for p in like.values())
+        if vec.shape != (expected,):
+            raise ProtocolError(f"gradient of length {vec.shape} does not fit the tower's {expected} parameters")
+        out, off = {}, 0
+        for n, p in like.items():
+            out[n] = torch.as_tensor(vec[off:off + p.numel()], dtype=torch.float32).reshape(p.shape)
+            off += p.numel()
+        return out
+
+    def apply_user_gradient(self, vec: np.ndarray, survivors: int) -> None:
+        """SAS's step from a decoded sum (tests use it to show a wrong length changes nothing)."""
+        mean = self._unflatten(np.asarray(vec, dtype=np.float64) / survivors, self.user_params)
+        self.user_opt.step(self.user_params, mean, lr=self.config.lr_at(self.round))
+
+    def _time_one_device(self, user_x, user_masks, item_x, item_masks, inverse, labels) -> float:
+        """Wall seconds of one client's training work alone (the first sampled client), unbatched."""
+        inv = torch.as_tensor(inverse[0])
+        ts = time.perf_counter()
+        pu = {n: p.clone().requires_grad_(True) for n, p in self.user_params.items()}
+        u = functional_call(self.user_tower, pu, (*(x[0:1] for x in user_x), [m[0:1] for m in user_masks]))
+        if self.mode == "fl":
+            pv = {n: p.clone().requires_grad_(True) for n, p in self.item_params.items()}
+            v = functional_call(self.item_tower, pv, (*(x[inv] for x in item_x), [m[inv] for m in item_masks]))
+            params = list(pu.values()) + list(pv.values())
+        else:
+            v = torch.randn(len(inv), self.config.dim).requires_grad_(True)  # stands for the received embeddings
+            params = list(pu.values()) + [v]
+        loss = sampled_softmax_loss(u[0], v, torch.as_tensor(labels[0]), self.config.temperature)
+        torch.autograd.grad(loss, params)
+        return time.perf_counter() - ts
+
+    # -- evaluation, costs and checkpoints ----------------------------------------------------------
+    @torch.no_grad()
+    def item_embeddings(self) -> torch.Tensor:
+        """All ``M`` item embeddings, L2-normalised (what RS ships for inference)."""
+        if self._cache is None or self._cache[0] != self.round:
+            out = []
+            for lo in range(0, self.n_items, 1024):
+                rows = np.arange(lo, min(lo + 1024, self.n_items))
+                out.append(functional_call(self.item_tower, self.item_params, (*self._inputs("item", rows), None)))
+            e = torch.cat(out)
+            self._cache = (self.round, e / e.norm(dim=1, keepdim=True).clamp_min(1e-12))
+        return self._cache[1]
+
+    @torch.no_grad()
+    def user_embeddings(self, users: np.ndarray) -> torch.Tensor:
+        users = self.check_user(users)
+        u = functional_call(self.user_tower, self.user_params, (*self._inputs("user", users), None))
+        return u / u.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+    def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        u = self.user_embeddings(users)
+        return (self.item_embeddings()[torch.as_tensor(np.asarray(items))] * u.unsqueeze(1)).sum(-1).numpy()
+
+    def score_all(self, users: np.ndarray) -> np.ndarray:
+        return (self.user_embeddings(users) @ self.item_embeddings().T).numpy()
+
+    def cost_report(self) -> dict[str, Any]:
+        """Per-client training/inference bytes and device seconds (summary.json ``costs``)."""
+        cfg, m = self.config, self.n_items
+        ts = time.perf_counter()
+        if self.mode == "fl":  # the device runs the item tower over the raw data of all items
+            self._cache = None
+        emb = self.item_embeddings() if self.mode == "fl" else self.item_embeddings().clone()
+        u = self.user_embeddings(np.array([0]))
+        torch.topk(u @ emb.T, k=min(10, m))
+        infer_s = time.perf_counter() - ts
+        if self.mode == "split":  # only the ranking runs on the device
+            ts = time.perf_counter()
+            torch.topk(self.user_embeddings(np.array([0])) @ emb.T, k=min(10, m))
+            infer_s = time.perf_counter() - ts
+        infer_bytes = m * cfg.dim * 4 if self.mode == "split" else self.data.item_text_bytes
+        rounds = [r for r in self._device_seconds]
+        return {
+            "inference_bytes_per_client": int(infer_bytes),
+            "device_inference_seconds": float(infer_s),
+            "device_train_seconds_per_round": float(np.mean(rounds)) if rounds else 0.0,
+            "train_bytes_per_client_per_round": float(np.mean(self._train_bytes)) if self._train_bytes else 0.0,
+            "user_tower_params": int(self.n_user_params),
+            "item_tower_params": int(self.n_item_params),
+            "features": self.data.describe(),
+        }
+
+    def public_info(self) -> dict[str, Any]:
+        cfg = self.config
+        return {"protocol": "sttfedrec" if self.mode == "split" else "fl-twotower", "n_users": self.n_users,
+                "n_items": self.n_items, "clients": int(len(self._clients)), "request_size": cfg.request_size,
+                "n_pos": cfg.n_pos, "n_neg": cfg.n_neg, "config": asdict(cfg),
+                "item_popularity_public": False}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "user": {k: v.clone() for k, v in self.user_params.items()},
+            "item": {k: v.clone() for k, v in self.item_params.items()},
+            "user_opt": self.user_opt.state_dict(), "item_opt": self.item_opt.state_dict(),
+            "rng": self.rng.bit_generator.state, "dropout_gen": self.dropout_gen.get_state(),
+            "device_seconds": list(self._device_seconds), "train_bytes": list(self._train_bytes), "config": asdict(self.config), "mode": self.mode,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["config"] != asdict(self.config) or state["mode"] != self.mode:
+            raise ValueError("checkpoint was written with a different sttfedrec configuration or mode")
+        for mine, theirs in ((self.user_params, state["user"]), (self.item_params, state["item"])):
+            if set(mine) != set(theirs) or any(mine[k].shape != theirs[k].shape for k in mine):
+                raise ValueError("checkpoint towers do not match the configured towers")
+        self.round = int(state["round"])
+        self.user_params = {k: v.clone() for k, v in state["user"].items()}
+        self.item_params = {k: v.clone() for k, v in state["item"].items()}
+        self.user_opt.load_state_dict(state["user_opt"])
+        self.item_opt.load_state_dict(state["item_opt"])
+        self.rng.bit_generator.state = state["rng"]
+        self.dropout_gen.set_state(state["dropout_gen"])
+        self._device_seconds = [float(x) for x in state["device_seconds"]]
+        self._train_bytes = [float(x) for x in state["train_bytes"]]
+        self._cache = None
+
+
+def _build(ctx, mode: str) -> STTFedRec:
+    return STTFedRec(ctx.train, ctx.config, seed=ctx.seed, source=ctx.source, transport=ctx.transport,
+                     exclude=ctx.exclude, mode=mode)
+
+
+register(ProtocolSpec(
+    name="sttfedrec",
+    summary="STTFedRec: split two-tower (DSSM/CLSM); item tower on RS, user tower on SAS via the circular chain",
+    build=lambda ctx: _build(ctx, "split"), section="sttfedrec", config_cls=TwoTowerConfig,
+))
+register(ProtocolSpec(
+    name="fl-twotower",
+    summary="FL-DSSM/FL-CLSM: clients train both towers and upload plaintext gradients (STTFedRec's baseline)",
+    build=lambda ctx: _build(ctx, "fl"), section="sttfedrec", config_cls=TwoTowerConfig,
+))
+
+from protocols import twotower_central  # noqa: E402,F401  (registers centralized-twotower beside them)

@@ -1,0 +1,291 @@
+"""Features, requests and the configuration shared by STTFedRec, FL-DSSM/CLSM and the centralised towers.
+
+:func:`build_features` applies the feature rules of issue 10: item features are the letter
+trigrams of each item's title and genres (``recmodels.side.load_item_meta``); user features are
+the demographics where the dataset has them (``u.user``, ``users.dat``), otherwise the titles of
+the user's first ``user_clicks`` clicks, which are removed from that user's training positives
+(notes G17). The trigram vocabulary is built once from the public item texts and the public
+field values (:mod:`recmodels.trigram`).
+
+:func:`sample_requests` draws the obfuscated requests (notes G5/G6): ``n_neg = round(rho * T)``
+non-clicked items and ``n_pos = T - n_neg`` clicks per request, positives without replacement
+from the client's history (a client with fewer positives fills the rest with non-clicked items,
+so every request has exactly ``T`` ids), shuffled so the position reveals nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from recmodels.data import Interactions
+from recmodels.sampling import sample_train_negatives
+from recmodels.side import load_item_meta, load_user_demographics
+from recmodels.trigram import TrigramVocab, demographic_texts, first_click_features, item_texts, public_field_texts
+from recmodels.twotower import TOWERS
+
+__all__ = ["TwoTowerConfig", "TwoTowerData", "build_features", "sample_requests"]
+
+_USER_FEATURES = ("auto", "demographics", "clicks")
+_DECOYS = ("fresh", "fixed-pool")
+_ITEM_AGG = ("secagg+", "secagg", "chain", "none")
+
+
+@dataclass(frozen=True)
+class TwoTowerConfig:
+    """The ``[sttfedrec]`` section (shared by ``sttfedrec``, ``fl-twotower``, ``centralized-twotower``).
+
+    Attributes:
+        tower: ``"dssm"`` or ``"clsm"`` (both towers).
+        hash_dim: trigram input columns (the last one out-of-vocabulary).
+        max_words: words per text the CLSM convolution sees.
+        dim: embedding size k.
+        dropout, init_std: dropout rate and N(0, init_std) initialisation (paper: 0.2, 0.1).
+        clients_per_round: K.
+        request_size: T, ids per request (= local batch).
+        rho: fraction of non-clicked ids in a request (notes G5: ``n_neg = round(rho T)``).
+        temperature: softmax temperature over cosines (notes G15; 1 is the paper's).
+        lr, beta1, beta2, tau: FedAdam (or the centralised Adam-style step).
+        lr_decay, decay_every: ``lr *= lr_decay`` every ``decay_every`` rounds (notes G4).
+        user_features: ``"auto"`` (demographics if present, else clicks), ``"demographics"``, ``"clicks"``.
+        user_clicks: clicks used as the user feature under the click rule.
+        decoys: ``"fresh"`` (the paper: new random non-clicked ids per request) or ``"fixed-pool"``
+            (the defense against request intersection: a per-user, popularity-matched pool
+            drawn once, ``pool_factor`` times the history scaled by ``n_neg / n_pos``).
+        pool_factor: pool size multiplier of ``"fixed-pool"``.
+        item_aggregation: how the per-item-id gradients reach RS (notes G1): ``"secagg+"``,
+            ``"secagg"``, ``"chain"`` (sum only) or ``"none"`` (each client's rows in plaintext,
+            the naive fix that attack ``item-gradient`` exploits).
+        chain_successors: s of the circular chain carrying the user-tower gradients to SAS.
+        frac_bits, value_clip: fixed-point encoding of every secure sum.
+        batch_size: requests per step of the centralised trainer (``centralized-twotower``).
+    """
+
+    tower: str = "dssm"
+    hash_dim: int = 1024
+    max_words: int = 16
+    dim: int = 128
+    dropout: float = 0.2
+    init_std: float = 0.1
+    clients_per_round: int = 50
+    request_size: int = 10
+    rho: float = 0.9
+    temperature: float = 1.0
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+    lr_decay: float = 0.99
+    decay_every: int = 10
+    user_features: str = "auto"
+    user_clicks: int = 5
+    decoys: str = "fresh"
+    pool_factor: float = 1.0
+    item_aggregation: str = "secagg+"
+    chain_successors: int = 1
+    frac_bits: int = 24
+    value_clip: float = 64.0
+    batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        def bad(key: str, want: str) -> ValueError:
+            return ValueError(f"sttfedrec.{key} must be {want}; found {getattr(self, key)!r}")
+
+        if self.tower not in TOWERS:
+            raise bad("tower", f"one of {TOWERS}")
+        for key in ("hash_dim", "max_words", "dim", "clients_per_round", "request_size", "user_clicks",
+                    "decay_every", "chain_successors", "batch_size"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < (2 if key in ("hash_dim", "request_size") else 1):
+                raise bad(key, "a positive integer" + (" >= 2" if key in ("hash_dim", "request_size") else ""))
+        if not (0 <= self.dropout < 1):
+            raise bad("dropout", "in [0, 1)")
+        if not (0 <= self.rho < 1):
+            raise bad("rho", "in [0, 1) (a request needs at least one click)")
+        if self.request_size - round(self.rho * self.request_size) < 1:
+            raise bad("rho", "such that T - round(rho T) >= 1")
+        for key in ("init_std", "temperature", "lr", "tau", "pool_factor", "value_clip"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise bad(key, "a positive number")
+        for key in ("beta1", "beta2"):
+            if not (0 <= getattr(self, key) < 1):
+                raise bad(key, "in [0, 1)")
+        if not (0 < self.lr_decay <= 1):
+            raise bad("lr_decay", "in (0, 1]")
+        if self.user_features not in _USER_FEATURES:
+            raise bad("user_features", f"one of {_USER_FEATURES}")
+        if self.decoys not in _DECOYS:
+            raise bad("decoys", f"one of {_DECOYS}")
+        if self.item_aggregation not in _ITEM_AGG:
+            raise bad("item_aggregation", f"one of {_ITEM_AGG}")
+        if not (0 < self.frac_bits < 62):
+            raise bad("frac_bits", "in 1..61")
+
+    @property
+    def n_neg(self) -> int:
+        return int(round(self.rho * self.request_size))
+
+    @property
+    def n_pos(self) -> int:
+        return self.request_size - self.n_neg
+
+    def lr_at(self, round_: int) -> float:
+        """The learning rate of round ``round_`` (0-based) after step decay."""
+        return self.lr * self.lr_decay ** (round_ // self.decay_every)
+
+
+@dataclass
+class TwoTowerData:
+    """Everything the towers train on, built once from public item data and each user's own data.
+
+    Attributes:
+        train: training positives (the click-rule feature clicks removed).
+        never_negative: every pair never drawn as a non-clicked id (all training clicks, the
+            feature clicks, and the run's sub-threshold ratings).
+        vocab: the trigram vocabulary.
+        item_x, item_len: item features (CSR; per-word rows for CLSM) and word counts.
+        user_x, user_len: user features, likewise.
+        user_rule: ``"demographics"`` or ``"clicks"``.
+        feature_pairs: ``(user, item)`` moved from positives into features.
+        item_text_bytes: UTF-8 bytes of the raw item data (what FL baselines download to infer).
+    """
+
+    train: Interactions
+    never_negative: Interactions
+    vocab: TrigramVocab
+    item_x: sp.csr_matrix
+    item_len: np.ndarray | None
+    user_x: sp.csr_matrix
+    user_len: np.ndarray | None
+    user_rule: str
+    feature_pairs: np.ndarray
+    item_text_bytes: int
+
+    def describe(self) -> dict[str, Any]:
+        return {"user_features": self.user_rule, "feature_clicks_removed": int(len(self.feature_pairs)),
+                "vocabulary": len(self.vocab.trigrams), "hash_dim": self.vocab.hash_dim}
+
+
+def _concat(a: Interactions, users: np.ndarray, items: np.ndarray) -> Interactions:
+    return Interactions(
+        users=np.concatenate([a.users, users]), items=np.concatenate([a.items, items]),
+        ratings=np.ones(len(a) + len(users), np.float32), timestamps=np.zeros(len(a) + len(users), np.int64),
+        user_ids=a.user_ids, item_ids=a.item_ids, check_duplicates=False,
+    )
+
+
+def build_features(train: Interactions, source: str, config: TwoTowerConfig,
+                   exclude: Interactions | None = None) -> TwoTowerData:
+    """Apply the feature rules (module docstring) to ``train`` read from ``source``."""
+    meta = None if source == "synthetic" else load_item_meta(source, train.item_ids)
+    texts = item_texts(meta, train.item_ids)
+    vocab = TrigramVocab.build(texts + public_field_texts(), config.hash_dim)
+    demo = None
+    if config.user_features in ("auto", "demographics") and source != "synthetic":
+        demo = load_user_demographics(source, train.user_ids)
+    if config.user_features == "demographics" and demo is None:
+        raise ValueError(f"sttfedrec.user_features = 'demographics' but no u.user/users.dat lies beside {source}; "
+                         "use 'auto' or 'clicks'")
+    never = train if exclude is None else _concat(train, exclude.users, exclude.items)
+    if demo is not None:
+        user_texts, rest, pairs, rule = demographic_texts(demo), train, np.zeros((0, 2), np.int64), "demographics"
+    else:
+        user_texts, rest, pairs = first_click_features(train, texts, config.user_clicks)
+        rule = "clicks"
+    if config.tower == "dssm":
+        item_x, item_len = vocab.bag(texts), None
+        user_x, user_len = vocab.bag(user_texts), None
+    else:
+        item_x, item_len = vocab.words(texts, config.max_words)
+        user_x, user_len = vocab.words(user_texts, config.max_words)
+    return TwoTowerData(rest, never, vocab, item_x, item_len, user_x, user_len, rule, pairs,
+                        sum(len(t.encode()) for t in texts))
+
+
+def positive_lists(train: Interactions) -> tuple[np.ndarray, np.ndarray]:
+    """``(items sorted by user, start offsets [n_users + 1])``."""
+    order = np.argsort(train.users, kind="stable")
+    start = np.concatenate([[0], np.cumsum(np.bincount(train.users, minlength=train.n_users))])
+    return train.items[order], start
+
+
+def _top_per_group(group: np.ndarray, n_groups: int, take: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Indices of a uniformly random ``take[g]`` members of each group (``group`` sorted)."""
+    keys = rng.random(len(group))
+    order = np.lexsort((keys, group))
+    start = np.searchsorted(group[order], np.arange(n_groups))
+    rank = np.arange(len(group)) - start[group[order]]
+    return order[rank < take[group[order]]]
+
+
+def sample_requests(users: np.ndarray, pos_items: np.ndarray, pos_start: np.ndarray, n_pos: int, n_neg: int,
+                    never: Interactions, rng: np.random.Generator,
+                    pool: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Obfuscated requests ``[len(users), T]`` and their click labels (module docstring).
+
+    ``pool = (items sorted by user, offsets)`` draws the non-clicked ids from each user's fixed
+    decoy pool instead of fresh from the catalogue.
+    """
+    k, T = len(users), n_pos + n_neg
+    counts = pos_start[users + 1] - pos_start[users]
+    slot = np.repeat(np.arange(k), counts)
+    flat = np.concatenate([pos_items[pos_start[u]:pos_start[u + 1]] for u in users]) if k else np.zeros(0, np.int64)
+    take = np.minimum(counts, n_pos)
+    chosen = _top_per_group(slot, k, take, rng)
+    chosen = chosen[np.lexsort((np.arange(len(chosen)), slot[chosen]))]
+    need = T - take  # non-clicked ids per request
+    if pool is None:
+        sub = Interactions(users=users.astype(np.int64), items=pos_items[pos_start[users]].astype(np.int64),
+                           ratings=np.ones(k, np.float32), timestamps=np.zeros(k, np.int64),
+                           user_ids=never.user_ids, item_ids=never.item_ids, check_duplicates=False)
+        _, neg = sample_train_negatives(sub, n_neg=int(need.max(initial=0)), rng=rng, exclude=never)
+        neg = neg.reshape(k, -1)
+        neg_flat = neg[np.arange(neg.shape[1])[None, :] < need[:, None]]
+    else:
+        p_items, p_start = pool
+        pc = p_start[users + 1] - p_start[users]
+        pslot = np.repeat(np.arange(k), pc)
+        pflat = np.concatenate([p_items[p_start[u]:p_start[u + 1]] for u in users])
+        if np.any(pc < need):
+            raise ValueError("a decoy pool is smaller than the non-clicked ids a request needs; raise sttfedrec.pool_factor")
+        pick = _top_per_group(pslot, k, need, rng)
+        pick = pick[np.lexsort((np.arange(len(pick)), pslot[pick]))]
+        neg_flat = pflat[pick]
+    ids = np.empty((k, T), np.int64)
+    labels = np.zeros((k, T), np.float32)
+    pos_mask = np.arange(T)[None, :] < take[:, None]
+    ids[pos_mask] = flat[chosen]
+    ids[~pos_mask] = neg_flat
+    labels[pos_mask] = 1.0
+    perm = np.argsort(rng.random((k, T)), axis=1)
+    return np.take_along_axis(ids, perm, 1), np.take_along_axis(labels, perm, 1)
+
+
+def decoy_pools(train: Interactions, never: Interactions, n_pos: int, n_neg: int, factor: float,
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Each user's fixed, popularity-matched decoy pool (the request-intersection defense).
+
+    Pool size ``ceil(factor * |history| * n_neg / n_pos)`` (at least ``T``), so that a decoy
+    recurs across requests as often as a click does; decoys are drawn without replacement with
+    probability proportional to the item's training popularity (plus one) among the items the
+    user never interacted with, so the pool looks like the clicks to a popularity prior.
+    """
+    pop = np.bincount(train.items, minlength=train.n_items).astype(np.float64) + 1.0
+    hist = np.bincount(train.users, minlength=train.n_users)
+    size = np.maximum(np.ceil(factor * hist * n_neg / n_pos).astype(np.int64), n_pos + n_neg)  # a short history fills up
+    size[hist == 0] = 0
+    seen = sp.csr_matrix((np.ones(len(never)), (never.users, never.items)), shape=(never.n_users, never.n_items))
+    items, start = [], [0]
+    gumbel = -np.log(-np.log(rng.random((train.n_users, train.n_items))))  # Gumbel top-k: weighted, no replacement
+    keys = np.log(pop)[None, :] + gumbel
+    keys[seen.nonzero()] = -np.inf
+    for u in range(train.n_users):
+        s = int(min(size[u], np.isfinite(keys[u]).sum()))
+        top = np.argpartition(-keys[u], s - 1)[:s] if s else np.zeros(0, np.int64)
+        items.append(np.sort(top))
+        start.append(start[-1] + s)
+    return np.concatenate(items).astype(np.int64), np.asarray(start, np.int64)

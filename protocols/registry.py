@@ -40,6 +40,7 @@ PROTOCOL_MODULES: tuple[str, ...] = (
     "protocols.baselines",
     "protocols.fedavg",
     "protocols.fedmf",
+    "protocols.fedfast",
 )
 
 TASKS = ("ranking", "rating")

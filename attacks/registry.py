@@ -27,7 +27,7 @@ from typing import Any
 __all__ = ["ATTACK_MODULES", "AttackSpec", "all_attacks", "attacks_for", "get_attack", "register_attack"]
 
 #: Modules that register attacks, imported on the first lookup.
-ATTACK_MODULES: tuple[str, ...] = ("attacks.fedmf",)
+ATTACK_MODULES: tuple[str, ...] = ("attacks.fedmf", "attacks.fedfast")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ SWEEP_EPSILONS = (1.0, 10.0, 100.0, 1000.0)
 
 #: Modules under ``experiments`` that add one ``secagg attack <protocol>`` sub-command each
 #: (``register(subparsers)``), listed explicitly; ``fedmf`` is defined in this module.
-PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = ()
+PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = ("attack_fedfast",)
 
 
 class TrainingFailed(UserError):

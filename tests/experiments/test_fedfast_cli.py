@@ -66,3 +66,26 @@ def test_attack_user_errors_exit_2(capsys):
     assert main(["attack", "fedfast", "--clients-per-round", "0", "--users", "10", "--items", "20"]) == 2
     err = capsys.readouterr().err
     assert "--rounds" in err and "--clients-per-round" in err and "Traceback" not in err
+
+
+def _fake_run(path, values):
+    path.mkdir()
+    lines = [json.dumps({"round": r, "loss": 0.5}) for r in range(1, 3)]
+    lines += [json.dumps({"round": r, "HR@10": v, "loss": 0.1}) for r, v in values]
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_compare_reports_rounds_to_the_first_runs_best(tmp_path, capsys):
+    _fake_run(tmp_path / "fedavg", [(10, 0.3), (20, 0.5), (30, 0.45)])
+    _fake_run(tmp_path / "fast", [(10, 0.52), (20, 0.6)])
+    _fake_run(tmp_path / "slow", [(10, 0.1), (20, 0.2)])
+    png = tmp_path / "c.png"
+    out = _json(capsys, ["compare", *(str(tmp_path / n) for n in ("fedavg", "fast", "slow")), "--png", str(png), "--json"])
+    assert out["target"] == 0.5 and png.stat().st_size > 0
+    got = {r["run"].rsplit("/", 1)[-1]: r for r in out["runs"]}
+    assert got["fedavg"]["rounds_to_target"] == 20 and got["fedavg"]["final"] == 0.45
+    assert got["fast"]["rounds_to_target"] == 10 and got["fast"]["best_round"] == 20
+    assert got["slow"]["rounds_to_target"] is None
+    assert main(["compare", str(tmp_path / "fast"), "--metric", "NDCG@10"]) == 2
+    assert main(["compare", str(tmp_path / "missing")]) == 2
+    assert "Traceback" not in capsys.readouterr().err

@@ -337,6 +337,7 @@ class FedFastGMF(FedAvgGMF):
     def run_round(self) -> RoundStats:
         """ActvSAMP, local training (FedAvg's), ActvAGG or FedAvg, re-clustering, propagation."""
         cfg, t = self.config, self.round
+        start = time.perf_counter()
         cluster_s, cluster_bytes = 0.0, 0.0
         if cfg.clustered and t == 0 and self.assign[self._clients[0]] < 0:
             t0 = time.perf_counter()
@@ -349,7 +350,9 @@ class FedFastGMF(FedAvgGMF):
             load = self.load[self._clients] if cfg.without_replacement else None
             sampled = self._clients[round_robin_sample(self.assign[self._clients], m, self.rng, load)]
         self.load[sampled] += 1
+        t_train = time.perf_counter()
         lr_ = self._local_round(sampled)
+        t_train = time.perf_counter() - t_train
         P, dQ, dH, dB, weight = lr_.P, lr_.dQ, lr_.dH, lr_.dB, lr_.weight
         pair_slot, pair_item, loss, examples = lr_.pair_slot, lr_.pair_item, lr_.loss, lr_.examples
         dP = P - self.user[torch.as_tensor(sampled)]
@@ -372,9 +375,13 @@ class FedFastGMF(FedAvgGMF):
                 "profile statistics" if not secure else
                 f"sums through {cfg.secure_aggregation} (no DP noise): ActvAGG numerators/denominators, output "
                 "layer, per-cluster k-means and delegate-change sums and counts")
+        total = time.perf_counter() - start
         return RoundStats(
             round=t, loss=loss / max(examples, 1), clients=m,
             bytes_per_client=self.model_bytes + upload_bytes,
+            # the batched local training of all m clients, as a mean per client; the rest is the server's
+            # (aggregation, clustering) and the secure-aggregation protocol's
+            seconds={"round": total, "client": t_train / max(m, 1), "server": total - t_train},
             extra={"examples": examples, "cluster_seconds": cluster_s, "cluster_bytes_per_client": cluster_bytes,
                    "clusters_used": int(len(np.unique(self.assign[self._clients]))) if cfg.clustered else 0},
             releases=(Release(NonPrivate(), who="clients", what=what, params={"clients": m}),),
@@ -440,6 +447,7 @@ class FedFastGMF(FedAvgGMF):
     def public_info(self) -> dict[str, Any]:
         info = super().public_info()
         info["protocol"] = "fedfast"
+        info["mean_positives"] = float(self._pos_start[-1] / max(len(self._clients), 1))
         return info
 
     def state_dict(self) -> dict[str, Any]:

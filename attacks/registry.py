@@ -32,6 +32,7 @@ ATTACK_MODULES: tuple[str, ...] = (
     "attacks.lightfr",
     "attacks.fedcl",
     "attacks.sttfedrec",
+    "attacks.fedfast",
 )
 
 

@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cmd_bench",
     "cmd_privacy",
     "cmd_attack",
+    "cmd_compare",
 )
 
 

@@ -35,6 +35,7 @@ PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = (
     "attack_lightfr",
     "attack_fedcl",
     "attack_sttfedrec",
+    "attack_fedfast",
 )
 
 

@@ -57,7 +57,7 @@ from secagg.encoding import check_budget
 from secagg.params import check_fraction
 from secagg.params import choose as choose_secagg_plus
 
-__all__ = ["FedAvgConfig", "FedAvgGMF", "ClientUpdate", "RoundStats"]
+__all__ = ["FedAvgConfig", "FedAvgGMF", "ClientUpdate", "LocalRound", "RoundStats"]
 
 _AGGREGATIONS = ("mean", "touched", "sum")
 _OPTIMIZERS = ("adam", "sgd")
@@ -183,6 +183,30 @@ class ClientUpdate:
         return out
 
 
+@dataclass
+class LocalRound:
+    """The sampled clients' local training in one round (slot ``c`` is ``sampled[c]``).
+
+    Attributes:
+        P: ``[m, dim]`` the clients' new user embeddings.
+        pair_slot, pair_item: one row per (client slot, touched item), sorted by slot.
+        dQ: ``[pairs, dim]`` each client's change of each item row it touched.
+        dH, dB: ``[m, dim]``, ``[m]`` the output-layer changes.
+        weight: ``[m]`` ``n_k``, the client's example count.
+        loss, examples: summed training loss and example count.
+    """
+
+    P: torch.Tensor
+    pair_slot: np.ndarray
+    pair_item: np.ndarray
+    dQ: torch.Tensor
+    dH: torch.Tensor
+    dB: torch.Tensor
+    weight: torch.Tensor
+    loss: float
+    examples: int
+
+
 class _LazyAdam:
     """Row-wise lazy Adam (or SGD) over a 2-D tensor: rows move only when they get a gradient.
 
@@ -222,6 +246,8 @@ class _LazyAdam:
 class FedAvgGMF:
     """FedAvg over GMF with batched client simulation (see the module docstring).
 
+    ``upload_cls`` is the payload type of a plaintext upload in the transcript.
+
     Args:
         train: training interactions (implicit; every row a positive).
         config: hyper-parameters.
@@ -233,6 +259,8 @@ class FedAvgGMF:
         clients: restrict the client pool to these user indices (e.g. one FEL cluster); default:
             every user with training data.
     """
+
+    upload_cls: type[ClientUpdate] = ClientUpdate
 
     def __init__(
         self, train: Interactions, config: FedAvgConfig, *, seed: int, transport: InProcessTransport | None = None,
@@ -280,26 +308,13 @@ class FedAvgGMF:
         t_start = time.perf_counter()
         sampled = self._sample_clients()
         m = len(sampled)
-        for u in sampled:
-            self.transport.send(SERVER, client(u), t, "model", None, self.model_bytes)
-
-        counts, epochs = self._local_data(sampled)
-        # Each client's private copy of every item row it touches this round: one row per
-        # (client slot, item) pair, so that clients never share a parameter.
-        keys = np.concatenate([e[0] for e in epochs]) * self.train.n_items + np.concatenate([e[1] for e in epochs])
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        pair_slot, pair_item = uniq // self.train.n_items, uniq % self.train.n_items
-        P, Q, H, B, loss, examples = self._train_locally(sampled, epochs, pair_slot, pair_item, torch.as_tensor(inverse))
+        lr_ = self._local_round(sampled)
         t_local = time.perf_counter()
         self._secagg_seconds = 0.0  # mean seconds of a client's secure-aggregation work (set by _secure_sums)
-
-        # Uploads: the dense change of (Q, h, b) per client, weighted by its example count.
-        weight = torch.as_tensor(counts * (1 + cfg.train_negatives) * cfg.local_epochs, dtype=torch.float32)
-        dQ = Q - self.item[torch.as_tensor(pair_item)]
-        dH = H - self.h
-        dB = B.squeeze(1) - self.b
-        upload_bytes, releases, extra = self._aggregate(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
-        self.user[torch.as_tensor(sampled)] = P  # stays on the clients
+        upload_bytes, releases, extra = self._aggregate(
+            t, sampled, lr_.pair_slot, lr_.pair_item, lr_.dQ, lr_.dH, lr_.dB, lr_.weight
+        )
+        self.user[torch.as_tensor(sampled)] = lr_.P  # stays on the clients
         t_end = time.perf_counter()
         # Local training is simulated batched across the clients: its wall time is shared evenly.
         # The aggregation window also ran every client's secure-aggregation work, sequentially.
@@ -312,11 +327,11 @@ class FedAvgGMF:
         self.round += 1
         return RoundStats(
             round=t,
-            loss=loss / max(examples, 1),
+            loss=lr_.loss / max(lr_.examples, 1),
             clients=m,
             bytes_per_client=self.model_bytes + upload_bytes,
             seconds=seconds,
-            extra={"examples": examples, **extra},
+            extra={"examples": lr_.examples, **extra},
             releases=releases,
         )
 
@@ -341,6 +356,25 @@ class FedAvgGMF:
         what = "item/output-layer updates, each in plaintext" if cfg.secure_aggregation == "none" else (
             f"the sum of item/output-layer updates through {cfg.secure_aggregation} (no DP noise)")
         return upload_bytes, (Release(NonPrivate(), who="clients", what=what, params={"clients": m}),), {}
+
+    def _local_round(self, sampled: np.ndarray) -> LocalRound:
+        """Send the model to the ``sampled`` clients and train them all locally (batched)."""
+        cfg, t = self.config, self.round
+        for u in sampled:
+            self.transport.send(SERVER, client(u), t, "model", None, self.model_bytes)
+        counts, epochs = self._local_data(sampled)
+        # Each client's private copy of every item row it touches this round: one row per
+        # (client slot, item) pair, so that clients never share a parameter.
+        keys = np.concatenate([e[0] for e in epochs]) * self.train.n_items + np.concatenate([e[1] for e in epochs])
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        pair_slot, pair_item = uniq // self.train.n_items, uniq % self.train.n_items
+        P, Q, H, B, loss, examples = self._train_locally(sampled, epochs, pair_slot, pair_item, torch.as_tensor(inverse))
+        # Uploads: the dense change of (Q, h, b) per client, weighted by its example count.
+        weight = torch.as_tensor(counts * (1 + cfg.train_negatives) * cfg.local_epochs, dtype=torch.float32)
+        return LocalRound(
+            P=P, pair_slot=pair_slot, pair_item=pair_item, dQ=Q - self.item[torch.as_tensor(pair_item)],
+            dH=H - self.h, dB=B.squeeze(1) - self.b, weight=weight, loss=loss, examples=examples,
+        )
 
     def _local_data(self, sampled: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
         """Positive counts and, per local epoch, ``(slot, item, label)`` of every example.
@@ -512,22 +546,29 @@ class FedAvgGMF:
         opts[1].step(uniq, acc, client_steps[pair_slot[uniq]])
         return float(loss.sum())
 
-    def _send_updates(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight) -> None:
+    def _send_updates(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight, user=None) -> None:
+        """Record every client's plaintext upload (an :attr:`upload_cls`).
+
+        ``user`` (``[m, dim]``): the clients' new ``p_u``, for subclasses whose server receives it
+        (their ``upload_cls`` has a ``user_embedding`` field); FedAvg never sends it.
+        """
         keep = self.transport.transcript.keep_payloads
+        extra = 0 if user is None else 4 * self.config.dim
         bounds = np.searchsorted(pair_slot, np.arange(len(sampled) + 1))
         for c, u in enumerate(sampled):
             payload = None
             if keep:
                 lo, hi = bounds[c], bounds[c + 1]
-                payload = ClientUpdate(
+                payload = self.upload_cls(
                     user=int(u),
                     rows=pair_item[lo:hi].copy(),
                     item_delta=dQ[lo:hi].numpy().copy(),
                     h_delta=dH[c].numpy().copy(),
                     b_delta=float(dB[c]),
                     weight=float(weight[c]),
+                    **({} if user is None else {"user_embedding": user[c].numpy().copy()}),
                 )
-            self.transport.send(client(u), SERVER, t, "update", payload, self.model_bytes + 4)
+            self.transport.send(client(u), SERVER, t, "update", payload, self.model_bytes + 4 + extra)
 
     # -- evaluation and checkpoints ------------------------------------------------------------
     @torch.no_grad()

@@ -44,6 +44,7 @@ PROTOCOL_MODULES: tuple[str, ...] = (
     "protocols.fedcl",
     "protocols.fel",
     "protocols.sttfedrec",
+    "protocols.fedfast",
 )
 
 TASKS = ("ranking", "rating")

@@ -1,0 +1,91 @@
+"""``secagg run`` with the FedFast presets and ``secagg attack fedfast``: JSON contracts, resume, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.cli import main
+
+TINY = """
+[run]
+rounds = {rounds}
+eval_every = 1
+[data]
+synthetic_users = 40
+synthetic_items = 60
+synthetic_mean_interactions = 8
+[eval]
+negatives = 20
+full_ranking = false
+[fedfast]
+dim = 6
+clients_per_round = 6
+clusters = 3
+kmeans_init_iters = 2
+"""
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("preset", ["fedfast", "fedfast-sampling-only", "fedfast-aggregation-only", "fedfast-fedavg",
+                                    "fedfast-secagg"])
+def test_presets_run(tmp_path, capsys, preset):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY.format(rounds=2))
+    out = _json(capsys, ["run", preset, "--config", str(cfg), "--out", str(tmp_path / "r"), "--json", "--quiet"])
+    assert out["preset"] == preset and 0 <= out["metrics"]["HR@10"] <= 1
+
+
+def test_resume_continues_to_the_same_result(tmp_path, capsys):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY.format(rounds=3))
+    whole = _json(capsys, ["run", "fedfast", "--config", str(cfg), "--out", str(tmp_path / "w"), "--json", "--quiet"])
+    assert main(["run", "fedfast", "--config", str(cfg), "--rounds", "1", "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    capsys.readouterr()
+    resumed = _json(capsys, ["run", "--resume", str(tmp_path / "p"), "--rounds", "3", "--json", "--quiet"])
+    assert resumed["metrics"] == whole["metrics"]
+
+
+def test_attack_json_contract_both_defenses(capsys):
+    tiny = ["attack", "fedfast", "--users", "20", "--items", "40", "--rounds", "1", "--clients-per-round", "8",
+            "--clusters", "3", "--json"]
+    plain = _json(capsys, tiny)["attack"]
+    assert set(plain) >= {"f1", "precision", "recall", "random_f1", "status", "changed_set_f1", "magnitude_f1"}
+    assert plain["status"] == "ok" and plain["f1"] > 0.9 > plain["random_f1"]
+    masked = _json(capsys, [*tiny, "--defense", "secagg"])["attack"]
+    assert "masked" in masked["status"] and masked["changed_set_f1"] is None
+
+
+def test_attack_user_errors_exit_2(capsys):
+    assert main(["attack", "fedfast", "--rounds", "0"]) == 2
+    assert main(["attack", "fedfast", "--clients-per-round", "0", "--users", "10", "--items", "20"]) == 2
+    err = capsys.readouterr().err
+    assert "--rounds" in err and "--clients-per-round" in err and "Traceback" not in err
+
+
+def _fake_run(path, values):
+    path.mkdir()
+    lines = [json.dumps({"round": r, "loss": 0.5}) for r in range(1, 3)]
+    lines += [json.dumps({"round": r, "HR@10": v, "loss": 0.1}) for r, v in values]
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_compare_reports_rounds_to_the_first_runs_best(tmp_path, capsys):
+    _fake_run(tmp_path / "fedavg", [(10, 0.3), (20, 0.5), (30, 0.45)])
+    _fake_run(tmp_path / "fast", [(10, 0.52), (20, 0.6)])
+    _fake_run(tmp_path / "slow", [(10, 0.1), (20, 0.2)])
+    png = tmp_path / "c.png"
+    out = _json(capsys, ["compare", *(str(tmp_path / n) for n in ("fedavg", "fast", "slow")), "--png", str(png), "--json"])
+    assert out["target"] == 0.5 and png.stat().st_size > 0
+    got = {r["run"].rsplit("/", 1)[-1]: r for r in out["runs"]}
+    assert got["fedavg"]["rounds_to_target"] == 20 and got["fedavg"]["final"] == 0.45
+    assert got["fast"]["rounds_to_target"] == 10 and got["fast"]["best_round"] == 20
+    assert got["slow"]["rounds_to_target"] is None
+    assert main(["compare", str(tmp_path / "fast"), "--metric", "NDCG@10"]) == 2
+    assert main(["compare", str(tmp_path / "missing")]) == 2
+    assert "Traceback" not in capsys.readouterr().err

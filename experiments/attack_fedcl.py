@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
 __all__ = ["SWEEP_EPSILONS", "SWEEP_UPLOADS", "register", "run_fedcl_attack"]
@@ -49,32 +50,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=10, help="items guessed per user (default 10)")
     p.add_argument("--rounds", type=int, default=16, help="training rounds, every client in every round (default 16)")
     p.add_argument("--encoder", choices=("gru", "id"), default="gru")
-    p.add_argument("--data", type=Path, default=None, help="ratings file or folder (default: synthetic)")
-    p.add_argument("--users", type=int, default=150, help="synthetic users (default 150)")
-    p.add_argument("--items", type=int, default=200, help="synthetic items (default 200)")
+    add_data_arguments(p, users=150, items=200)
     p.add_argument("--dim", type=int, default=32, help="embedding size (default 32)")
     p.add_argument("--lr", type=float, default=0.02, help="server Adam learning rate (default 0.02)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--sweep", type=Path, default=None, metavar="OUT_DIR", help="epsilon x uploads sweep; CSV, Markdown, PNG")
     p.set_defaults(func=_main)
 
 
 def _split(args: argparse.Namespace) -> Any:
-    from recmodels.data import filter_min_interactions
     from recmodels.splits import leave_one_out
-    from recmodels.synthetic import generate_synthetic
 
-    if args.data is None:
-        if args.users < 2 or args.items < 6:
-            raise UserError(f"--users must be >= 2 and --items >= 6; found {args.users}, {args.items}.")
-        data = generate_synthetic(n_users=args.users, n_items=args.items, mean_interactions=max(3, min(20, args.items // 8)),
-                                  seed=args.seed)
-    else:
-        from recmodels.loaders import load_interactions
-
-        data = filter_min_interactions(load_interactions(args.data), min_user=2)
-    return leave_one_out(data, seed=args.seed)
+    return leave_one_out(load_attack_data(args, items_per_interaction=8), seed=args.seed)
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from experiments.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
 __all__ = ["register", "run_attack"]
@@ -36,30 +36,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--defense", choices=("none", "secagg"), default="none",
                    help="none: plaintext FedFast; secagg: fedfast-secagg (SecAgg+)")
-    p.add_argument("--data", type=Path, default=None, help="ratings file or folder (default: synthetic)")
-    p.add_argument("--users", type=int, default=100, help="synthetic users (default 100)")
-    p.add_argument("--items", type=int, default=200, help="synthetic items (default 200)")
+    add_data_arguments(p, users=100, items=200)
     p.add_argument("--rounds", type=int, default=3, help="training rounds attacked (default 3)")
     p.add_argument("--clients-per-round", type=int, default=20, help="delegates per round (default 20)")
     p.add_argument("--clusters", type=int, default=5, help="k-means clusters p (default 5)")
     p.add_argument("--dim", type=int, default=10, help="embedding size (default 10)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=_main)
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from recmodels.data import filter_min_interactions
-    from recmodels.synthetic import generate_synthetic
-
-    if args.data is None:
-        if args.users < 4 or args.items < 10:
-            raise UserError(f"--users must be >= 4 and --items >= 10; found {args.users}, {args.items}.")
-        return generate_synthetic(n_users=args.users, n_items=args.items, dim=8,
-                                  mean_interactions=max(3, min(20, args.items // 8)), seed=args.seed)
-    from recmodels.loaders import load_interactions
-
-    return filter_min_interactions(load_interactions(args.data), min_user=2)
+    return load_attack_data(args, min_users=4, min_items=10, items_per_interaction=8)
 
 
 def run_attack(args: argparse.Namespace, data: Any) -> dict[str, Any]:

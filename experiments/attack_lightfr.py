@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from experiments.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
 __all__ = ["register", "run_attack"]
@@ -34,28 +34,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "score code, rated set and ratings beside random guessing.",
     )
     p.add_argument("--defense", choices=tuple(DEFENSES), default="none")
-    p.add_argument("--data", type=Path, default=None, help="ratings file or folder (default: synthetic)")
-    p.add_argument("--users", type=int, default=100, help="synthetic users (default 100)")
-    p.add_argument("--items", type=int, default=200, help="synthetic items (default 200)")
+    add_data_arguments(p, users=100, items=200)
     p.add_argument("--bits", type=int, default=64, help="code length f (default 64)")
     p.add_argument("--fraction", type=float, default=0.6, help="clients per round p (default 0.6)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=_main)
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from recmodels.data import filter_min_interactions
-    from recmodels.synthetic import generate_synthetic
-
-    if args.data is None:
-        if args.users < 2 or args.items < 6:
-            raise UserError(f"--users must be >= 2 and --items >= 6; found {args.users}, {args.items}.")
-        return generate_synthetic(n_users=args.users, n_items=args.items, dim=8,
-                                  mean_interactions=max(3, min(20, args.items // 4)), seed=args.seed)
-    from recmodels.loaders import load_interactions
-
-    return filter_min_interactions(load_interactions(args.data), min_user=2)
+    return load_attack_data(args)
 
 
 def run_attack(args: argparse.Namespace, data: Any, defense: str) -> dict[str, Any]:

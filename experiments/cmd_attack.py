@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
 __all__ = ["TrainingFailed", "register", "run_attack"]
@@ -57,15 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--variant", choices=("full", "part"), default="full")
     p.add_argument("--epsilon", type=float, default=1.0, help="LDP epsilon per upload (--defense ldp; default 1)")
     p.add_argument("--ldp-clip", type=float, default=1.0, help="L1 clip of one upload before Laplace noise (default 1)")
-    p.add_argument("--data", type=Path, default=None, help="ratings file or folder (default: synthetic)")
-    p.add_argument("--users", type=int, default=100, help="synthetic users (default 100)")
-    p.add_argument("--items", type=int, default=200, help="synthetic items (default 200)")
+    add_data_arguments(p, users=100, items=200)
     p.add_argument("--factors", type=int, default=16, help="latent factors (default 16)")
     p.add_argument("--rounds", type=int, default=8, help="training rounds (default 8)")
     p.add_argument("--user-update", choices=("sequential", "batch"), default="sequential",
                    help="FedMF's item-by-item update (one-round attack) or batch (two-round attack)")
     p.add_argument("--key-bits", type=int, default=2048, help="Paillier key bits (default 2048; 1024 warns)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--sweep", type=Path, default=None, metavar="OUT_DIR",
                    help="run all defenses (LDP at several epsilons); write CSV, Markdown and PNG")
@@ -76,18 +74,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from recmodels.data import filter_min_interactions
-    from recmodels.synthetic import generate_synthetic
-
-    if args.data is None:
-        for name in ("users", "items", "factors"):
-            if getattr(args, name) < (6 if name == "items" else 2 if name == "users" else 1):
-                raise UserError(f"--{name} is too small: {getattr(args, name)}.")
-        return generate_synthetic(n_users=args.users, n_items=args.items, dim=args.factors,
-                                  mean_interactions=max(3, min(20, args.items // 4)), seed=args.seed)
-    from recmodels.loaders import load_interactions
-
-    return filter_min_interactions(load_interactions(args.data), min_user=2)
+    if args.factors < 1:
+        raise UserError(f"--factors is too small: {args.factors}.")
+    return load_attack_data(args, dim=args.factors)
 
 
 #: delta at which the LDP uploads' composed epsilon is reported.

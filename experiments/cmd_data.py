@@ -118,10 +118,10 @@ def _cmd_download(args: argparse.Namespace) -> int:
 def _cmd_info(args: argparse.Namespace) -> int:
     from recmodels.data import interaction_stats
     from recmodels.loaders import load_with_format
-    from recmodels.sniff import parse_columns
+    from recmodels.sniff import parse_columns, parse_sep
 
     columns = parse_columns(args.columns) if args.columns is not None else None
-    sep = "\t" if args.sep in ("\\t", "tab") else args.sep
+    sep = parse_sep(args.sep) if args.sep is not None else None
     data, layout = load_with_format(args.path, fmt=args.fmt, columns=columns, sep=sep)
     stats = interaction_stats(data)
     stats["format"] = layout.as_dict()

@@ -81,7 +81,9 @@ def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
     if args.format:
         overrides.setdefault("data", {})["format"] = args.format
     if args.sep is not None:
-        overrides.setdefault("data", {})["sep"] = "\t" if args.sep in ("\\t", "tab") else args.sep
+        from recmodels.sniff import parse_sep
+
+        overrides.setdefault("data", {})["sep"] = parse_sep(args.sep)
     if args.columns is not None:
         from recmodels.sniff import parse_columns
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "parse_sep",
     "ROLES",
     "DataFormat",
     "detect_format",
@@ -215,6 +216,11 @@ def _role_of(name: str) -> str | None:
         if key in aliases:
             return role
     return None
+
+
+def parse_sep(text: str) -> str:
+    """A ``--sep`` value as typed on a command line: ``\\t`` or ``tab`` mean a tab character."""
+    return "\t" if text in ("\\t", "tab") else text
 
 
 def parse_columns(text: str) -> dict[str, str | int | None]:

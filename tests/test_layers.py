@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("secagg", "dp", "recmodels", "protocols", "attacks", "experiments")
+PACKAGES = ("secagg", "dp", "recmodels", "protocols", "attacks", "fedflower", "experiments")
 #: What each package may import from the project.
 ALLOWED = {
     "secagg": {"secagg"},
@@ -16,10 +16,18 @@ ALLOWED = {
     "recmodels": {"recmodels"},
     "protocols": {"protocols", "secagg", "dp", "recmodels"},
     "attacks": {"attacks", "protocols", "secagg", "dp", "recmodels"},
+    "fedflower": {"fedflower", "protocols", "secagg", "dp", "recmodels"},
     "experiments": set(PACKAGES),
 }
-#: Third-party modules a package must never import (secagg and the dp core stay torch-free).
-FORBIDDEN_THIRD_PARTY = {"secagg": {"torch"}, "dp": {"torch"}}
+#: Third-party modules a package must never import (secagg and the dp core stay torch-free; Flower is an
+#: optional extra that only fedflower imports, and experiments only lazily, see test_cli_works_without_flower).
+FORBIDDEN_THIRD_PARTY = {
+    "secagg": {"torch", "flwr"},
+    "dp": {"torch", "flwr"},
+    "recmodels": {"flwr"},
+    "protocols": {"flwr"},
+    "attacks": {"flwr"},
+}
 
 
 def project_imports(path: Path) -> list[tuple[int, str]]:
@@ -59,3 +67,19 @@ def test_checker_catches_an_upward_import(tmp_path):
     pkg.mkdir()
     (pkg / "bad.py").write_text("import numpy\nfrom protocols.fedavg import FedAvgGMF\nimport torch\n")
     assert violations("secagg", tmp_path) == ["secagg/bad.py:2 imports protocols", "secagg/bad.py:3 imports torch"]
+
+
+def test_cli_works_without_flower():
+    """The core and the `secagg` command import without flwr (Flower is an optional extra)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['flwr'] = None\n"
+        "import secagg, dp, recmodels, protocols, attacks, experiments.cli\n"
+        "from protocols.registry import all_protocols; all_protocols()\n"
+        "from attacks.registry import all_attacks; all_attacks()\n"
+        "assert 'flwr' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr

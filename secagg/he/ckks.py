@@ -56,6 +56,7 @@ from secagg.he.errors import (
     PlaintextOverflowError,
     ShapeMismatchError,
 )
+from secagg.he.isolate import probe_context
 
 __all__ = [
     "CKKSCiphertext",
@@ -226,7 +227,9 @@ class CKKSContext:
         sizes = tuple(data[13 : 13 + k])
         try:
             params = CKKSParams(n, sizes, scale_bits)
-            ctx = ts.context_from(bytes(data[13 + k :]))
+            body = bytes(data[13 + k :])
+            probe_context(body, params.scale_bits)  # crafted bytes can crash TenSEAL: parse in a child first (secagg.he.isolate)
+            ctx = ts.context_from(body)
         except (HEError, ValueError, RuntimeError, TypeError) as exc:
             raise CiphertextError(f"cannot load CKKS context: {exc}") from None
         ctx.global_scale = 2.0**params.scale_bits

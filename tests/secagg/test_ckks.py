@@ -3,6 +3,9 @@ validation of parameters, values and received bytes."""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tenseal as ts
@@ -299,3 +302,23 @@ def test_limit_ckks_ciphertexts_are_unauthenticated(client_ctx, server_ctx) -> N
             continue
         silent += int(np.max(np.abs(got - x)) > 1e-3)
     assert silent >= 1
+
+
+def test_a_context_that_crashes_tenseal_is_refused_not_fatal() -> None:
+    """Found by fuzzing: these 92 bytes parse, then SIGSEGV TenSEAL in process (see secagg.he.isolate).
+
+    Without the child-process probe this test kills the pytest worker instead of failing.
+    """
+    crasher = (Path(__file__).parent / "data" / "ckks_context_segv.bin").read_bytes()
+    with pytest.raises(CiphertextError, match="crashes TenSEAL's parser"):
+        CKKSContext.from_bytes(crasher)
+
+
+def test_the_probe_caches_good_contexts_and_reports_rejections(client_ctx) -> None:
+    from secagg.he import isolate
+
+    body = client_ctx._ctx.serialize(save_secret_key=False)
+    isolate.probe_context(body, 20)
+    assert hashlib.sha256((20).to_bytes(4, "big") + body).digest() in isolate._ok
+    with pytest.raises(CiphertextError):
+        isolate.probe_context(b"\x0a\x01garbage", 20)

@@ -73,6 +73,8 @@ class SecAggReport:
         node_ids: the sampled Flower node ids, in client-index order.
         survivors: node ids whose inputs are in the sum (U3; empty after an abort).
         dropped: node id -> (stage, reason) for every node left out, with the typed error's text.
+        refused: (node id, stage, reason) of every reply refused, including those that did not drop
+            their sender (a duplicate of an accepted reply, a reply from a node not asked).
         abort: the abort reason, or ``None``.
         total: the ``uint64`` sum over U3 of the encoded ``[w, w * parameters]`` (``None`` after an abort).
         server_s: seconds spent in the workflow outside ``grid.send_and_receive``.
@@ -88,6 +90,7 @@ class SecAggReport:
     node_ids: list[int]
     survivors: list[int] = field(default_factory=list)
     dropped: dict[int, tuple[str, str]] = field(default_factory=dict)
+    refused: list[tuple[int, str, str]] = field(default_factory=list)
     abort: str | None = None
     total: np.ndarray | None = None
     server_s: float = 0.0
@@ -263,6 +266,7 @@ class _Round:
         seen: set[int] = set()
         for r in replies:
             nid = r.metadata.src_node_id
+            first = nid in expected and nid not in seen
             try:
                 if nid not in expected:
                     raise RecordError(f"stage {stage.upper()}: reply from node {nid}, which was not asked in this stage")
@@ -278,15 +282,18 @@ class _Round:
                 idx = self.index_of[nid]
                 head = decode(blob)
                 if head.sender != idx:
-                    raise RecordError(f"stage {stage.upper()}: node {nid} (client {idx}) sent a message signed as "
+                    raise RecordError(f"stage {stage.upper()}: node {nid} (client {idx}) sent a message as "
                                       f"client {head.sender}; refused")
                 handle(nid, idx, vals, r)
-            except SecAggError as exc:
-                if nid in expected:
+            except Exception as exc:  # noqa: BLE001 - nothing a client sends may crash the server
+                if not isinstance(exc, SecAggError):
+                    log.warning("secure aggregation: unexpected %s on node %s's reply", type(exc).__name__, nid,
+                                exc_info=True)
+                self.rep.refused.append((nid, stage, f"{type(exc).__name__}: {exc}"))
+                if first:
                     self.drop(nid, stage, exc)
                 else:
                     self.failures.append(exc)
-                    log.info("secure aggregation: %s", exc)
         for nid in sorted(expected - seen):
             self.drop(nid, stage, ClientFailed(f"stage {stage.upper()}: node {nid} did not answer"
                                                f"{'' if self.wf.timeout is None else f' within {self.wf.timeout} s'}"))
@@ -326,8 +333,8 @@ class _Round:
                 self.exchange(stage, {u: RecordDict({RECORD_KEY: make_record({"stage": stage, "msg": b})})
                                       for u, b in inbox.items()}, self._receive)
             total = self._timed(srv.finish)
-        except AbortError as exc:
-            self.rep.abort = str(exc)
+        except SecAggError as exc:  # AbortError, or a check that failed while unmasking: abort cleanly
+            self.rep.abort = str(exc) if isinstance(exc, AbortError) else f"{type(exc).__name__}: {exc}"
             return None
         self.rep.total = total
         self.rep.survivors = [self.node_of[u] for u in sorted(srv.u3)]

@@ -73,14 +73,15 @@ class RoundResult:
 
 @pytest.fixture
 def secagg_round() -> Callable[..., RoundResult]:
-    """``secagg_round(n, drop=..., tamper=..., app=..., **workflow kwargs)`` -> :class:`RoundResult`."""
+    """``secagg_round(n, drop=..., tamper=..., wrap_app=..., **workflow kwargs)`` -> :class:`RoundResult`."""
     logging.getLogger("flwr").setLevel(logging.ERROR)
 
-    def run(n: int, *, drop=None, tamper=None, app=None, shapes=SHAPES, nodes=None, **kw) -> RoundResult:  # noqa: ANN001
+    def run(n: int, *, drop=None, tamper=None, wrap_app=None, shapes=SHAPES, nodes=None, **kw) -> RoundResult:  # noqa: ANN001
         kw.setdefault("rounding", "nearest")
         nodes = nodes or [1000 + 17 * i for i in range(n)]
         wf = SecAggWorkflow(**kw)
-        grid = LoopbackGrid(app or secure_app(shapes), nodes, drop=drop, tamper=tamper)
+        app = secure_app(shapes)
+        grid = LoopbackGrid(app if wrap_app is None else wrap_app(app), nodes, drop=drop, tamper=tamper)
         init = [np.zeros(s, np.float32) for s in shapes]
         ctx = fit_round(wf, grid, init)
         assert wf.last_report is not None

@@ -15,7 +15,8 @@ The same ``--clients`` nodes hold the same updates (uniform in [-1, 1], float32,
 one example each); a ``--dropout`` fraction, the same nodes for both, stops answering after key
 sharing, before its masked input (the expensive case: the server must rebuild their pairwise
 masks). Without ``--k``/``--t``, both come from :func:`secagg.params.choose` for ``n``,
-``--dropout`` and ``--corrupt`` (as in ``secagg bench aggregation``). Reported per side:
+``--plan-dropout`` (default: ``--dropout``, at least 0.1, the workflow's default plan; Flower needs
+``t < k + 1``, which a plan for no dropout at all does not give) and ``--corrupt``. Reported per side:
 
 * ``server_s``: wall seconds of the workflow minus the seconds inside the ClientApps and the
   (de)serialisation of messages and contexts (the transport);
@@ -41,7 +42,7 @@ import time
 import numpy as np
 
 from experiments.bench_aggregation import _fraction, _guarantees, _positive_int
-from secagg.params import DEFAULT_CORRUPT
+from secagg.params import DEFAULT_CORRUPT, DEFAULT_DROPOUT
 
 __all__ = ["bench_flower", "register"]
 
@@ -61,6 +62,8 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--clients", type=_positive_int, default=100, help="number of clients n (default 100)")
     p.add_argument("--dim", type=_positive_int, default=10_000, help="vector length d (default 10000)")
     p.add_argument("--dropout", type=_fraction, default=0.0, help="fraction dropping before the masked input")
+    p.add_argument("--plan-dropout", type=_fraction, default=None,
+                   help=f"dropout fraction k and t are chosen for (default: max(--dropout, {DEFAULT_DROPOUT}))")
     p.add_argument("--corrupt", type=_fraction, default=DEFAULT_CORRUPT,
                    help=f"colluding fraction k and t must tolerate (default {DEFAULT_CORRUPT})")
     p.add_argument("--k", type=int, default=None, help="neighbours per client (Flower's num_shares - 1)")
@@ -148,6 +151,7 @@ def _run_side(side: str, n: int, dim: int, k: int, t: int, dropped: set[int], se
 def bench_flower(
     n: int, dim: int, dropout: float, *, k: int | None = None, t: int | None = None, seed: int = 0,
     corrupt: float = DEFAULT_CORRUPT, unsafe_threshold: bool = False, only: str = "both",
+    plan_dropout: float | None = None,
 ) -> dict:
     """Run the side-by-side benchmark and return the JSON-able result (see the module docstring)."""
     try:
@@ -156,19 +160,22 @@ def bench_flower(
         raise ValueError("secagg bench flower needs Flower: pip install -e '.[flower]'") from exc
     if n < 3:
         raise ValueError(f"--clients must be at least 3 (Flower's SecAgg+ needs num_shares > 2); found {n}.")
-    g = _guarantees("secagg+", n, dropout, corrupt, k, t)
+    plan = max(dropout, DEFAULT_DROPOUT) if plan_dropout is None else plan_dropout
+    g = _guarantees("secagg+", n, plan, corrupt, k, t)
     if g is not None:
         print(f"secagg+ parameters: {g.summary()}", file=sys.stderr)
         k, t = g.k, g.t
     if k is None or t is None:
         raise ValueError("give both --k and --t, or neither (they are then chosen for --clients and --dropout).")
     if not 2 <= k or not 1 <= t <= k:
-        raise ValueError(f"need k >= 2 and 1 <= t <= k (Flower requires t < num_shares = k + 1); found k={k}, t={t}.")
+        raise ValueError(f"need k >= 2 and 1 <= t <= k (Flower requires t < num_shares = k + 1); found k={k}, "
+                         f"t={t}: pass --k/--t or a higher --plan-dropout.")
     rng = np.random.default_rng(seed)  # CSPRNG-OK: dropout choice only
     dropped = {int(i) + 1 for i in rng.permutation(n)[: int(round(dropout * n))]}
     logging.getLogger("flwr").setLevel(logging.ERROR)
     logging.getLogger("fedflower").setLevel(logging.ERROR)
-    out: dict = {"clients": n, "dim": dim, "dropout": dropout, "dropped": len(dropped), "k": k, "t": t,
+    out: dict = {"clients": n, "dim": dim, "dropout": dropout, "plan_dropout": plan, "dropped": len(dropped), "k": k,
+                 "t": t,
                  "seed": seed, "flower_version": flwr.__version__,
                  "guarantees": None if g is None else g.summary()}
     for side in ("flower", "ours"):
@@ -184,7 +191,8 @@ def bench_flower(
 
 def _main(args: argparse.Namespace) -> int:
     out = bench_flower(args.clients, args.dim, args.dropout, k=args.k, t=args.t, seed=args.seed,
-                       corrupt=args.corrupt, unsafe_threshold=args.unsafe_threshold, only=args.only)
+                       corrupt=args.corrupt, unsafe_threshold=args.unsafe_threshold, only=args.only,
+                       plan_dropout=args.plan_dropout)
     width = max(len(key) for key in out)
     for key, val in out.items():
         print(f"{key:<{width}}  {f'{val:.6g}' if isinstance(val, float) else val}")

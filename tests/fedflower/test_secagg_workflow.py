@@ -98,3 +98,40 @@ def test_random_dropout_sets_per_stage(secagg_round, data):
         assert {nid for nid in nodes if when[nid] is not None} == set(rep.dropped)
     else:
         assert rep.total is None and all(np.all(p == 0) for p in res.params)
+
+
+def test_out_of_band_pki_refuses_a_node_with_another_key(secagg_round):
+    """With ``pki=`` set up out of band, a node presenting any other identity key is dropped at setup."""
+    nodes = [1000 + 17 * i for i in range(6)]
+    res = secagg_round(6, protocol="secagg", pki={nodes[1]: bytes(range(32))})
+    rep = res.report
+    assert rep.dropped[nodes[1]][0] == "setup" and "pinned" in rep.dropped[nodes[1]][1]
+    assert rep.abort is None and set(rep.survivors) == set(nodes) - {nodes[1]}
+    assert np.array_equal(rep.total, res.oracle_total(rep.survivors))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_shares": 5, "k": 4}, "not both"),
+        ({"reconstruction_threshold": 3, "t": 3}, "not both"),
+        ({"num_shares": 1}, "num_shares must be"),
+        ({"protocol": "chain"}, "protocol must be"),
+        ({"frac_bits": 70}, "frac_bits"),
+        ({"rounding": "up"}, "rounding must be"),
+        ({"timeout": 0}, "timeout must be"),
+        ({"max_weight": 0}, "max_weight must be"),
+    ],
+)
+def test_constructor_refuses_bad_parameters(kwargs, match):
+    from fedflower.secagg_workflow import SecAggWorkflow
+
+    with pytest.raises(ValueError, match=match):
+        SecAggWorkflow(**kwargs)
+
+
+def test_bit_budget_is_checked_when_n_is_known(secagg_round):
+    from secagg.errors import BudgetError
+
+    with pytest.raises(BudgetError, match="lower frac_bits"):
+        secagg_round(4, protocol="secagg", frac_bits=58)  # 8 x 2^58 fits one value, not 4

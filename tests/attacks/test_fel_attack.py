@@ -165,3 +165,15 @@ def test_dp_bound_holds_with_many_trials_central_and_distributed(eps):
     for noise in ("central", "distributed"):
         out = run_attack(_args(defense="dp", epsilon=eps, noise=noise, trials=150), _data())
         assert out["respects_bound"], out
+
+
+def test_dp_snr_diagnostic_on_synthetic_data():
+    from experiments.fel_dp_snr import leaf_snr
+
+    rows = [r for c, m in ((1, 0), (2, 5)) for r in leaf_snr(_data(), None, clusters=c, dim=4, clients=m, clip=0.5,
+                                                             epsilons=(4.0,), rounds=5)]
+    assert [r["clusters"] for r in rows] == [1, 2] and rows[0]["clients"] >= 12 and rows[1]["clients"] == 5
+    for r in rows:  # a sum of m clipped updates is at most m clip; the noise is z clip sqrt(width)
+        assert 0 < r["clipped_sum_norm"] <= r["clients"] * r["clip"] + 1e-9
+        assert r["noise_norm"] == pytest.approx(r["z"] * r["clip"] * math.sqrt(r["width"]))
+        assert r["snr"] == pytest.approx(r["clipped_sum_norm"] / r["noise_norm"])

@@ -142,7 +142,7 @@ def run_attack(args: argparse.Namespace, data: Any) -> dict[str, Any]:
         except ValueError as exc:  # e.g. a cluster below min_clients on tiny data
             raise UserError(str(exc)) from exc
         leaf = int(fel.assignment[target])
-        leaf_size = int(len(fel.leaves[leaf]._clients))
+        leaf_size = int(fel.public_info()["leaves"][leaf]["clients"])
         rel = []
         for _ in range(args.rounds):
             rel += [r.event for r in fel.run_round().releases if r.cohort == f"leaf:{leaf}"]
@@ -170,7 +170,7 @@ def run_attack(args: argparse.Namespace, data: Any) -> dict[str, Any]:
         "epsilon": fin(eps), "epsilon_label": fin(eps_label), "delta": args.delta,
         "bound": bound, "bound_kind": "(e^eps - 1 + 2 delta) / (e^eps + 1) at epsilon_label (Kairouz et al. 2015)",
         "gdp_mu": fin(mu), "gdp_bound": gdp_advantage_bound(mu), "respects_bound": bool(respects),
-        "noise_multiplier": None if args.defense == "none" else cfg_noise(events),
+        "noise_multiplier": None if args.defense == "none" else _noise_multiplier(events),
         "target_leaf": leaf, "leaf_clients": leaf_size, "rounds": args.rounds, "trials": 2 * args.trials,
         "canary_items": args.canary_items, "clusters": args.clusters, "data": data.source,
         "users": int(data.n_users) + 1, "items": int(data.n_items) + 2 * args.canary_items,
@@ -178,7 +178,7 @@ def run_attack(args: argparse.Namespace, data: Any) -> dict[str, Any]:
     }
 
 
-def cfg_noise(events: list[Any]) -> float | None:
+def _noise_multiplier(events: list[Any]) -> float | None:
     """The leaf's noise multiplier (the first round's; calibration gives every round the same)."""
     z = getattr(events[0], "noise_multiplier", None) if events else None
     return None if z is None else float(z)

@@ -33,6 +33,7 @@ ATTACK_MODULES: tuple[str, ...] = (
     "attacks.fedcl",
     "attacks.sttfedrec",
     "attacks.fedfast",
+    "attacks.fel",
 )
 
 

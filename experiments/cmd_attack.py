@@ -37,6 +37,7 @@ PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = (
     "attack_fedcl",
     "attack_sttfedrec",
     "attack_fedfast",
+    "attack_fel",
 )
 
 

@@ -36,9 +36,11 @@ import torch
 from protocols.fedavg import FedAvgConfig
 from protocols.fel_leaf import DpSettings, FelLeaf
 from protocols.registry import ProtocolSpec, register
-from protocols.base import RoundStats
+from protocols.base import Release, RoundStats
+from protocols.transport import SERVER, client
+from dp.events import NonPrivate
 from recmodels import clusters as clmod
-from recmodels.ensemble import COMBINERS, OverArch, combine, fold_in, train_over_arch
+from recmodels.ensemble import COMBINERS, OverArch, ServerAdam, combine, fold_in, over_arch_gradient, train_over_arch
 from recmodels.sampling import sample_train_negatives
 
 __all__ = ["FelConfig", "FelTrainer", "fel_privacy_report"]
@@ -61,6 +63,11 @@ class FelConfig(FedAvgConfig):
         combiner: ``"over-arch"``, ``"mean"``, ``"median"`` or ``"max"``.
         opt_in_fraction: users who share their labels (excluded from the leaves; train the over-arch).
         over_arch_hidden, over_arch_epochs, over_arch_lr, over_arch_negatives: the over-arch MLP.
+        over_arch_training: ``"opt-in"`` (refitted centrally on the opt-in users, leaves frozen) or
+            ``"fl"`` (FedSGD over the leaves' clients: ``over_arch_steps`` steps per round after the
+            leaves' round, ``over_arch_clients`` clients each, server-side Adam; no DP: refused with
+            ``dp``, and accounted sequentially with the leaves, the same users).
+        over_arch_clients, over_arch_steps: the FL over-arch's cohort size and steps per round.
         dp: ``"none"``, ``"central"`` or ``"distributed"`` (DP-FedAvg per leaf).
         clip: per-client L2 clip of the leaf update.
         noise_multiplier: ``z`` (``calibration = "noise"``); 0 clips without noise (not private).
@@ -88,6 +95,9 @@ class FelConfig(FedAvgConfig):
     over_arch_epochs: int = 3
     over_arch_lr: float = 0.01
     over_arch_negatives: int = 4
+    over_arch_training: str = "opt-in"
+    over_arch_clients: int = 50
+    over_arch_steps: int = 1
     dim: int = 16
     dp: str = "none"
     clip: float = 1.0
@@ -109,10 +119,12 @@ class FelConfig(FedAvgConfig):
 
         for key, allowed in (("clustering", _CLUSTERING), ("dp", _DP), ("calibration", ("noise", "epsilon")),
                              ("sampling", ("fixed", "poisson")), ("on_excess_dropout", ("refuse", "reaccount")),
-                             ("combiner", ("over-arch",) + COMBINERS), ("attribute", clmod.ATTRIBUTES)):
+                             ("combiner", ("over-arch",) + COMBINERS), ("attribute", clmod.ATTRIBUTES),
+                             ("over_arch_training", ("opt-in", "fl"))):
             if getattr(self, key) not in allowed:
                 raise bad(key, f"one of {allowed}")
-        for key in ("n_clusters", "min_clients", "over_arch_hidden", "over_arch_epochs", "dp_rounds"):
+        for key in ("n_clusters", "min_clients", "over_arch_hidden", "over_arch_epochs", "dp_rounds",
+                    "over_arch_clients", "over_arch_steps"):
             if isinstance(getattr(self, key), bool) or not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise bad(key, "an int >= 1")
         if self.over_arch_negatives < 0:
@@ -127,9 +139,16 @@ class FelConfig(FedAvgConfig):
             raise bad("noise_multiplier", ">= 0 and finite")
         if not (0 < self.delta < 1):
             raise bad("delta", "in (0, 1)")
-        if self.combiner == "over-arch" and self.opt_in_fraction == 0:
-            raise ValueError("fel.combiner = \"over-arch\" trains on opt-in users: set fel.opt_in_fraction > 0 "
-                             "or use a fixed combiner (mean, median, max)")
+        if self.combiner == "over-arch" and self.over_arch_training == "opt-in" and self.opt_in_fraction == 0:
+            raise ValueError("fel.combiner = \"over-arch\" trains on opt-in users: set fel.opt_in_fraction > 0, "
+                             "fel.over_arch_training = \"fl\", or use a fixed combiner (mean, median, max)")
+        if self.over_arch_training == "fl" and self.combiner != "over-arch":
+            raise ValueError(f"fel.over_arch_training = \"fl\" trains the over-arch; fel.combiner is {self.combiner!r}: "
+                             "set fel.combiner = \"over-arch\"")
+        if self.over_arch_training == "fl" and self.dp != "none":
+            raise ValueError("fel.over_arch_training = \"fl\" is not implemented under DP (its gradients would need "
+                             "their own clipping and noise, composed sequentially with the leaves): use "
+                             "fel.over_arch_training = \"opt-in\" with fel.dp")
         if self.dp == "distributed" and self.secure_aggregation == "none":
             raise ValueError("fel.dp = \"distributed\" needs fel.secure_aggregation = \"secagg\" or \"secagg+\": "
                              "without it every client's lightly-noised update is in the clear")
@@ -194,6 +213,11 @@ class FelTrainer:
             self.leaves.append(FelLeaf(train, leaf_cfg, index=c, dp=dp, seed=self.seed * 1009 + c, transport=transport,
                                        exclude=exclude, clients=members))
         self._cache: tuple[int, dict[str, Any]] | None = None
+        self.fl_clients = fl_clients
+        self.over_arch: OverArch | None = None
+        if config.over_arch_training == "fl":  # trained by FedSGD across rounds; its state is checkpointed
+            self.over_arch = OverArch(config.n_clusters * (1 + config.dim), config.over_arch_hidden, seed=self.seed * 7)
+            self._adam = ServerAdam(list(self.over_arch.parameters()), config.over_arch_lr)
 
     def _cluster(self, source: str) -> np.ndarray:
         cfg, ids = self.config, self.train.user_ids
@@ -225,13 +249,19 @@ class FelTrainer:
         clients = sum(s.clients for s in stats)
         loss = sum(s.loss * s.clients for s in stats) / max(clients, 1)
         t = self.round
+        extra: dict[str, Any] = {}
+        if self.over_arch is not None:
+            o0 = time.perf_counter()
+            extra["over_arch_loss"], over_rel = self._over_arch_fl_round(t)
+            stats.append(RoundStats(round=t, loss=0.0, clients=0, releases=over_rel))
+            extra["over_arch_seconds"] = time.perf_counter() - o0
         self.round += 1
         return RoundStats(
             round=t, loss=float(loss), clients=clients,
             bytes_per_client=float(sum(s.bytes_per_client * s.clients for s in stats) / max(clients, 1)),
             seconds={"round": time.perf_counter() - t0, "client": 0.0, "server": 0.0},
-            extra={"leaf_clients": [s.clients for s in stats], "leaf_seconds": secs,
-                   "leaf_loss": [s.loss for s in stats]},
+            extra={"leaf_clients": [s.clients for s in stats[:len(secs)]], "leaf_seconds": secs,
+                   "leaf_loss": [s.loss for s in stats[:len(secs)]], **extra},
             releases=tuple(r for s in stats for r in s.releases),
         )
 
@@ -248,7 +278,9 @@ class FelTrainer:
         if self._cache is not None and self._cache[0] == self.round:
             return self._cache[1]
         ens: dict[str, Any] = {"users": [self._leaf_users(leaf) for leaf in self.leaves]}
-        if self.config.combiner == "over-arch":
+        if self.over_arch is not None:
+            ens["over_arch"] = self.over_arch
+        elif self.config.combiner == "over-arch":
             ens["over_arch"] = self._train_over_arch(ens["users"])
         self._cache = (self.round, ens)
         return ens
@@ -263,12 +295,41 @@ class FelTrainer:
             parts += [pr.unsqueeze(-1), hidden]
         return torch.stack(probs), torch.cat(parts, dim=-1)
 
-    def _train_over_arch(self, users_vecs: list[torch.Tensor]) -> OverArch:
+    def _over_arch_fl_round(self, t: int) -> tuple[float, tuple[Release, ...]]:
+        """``over_arch_steps`` FedSGD steps of the over-arch over sampled leaf clients (no DP).
+
+        Each sampled client computes its features on the device (its own leaf's vector, folded-in
+        vectors for the other leaves; its positives plus sampled negatives) and uploads the gradient
+        of its summed loss; the server divides the cohort's sum by its example count and steps Adam.
+        """
+        cfg, model = self.config, self.over_arch
+        users_vecs = [self._leaf_users(leaf) for leaf in self.leaves]
+        rng = np.random.default_rng([self.seed, 13, 3, t])
+        nbytes = 4 * sum(p.numel() for p in model.parameters())
+        losses, m = [], min(cfg.over_arch_clients, len(self.fl_clients))
+        for step in range(cfg.over_arch_steps):
+            cohort = np.sort(rng.choice(self.fl_clients, size=m, replace=False))
+            users, items, labels = self._examples(cohort, rng)
+            with torch.no_grad():
+                _, z = self._features(users_vecs, torch.as_tensor(users), torch.as_tensor(items))
+            y = torch.as_tensor(labels, dtype=torch.float32)
+            for u in cohort:  # the model down, one gradient (the sum over the client's examples) up
+                self.transport.send(SERVER, client(u), t, "over-arch", None, nbytes)
+                self.transport.send(client(u), SERVER, t, "over-arch-update", None, nbytes + 4)
+            grads = over_arch_gradient(model, z, y)  # = the sum of the clients' uploads
+            self._adam.step(list(model.parameters()), [g / len(y) for g in grads])
+            losses.append(float(torch.nn.functional.binary_cross_entropy_with_logits(model(z), y).detach()))
+        rel = Release(NonPrivate(), who="clients", what="over-arch gradients (FedSGD) of the leaves' clients, each "
+                      "in plaintext; the same users as the leaves, so composed sequentially",
+                      params={"clients": m, "steps": cfg.over_arch_steps, "over_arch": "fl"})
+        return float(np.mean(losses)), (rel,)
+
+    def _examples(self, who: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``who``'s training positives plus ``over_arch_negatives`` sampled negatives each: users, items, labels."""
         cfg = self.config
-        rng = np.random.default_rng([self.seed, 13, 2, self.round])
-        counts = self._pos_start[self.opt_in + 1] - self._pos_start[self.opt_in]
-        users = np.repeat(self.opt_in, counts)
-        items = np.concatenate([self._pos_items[self._pos_start[u]:self._pos_start[u + 1]] for u in self.opt_in])
+        counts = self._pos_start[who + 1] - self._pos_start[who]
+        users = np.repeat(who, counts)
+        items = np.concatenate([self._pos_items[self._pos_start[u]:self._pos_start[u + 1]] for u in who])
         labels = np.ones(len(items))
         if cfg.over_arch_negatives:
             from recmodels.data import Interactions
@@ -279,6 +340,12 @@ class FelTrainer:
             nu, ni = sample_train_negatives(sub, n_neg=cfg.over_arch_negatives, rng=rng, exclude=self.exclude)
             users, items = np.concatenate([users, nu]), np.concatenate([items, ni])
             labels = np.concatenate([labels, np.zeros(len(ni))])
+        return users, items, labels
+
+    def _train_over_arch(self, users_vecs: list[torch.Tensor]) -> OverArch:
+        cfg = self.config
+        rng = np.random.default_rng([self.seed, 13, 2, self.round])
+        users, items, labels = self._examples(self.opt_in, rng)
         with torch.no_grad():
             _, z = self._features(users_vecs, torch.as_tensor(users), torch.as_tensor(items))
         model = OverArch(z.shape[-1], cfg.over_arch_hidden, seed=self.seed * 7 + self.round)
@@ -319,8 +386,12 @@ class FelTrainer:
                 "config": asdict(self.config)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "config": asdict(self.config), "assignment": self.assignment.copy(),
-                "leaves": [leaf.state_dict() for leaf in self.leaves]}
+        out = {"round": self.round, "config": asdict(self.config), "assignment": self.assignment.copy(),
+               "leaves": [leaf.state_dict() for leaf in self.leaves]}
+        if self.over_arch is not None:
+            out["over_arch"] = {k: v.clone() for k, v in self.over_arch.state_dict().items()}
+            out["over_arch_adam"] = self._adam.state_dict()
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["config"] != asdict(self.config):
@@ -329,6 +400,9 @@ class FelTrainer:
             raise ValueError("checkpoint was written with a different cluster assignment")
         for leaf, s in zip(self.leaves, state["leaves"]):
             leaf.load_state_dict(s)
+        if self.over_arch is not None:
+            self.over_arch.load_state_dict(state["over_arch"])
+            self._adam.load_state_dict(state["over_arch_adam"])
         self.round = int(state["round"])
         self._cache = None
 
@@ -344,8 +418,12 @@ def fel_privacy_report(ledger, delta: float) -> dict[str, Any]:  # noqa: ANN001
                 for c, rep in per.items() if c.startswith("leaf:")]
     per_leaf.sort(key=lambda d: d["cluster"])
     total = ledger.spent(delta, use_pld=False)
+    fl = any(e.params.get("over_arch") == "fl" for e in ledger.entries())
+    # FL over-arch: the leaves' own users, sequential; its releases are in the ledger without a cohort
+    # (plaintext gradients: infinite epsilon, which the total then shows)
+    over = {"mode": "sequential (fl)", "epsilon": math.inf} if fl else {"mode": "opt-in", "epsilon": 0.0}
     return {"epsilon": total.epsilon, "delta": delta, "per_leaf": per_leaf, "composition": "parallel",
-            "over_arch": {"mode": "opt-in", "epsilon": 0.0}, "accountant": total.accountant}
+            "over_arch": over, "accountant": total.accountant}
 
 
 register(ProtocolSpec(

@@ -25,11 +25,18 @@ the leaf) or ``"poisson"`` (each client joins w.p. ``q = m / N_c``; the sampled-
 Every release carries ``cohort="leaf:<c>"`` so the ledger composes leaves in parallel. Poisson
 amplification protects against observers of the released models, not against the server that
 ran the round (it knows the cohort); docs/fel.md.
+
+What the server releases per leaf and round is in the transcript as one ``"leaf-model"`` record
+(``server -> leaf:<c>``, 0 bytes: the bytes are the per-client ``"model"`` downloads), whose
+payload, when the transcript keeps it, is a :class:`LeafModel`: the leaf's flat model
+``item | h | b`` before and after the round's update. That is the DP-protected output;
+:mod:`attacks.fel` tests it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,9 +49,29 @@ from dp.mechanisms import gaussian_noise
 from protocols.base import Release
 from protocols.fedavg import FedAvgConfig, FedAvgGMF
 from protocols.secure_sum import secure_sum
-from protocols.transport import client
+from protocols.transport import SERVER, Record, client
 
-__all__ = ["DpSettings", "ExcessDropoutError", "FelLeaf"]
+__all__ = ["LEAF_MODEL_KIND", "DpSettings", "ExcessDropoutError", "FelLeaf", "LeafModel"]
+
+#: Transcript kind of the per-round leaf release (see the module docstring).
+LEAF_MODEL_KIND = "leaf-model"
+
+
+@dataclass(frozen=True)
+class LeafModel:
+    """A leaf's released model around one round: flat float32 ``item (n_items x dim) | h | b``.
+
+    Attributes:
+        leaf: the cluster index.
+        round: the round whose update turned ``before`` into ``after``.
+        before: the model the round's cohort downloaded.
+        after: the model after the server applied the round's (noisy) aggregate.
+    """
+
+    leaf: int
+    round: int
+    before: np.ndarray
+    after: np.ndarray
 
 
 class ExcessDropoutError(RuntimeError):
@@ -102,7 +129,24 @@ class FelLeaf(FedAvgGMF):
             return self._clients[self.rng.random(len(self._clients)) < self.q]
         return super()._sample_clients()
 
+    def flat_model(self) -> np.ndarray:
+        """The leaf's server-side model as one float32 vector ``item | h | b``."""
+        return np.concatenate([self.item.numpy().ravel(), self.h.numpy(), self.b.numpy().reshape(1)])
+
+    def _keeps_release(self, t: int) -> bool:
+        keep = self.transport.transcript.keep_payloads
+        probe = Record(SERVER, self.cohort, t, LEAF_MODEL_KIND, 0, None)
+        return bool(keep(probe) if callable(keep) else keep)
+
     def run_round(self):  # noqa: ANN201
+        t = self.round
+        before = self.flat_model() if self._keeps_release(t) else None
+        stats = self._run_round()
+        payload = None if before is None else LeafModel(self.index, t, before, self.flat_model())
+        self.transport.send(SERVER, self.cohort, t, LEAF_MODEL_KIND, payload, 0)
+        return stats
+
+    def _run_round(self):  # noqa: ANN202
         if self.dp is not None and self.dp.sampling == "poisson":
             self._presampled = self._sample_clients()
             if self._presampled.size == 0:  # nobody sampled: the noise alone is still released

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["COMBINERS", "OverArch", "combine", "fold_in", "train_over_arch"]
+__all__ = ["COMBINERS", "OverArch", "ServerAdam", "combine", "fold_in", "over_arch_gradient", "train_over_arch"]
 
 COMBINERS = ("mean", "median", "max")
 
@@ -104,3 +104,45 @@ def train_over_arch(model: OverArch, z: torch.Tensor, y: torch.Tensor, *, epochs
             loss.backward()
             opt.step()
     return float(loss.detach())
+
+
+def over_arch_gradient(model: OverArch, z: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """Gradient of the *summed* BCE loss over ``(z, y)`` w.r.t. ``model``'s parameters (one FedSGD upload).
+
+    Summed, so that the gradients of disjoint clients add up to the cohort's: a FedSGD server that
+    divides the sum by the cohort's example count takes the full-batch step on their union.
+    """
+    model.zero_grad()
+    with torch.enable_grad():
+        torch.nn.functional.binary_cross_entropy_with_logits(model(z), y, reduction="sum").backward()
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+class ServerAdam:
+    """Adam applied by the server to an averaged federated gradient (FedSGD with a server optimiser).
+
+    Its state (``t``, ``m``, ``v``) is plain tensors so that a checkpoint restores it exactly.
+    """
+
+    def __init__(self, params: list[torch.Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        self.lr, self.betas, self.eps, self.t = lr, betas, eps, 0
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    @torch.no_grad()
+    def step(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        b1, b2 = self.betas
+        self.t += 1
+        for p, g, m, v in zip(params, grads, self.m, self.v):
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            p -= self.lr * (m / (1 - b1**self.t)) / ((v / (1 - b2**self.t)).sqrt() + self.eps)
+
+    def state_dict(self) -> dict:
+        return {"t": self.t, "m": [x.clone() for x in self.m], "v": [x.clone() for x in self.v]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.t = int(state["t"])
+        self.m = [x.clone() for x in state["m"]]
+        self.v = [x.clone() for x in state["v"]]

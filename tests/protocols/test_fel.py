@@ -245,3 +245,59 @@ def test_fel_dp_preset_report_shape(tmp_path, capsys) -> None:
     assert rep["composition"] == "parallel" and len(rep["per_leaf"]) == 3
     assert rep["epsilon"] == pytest.approx(max(p["epsilon"] for p in rep["per_leaf"]), rel=1e-6)
     assert 0 < rep["epsilon"] < 4.0 and rep["over_arch"]["mode"] == "opt-in"
+
+
+# -- the over-arch trained by FL (FedSGD over the leaves' clients) ------------------------------------------
+def test_fl_over_arch_step_is_the_sum_of_client_gradients_and_only_leaf_clients_upload() -> None:
+    from recmodels.ensemble import over_arch_gradient
+
+    fel = build(combiner="over-arch", over_arch_training="fl", opt_in_fraction=0.1, over_arch_clients=8)
+    fel.run_round()
+    ups = [r for r in fel.transport.transcript if r.kind == "over-arch-update"]
+    senders = {int(r.sender.split(":")[1]) for r in ups}
+    assert len(ups) == 8 and senders <= set(fel.fl_clients.tolist()) and not senders & set(fel.opt_in.tolist())
+    # the server's input is the sum of every client's own gradient (oracle: one client at a time)
+    vecs = [fel._leaf_users(leaf) for leaf in fel.leaves]
+    cohort = np.sort(np.random.default_rng(0).choice(fel.fl_clients, size=5, replace=False))
+    users, items, labels = fel._examples(cohort, np.random.default_rng(1))
+    _, z = fel._features(vecs, torch.as_tensor(users), torch.as_tensor(items))
+    y = torch.as_tensor(labels, dtype=torch.float32)
+    together = over_arch_gradient(fel.over_arch, z, y)
+    apart = [over_arch_gradient(fel.over_arch, z[torch.as_tensor(users == u)], y[torch.as_tensor(users == u)])
+             for u in cohort]
+    for k, g in enumerate(together):
+        torch.testing.assert_close(g, sum(a[k] for a in apart), rtol=1e-4, atol=1e-5)
+
+
+def test_fl_over_arch_learns_and_is_reported_sequential(tmp_path, capsys) -> None:
+    fel = build(combiner="over-arch", over_arch_training="fl", over_arch_clients=20, over_arch_steps=10,
+                over_arch_lr=0.05)
+    first = fel.run_round().extra["over_arch_loss"]
+    for _ in range(3):
+        last = fel.run_round().extra["over_arch_loss"]
+    assert last < first
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(TINY.format(rounds=2) + "combiner = \"over-arch\"\nover_arch_training = \"fl\"\nopt_in_fraction = 0.0\n")
+    _run(capsys, "run", "fel", "--config", str(cfg), "--out", str(tmp_path / "fl"), "--json", "--quiet")
+    rep = _run(capsys, "privacy", "report", str(tmp_path / "fl"), "--json")
+    assert rep["over_arch"]["mode"] == "sequential (fl)"
+
+
+def test_fl_over_arch_resume_equals_uninterrupted_run(tmp_path, capsys) -> None:
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(TINY.format(rounds=3) + "over_arch_training = \"fl\"\nover_arch_clients = 10\nover_arch_steps = 2\n")
+    full = _run(capsys, "run", "fel", "--config", str(cfg), "--out", str(tmp_path / "full"), "--json", "--quiet")
+    _run(capsys, "run", "fel", "--config", str(cfg), "--rounds", "1", "--out", str(tmp_path / "part"), "--json", "--quiet")
+    resumed = _run(capsys, "run", "--resume", str(tmp_path / "part"), "--rounds", "3", "--json", "--quiet")
+    assert resumed["metrics"] == full["metrics"] and "AUC" in full["metrics"]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(over_arch_training="fl", combiner="mean"), "fel.combiner"),
+    (dict(over_arch_training="fl", combiner="over-arch", dp="central"), "not implemented under DP"),
+    (dict(over_arch_training="federated"), "fel.over_arch_training"),
+    (dict(over_arch_training="fl", combiner="over-arch", over_arch_clients=0), "fel.over_arch_clients"),
+])
+def test_fl_over_arch_bad_config_refused(kw, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        FelConfig(**{**BASE, **kw})

@@ -70,6 +70,14 @@ _SECURE = ("none", "secagg", "secagg+")
 _HARD_MODES = ("sample", "hardest")
 
 
+def _in_sorted(keys: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """``np.isin(keys, table)`` for a sorted unique ``table`` by binary search (no re-sort per round)."""
+    if not table.size:
+        return np.zeros(np.shape(keys), dtype=bool)
+    idx = np.minimum(np.searchsorted(table, keys), table.size - 1)
+    return table[idx] == keys
+
+
 @dataclass(frozen=True)
 class FedCLConfig:
     """Hyper-parameters of FedCL (the ``[fedcl]`` section); paper values as defaults.
@@ -276,7 +284,7 @@ class FedCL:
         for c, u in enumerate(sampled):
             self.transport.send(SERVER, client(u), t, "negatives", neg[c].copy() if keep else None, 4 * neg.shape[1])
         users = np.broadcast_to(sampled[:, None], neg.shape)
-        kept = ~np.isin(pair_keys(users, neg, self.train.n_items), self._own)  # the client drops its own items
+        kept = ~_in_sorted(pair_keys(users, neg, self.train.n_items), self._own)  # the client drops its own items
         kept &= self.has_cache[sampled][:, None]  # no cached embedding (budget spent early): no semi-hard
         return neg, kept
 
@@ -345,15 +353,27 @@ class FedCL:
         if cfg.semi_hard:
             releases += self._upload_embeddings(t, uploaders)
             neg, kept = self._semi_hard(t, sampled)
-        losses, rows, w = self.client_losses(sampled, neg, kept)
-        grads, g_rows = self.client_gradients(losses, rows, w)
+        keep = self.transport.transcript.keep_payloads
+        if cfg.secure_aggregation == "none" and keep is False:
+            # Plaintext sum and no payload kept: the gradient of the summed losses IS the sum of the
+            # clients' gradients, so skip the per-client copies (same values up to float32 summation
+            # order; test_plaintext_fast_path_equals_the_sum_of_per_client_gradients).
+            losses, rows, _ = self.client_losses(sampled, neg, kept, per_client=False)
+            g = torch.autograd.grad(losses.sum(), self.params + ([rows] if rows is not None else []))
+            g_rows = g[-1] if rows is not None else None
+            total = torch.cat([x.reshape(-1) for x in g[: len(self.params)]]).double().numpy()
+        else:
+            losses, rows, w = self.client_losses(sampled, neg, kept)
+            grads, g_rows = self.client_gradients(losses, rows, w)
         if g_rows is not None:  # the private user rows: local Adam, never uploaded
             self._local_user_step(sampled, g_rows)
         if cfg.secure_aggregation == "none":
-            keep = self.transport.transcript.keep_payloads
             for c, u in enumerate(sampled):
-                self.transport.send(client(u), SERVER, t, "update", grads[c].copy() if keep else None, self.model_bytes)
-            total, n_sum, up_bytes = grads.sum(0), m, float(self.model_bytes)
+                self.transport.send(client(u), SERVER, t, "update", None if keep is False else grads[c].copy(),
+                                    self.model_bytes)
+            if keep is not False:
+                total = grads.sum(0)
+            n_sum, up_bytes = m, float(self.model_bytes)
         else:
             res = secure_sum(grads, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
                              value_clip=cfg.value_clip, round=t, transport=self.transport,

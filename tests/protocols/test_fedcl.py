@@ -310,3 +310,18 @@ def test_batched_gru_equals_torch_gru_and_per_row_weights_give_each_rows_gradien
         torch.testing.assert_close(w["item"].grad[r], enc.item.grad)
         torch.testing.assert_close(w["weight_hh"].grad[r], enc.gru.weight_hh_l0.grad)
     assert ours_sum.shape == (b,)
+
+
+@pytest.mark.parametrize("encoder", ["gru", "id"])
+def test_plaintext_fast_path_equals_the_sum_of_per_client_gradients(encoder):
+    """Plaintext aggregation without kept payloads takes the gradient of the summed losses; with kept
+    payloads every client's own gradient is computed and sent. Same aggregate, same model after."""
+    fast = make({"encoder": encoder}, source=5)
+    slow = make({"encoder": encoder}, source=5, keep=True)
+    for _ in range(3):
+        fast.run_round(), slow.run_round()
+        assert np.abs(fast.last_aggregate).max() > 1e-3
+        np.testing.assert_allclose(fast.last_aggregate, slow.last_aggregate, rtol=1e-4, atol=1e-7)
+    sent = slow.transport.transcript.view(SERVER, kind="update")
+    assert len(sent) == 24 and all(r.payload is not None for r in sent)
+    np.testing.assert_allclose(fast.score_all(np.arange(5)), slow.score_all(np.arange(5)), rtol=1e-3, atol=1e-5)

@@ -191,6 +191,31 @@ def _plot(table: dict[str, Any], path: str, title: str) -> None:
     plt.close(fig)
 
 
+def cluster_cost(n: int, method: str, dim: int = 64, clusters: int = 25, seed: int = 0) -> dict[str, Any]:
+    """Seconds and peak memory of one :func:`protocols.fedcl_server.cluster_centroids` call on ``n``
+    Laplace embeddings, in a fresh subprocess: ``traced_peak_mb`` is the peak of the memory numpy and
+    scipy allocated during the call (tracemalloc; the time then includes tracemalloc's overhead),
+    ``peak_rss_mb`` the process's peak resident size."""
+    import subprocess
+
+    code = (
+        "import json, resource, time, tracemalloc, numpy as np\n"
+        "from protocols.fedcl_server import cluster_centroids\n"
+        f"rng = np.random.default_rng({seed}); x = rng.laplace(scale=0.5, size=({n}, {dim}))\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "tracemalloc.start()\n"
+        f"t = time.perf_counter(); cluster_centroids(x, {clusters}, {method!r}, rng); s = time.perf_counter() - t\n"
+        "traced = tracemalloc.get_traced_memory()[1]; tracemalloc.stop()\n"
+        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "print(json.dumps({'seconds': s, 'peak_rss_mb': peak / 1024, 'traced_peak_mb': traced / 2**20}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        return {"n": n, "method": method, "error": proc.stderr.strip().splitlines()[-1]}
+    return {"n": n, "method": method, "condensed_mb": n * (n - 1) / 2 * 8 / 2**20,
+            **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.fedcl_study", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -207,7 +232,23 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--png")
     s.add_argument("--title", default="FedCL on ml-latest-small")
     s.add_argument("--json", action="store_true")
+    c = sub.add_parser("cluster-cost", help="seconds and peak memory of Ward / k-means against the cache size")
+    c.add_argument("--sizes", type=int, nargs="+", default=[610, 2000, 4000, 8000])
+    c.add_argument("--methods", nargs="+", default=["ward", "kmeans"])
     args = p.parse_args(argv)
+    if args.cmd == "cluster-cost":
+        print("| cached embeddings | method | seconds (with tracemalloc) | peak memory of the call (MB) "
+              "| process peak RSS (MB) | Ward condensed matrix (MB) |")
+        print("|---|---|---|---|---|---|")
+        for n in args.sizes:
+            for m in args.methods:
+                r = cluster_cost(n, m)
+                if "error" in r:
+                    print(f"| {n} | {m} | refused: {r['error']} | | | |", flush=True)
+                else:
+                    print(f"| {n} | {m} | {r['seconds']:.2f} | {r['traced_peak_mb']:.0f} | {r['peak_rss_mb']:.0f} "
+                          f"| {r['condensed_mb']:.0f} |", flush=True)
+        return 0
     if args.cmd == "run":
         torch.set_num_threads(args.threads)
         variants = [parse_variant(v) for v in args.variant]

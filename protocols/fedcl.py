@@ -55,7 +55,7 @@ import torch
 from dp.events import NonPrivate
 from dp.ldp import ldp_laplace
 from protocols.base import Release, RoundStats
-from protocols.fedcl_server import CLUSTERINGS, cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
+from protocols.fedcl_server import CLUSTERINGS, WARD_MAX_POINTS, cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
 from protocols.registry import ProtocolSpec, register
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
@@ -199,6 +199,12 @@ class FedCL:
         cfg, n_users, n_items = self.config, train.n_users, train.n_items
         self.rng = np.random.default_rng([seed, 14])
         self._clients = np.flatnonzero(np.bincount(train.users, minlength=n_users) > 0)
+        if cfg.semi_hard and cfg.clustering == "ward" and len(self._clients) > WARD_MAX_POINTS:
+            n = len(self._clients)
+            raise ValueError(
+                f"fedcl.clustering = \"ward\" on {n} clients: the cache reaches {n} embeddings and Ward's distance "
+                f"matrix {n * (n - 1) * 4 / 1e9:.1f} GB (limit {WARD_MAX_POINTS} clients, about 2.9 GB); "
+                "set fedcl.clustering = \"kmeans\"")
         self._enc = client_sequences(train.users, train.items, train.timestamps, n_users, cfg.max_len)
         self._seq = client_sequences(train.users, train.items, train.timestamps, n_users, cfg.max_len + 1)
         keys = [pair_keys(train.users, train.items, n_items)]

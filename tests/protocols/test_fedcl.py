@@ -325,3 +325,14 @@ def test_plaintext_fast_path_equals_the_sum_of_per_client_gradients(encoder):
     sent = slow.transport.transcript.view(SERVER, kind="update")
     assert len(sent) == 24 and all(r.payload is not None for r in sent)
     np.testing.assert_allclose(fast.score_all(np.arange(5)), slow.score_all(np.arange(5)), rtol=1e-3, atol=1e-5)
+
+
+def test_ward_on_more_clients_than_fit_is_refused_at_build_time(monkeypatch):
+    """Ward's condensed matrix grows as n^2: above WARD_MAX_POINTS clients the protocol refuses to start
+    (before any upload) and names the k-means option; k-means and the Fed baseline start."""
+    import protocols.fedcl as fedcl_mod
+
+    monkeypatch.setattr(fedcl_mod, "WARD_MAX_POINTS", 30)
+    with pytest.raises(ValueError, match='fedcl.clustering = "kmeans"'):
+        make()
+    assert make({"clustering": "kmeans"}).round == 0 and make({"semi_hard": 0}).round == 0

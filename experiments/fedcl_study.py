@@ -216,6 +216,52 @@ def cluster_cost(n: int, method: str, dim: int = 64, clusters: int = 25, seed: i
             **json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
+def signal_to_noise(data: str, rounds: int, seed: int = 0, overrides: dict[str, Any] | None = None,
+                    sections: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
+    """How much of a user survives in FedCL's cached embeddings after ``rounds`` rounds of ``fedcl``.
+
+    Returns the median L2 norms of the clipped (noise-free) embedding and of the noise in the cache,
+    the same for the Ward centroid (its members' mean clean embedding against the rest), and how
+    much the top-R% candidate set of a client's noisy centroid overlaps its own noise-free top-R%
+    set, against a random other user's set and against the noise-free Ward centroid's set. The
+    cache holds each client's latest upload, made with the model of that round; the noise is
+    measured against the current model's embedding, so the drift of older uploads counts as noise.
+    """
+    from protocols.fedcl_server import cluster_centroids, hard_candidates
+
+    cfg = cfgmod.merge(cfgmod.load_preset("fedcl"), {**(sections or {}), "data": {"source": data},
+                                                      "run": {"seed": seed}, "eval": {"negatives": 0}})
+    prep = prepare_data(cfg)
+    pc = cfg.protocol_config.__class__(**{**cfg.protocol_config.__dict__, "secure_aggregation": "none",
+                                          **(overrides or {})})
+    from protocols.fedcl import FedCL
+
+    tr = FedCL(prep.split.train, pc, seed=seed, exclude=prep.exclude)
+    for _ in range(rounds):
+        tr.run_round()
+    users = np.flatnonzero(tr.has_cache)
+    with torch.no_grad():
+        u = tr.user_embeddings(users).double().numpy()
+    clean = u * np.minimum(1.0, pc.clip / np.abs(u).sum(1, keepdims=True))
+    noisy = tr.cache[users]
+    rng = np.random.default_rng(seed)
+    cent, lab = cluster_centroids(noisy, pc.clusters, pc.clustering, rng)
+    k = lab.max() + 1
+    sig = (np.stack([clean[lab == c].mean(0) for c in range(k)]))[lab]
+    item = tr.model.item.detach().double().numpy()
+
+    def overlap(a: np.ndarray, b: np.ndarray) -> float:
+        ca, cb = hard_candidates(a, item, pc.hard_percent), hard_candidates(b, item, pc.hard_percent)
+        return float(np.mean([np.intersect1d(x, y).size / x.size for x, y in zip(ca, cb)]))
+
+    med = lambda a: float(np.median(np.linalg.norm(a, axis=1)))  # noqa: E731
+    return {"rounds": rounds, "epsilon": pc.epsilon, "signal_l2": med(clean), "noise_l2": med(noisy - clean),
+            "centroid_signal_l2": med(sig), "centroid_noise_l2": med(cent - sig),
+            "overlap_own": overlap(cent, clean), "overlap_random_user": overlap(cent, clean[rng.permutation(len(clean))]),
+            "overlap_noise_free_ward": overlap(cluster_centroids(clean, pc.clusters, pc.clustering, rng)[0], clean),
+            "overlap_chance": pc.hard_percent / 100.0}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.fedcl_study", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -235,7 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("cluster-cost", help="seconds and peak memory of Ward / k-means against the cache size")
     c.add_argument("--sizes", type=int, nargs="+", default=[610, 2000, 4000, 8000])
     c.add_argument("--methods", nargs="+", default=["ward", "kmeans"])
+    n = sub.add_parser("snr", help="signal against LDP noise in the cache and its centroids, candidate-set overlap")
+    n.add_argument("--data", required=True)
+    n.add_argument("--rounds", type=int, default=30)
+    n.add_argument("--epsilon", type=float, nargs="+", default=[4.0])
     args = p.parse_args(argv)
+    if args.cmd == "snr":
+        for eps in args.epsilon:
+            print(json.dumps(signal_to_noise(args.data, args.rounds, overrides={"epsilon": eps, "lr": 0.01})), flush=True)
+        return 0
     if args.cmd == "cluster-cost":
         print("| cached embeddings | method | seconds (with tracemalloc) | peak memory of the call (MB) "
               "| process peak RSS (MB) | Ward condensed matrix (MB) |")

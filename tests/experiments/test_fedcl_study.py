@@ -93,3 +93,12 @@ def test_study_runs_variants_on_paired_seeds_and_resumes(tmp_path, capsys):
     assert st.main(["summary", str(out), "--reference", "pop", "--png", str(png), "--json"]) == 0
     table = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(table) == {"fedcl", "pop"} and "p_t" in table["fedcl"] and png.stat().st_size > 1000
+
+
+def test_signal_to_noise_sees_the_ldp_noise_drown_the_user():
+    kw = dict(sections=TINY, overrides={**SMALL, "semi_hard": 6, "lr": 0.01})
+    clean = st.signal_to_noise("synthetic", 1, overrides={**kw["overrides"], "epsilon": 1e9}, sections=TINY)
+    noisy = st.signal_to_noise("synthetic", 1, overrides={**kw["overrides"], "epsilon": 0.5}, sections=TINY)
+    assert 0 < clean["signal_l2"] <= 1.0 and 0 < noisy["signal_l2"] <= 1.0  # clipped to L1 1, so L2 <= 1
+    assert noisy["noise_l2"] > 10 * max(clean["noise_l2"], 1e-3)  # 2 clip / eps = 4 per coordinate
+    assert clean["overlap_own"] >= noisy["overlap_own"] and 0 < noisy["overlap_chance"] < 1

@@ -143,8 +143,9 @@ def summarize(rows: list[dict[str, Any]], reference: str | None, k: int = 10) ->
         by.setdefault(r["variant"], {})[r["seed"]] = r
     ref = by.get(reference or "", {})
     lines = ["| variant | seeds | full HR@5 | full HR@10 | full NDCG@10 | composed eps per user (median / max) "
-             f"| HR@{k} - reference (paired t, p) | users hit only here / only by reference (sign test p) |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"| HR@{k} - reference (paired t, p) | NDCG@{k} - reference (paired t, p) "
+             "| users hit only here / only by reference (sign test p) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     table: dict[str, Any] = {}
     for name, seeds in by.items():
         s = sorted(seeds)
@@ -152,7 +153,9 @@ def summarize(rows: list[dict[str, Any]], reference: str | None, k: int = 10) ->
         priv = [seeds[x]["privacy"] for x in s if seeds[x].get("privacy")]
         eps = (f"{np.mean([p['eps_median'] for p in priv]):.1f} / {np.mean([p['eps_max'] for p in priv]):.1f}"
                if priv else "-")
-        cmp, sign = "-", "-"
+        if priv and np.mean([p["eps_median"] for p in priv]) > 1e6:
+            eps = "no noise (eps 1e9)"
+        cmp, cmp_n, sign = "-", "-", "-"
         rec: dict[str, Any] = {"seeds": s, **{m: (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0)
                                               for m, v in col.items()}}
         both = [x for x in s if x in ref]
@@ -161,13 +164,18 @@ def summarize(rows: list[dict[str, Any]], reference: str | None, k: int = 10) ->
             b = np.array([ref[x][f"HR@{k}"] for x in both])
             p_t = float(stats.ttest_rel(a, b).pvalue) if len(both) > 1 and np.any(a != b) else float("nan")
             cmp = f"{(a - b).mean():+.4f} (p {p_t:.2g})"
+            an = np.array([seeds[x][f"NDCG@{k}"] for x in both])
+            bn = np.array([ref[x][f"NDCG@{k}"] for x in both])
+            p_n = float(stats.ttest_rel(an, bn).pvalue) if len(both) > 1 and np.any(an != bn) else float("nan")
+            cmp_n = f"{(an - bn).mean():+.4f} (p {p_n:.2g})"
             ha = np.concatenate([np.array(seeds[x]["ranks"]) <= k for x in both]).astype(int)
             hb = np.concatenate([np.array(ref[x]["ranks"]) <= k for x in both]).astype(int)
             w, lo, p_s = _sign_test(ha, hb)
             sign = f"{w} / {lo} (p {p_s:.2g})"
-            rec.update(diff=float((a - b).mean()), p_t=p_t, only_here=w, only_ref=lo, p_sign=p_s)
+            rec.update(diff=float((a - b).mean()), p_t=p_t, diff_ndcg=float((an - bn).mean()), p_t_ndcg=p_n,
+                       only_here=w, only_ref=lo, p_sign=p_s)
         fmt = {m: f"{v.mean():.4f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.4f}" for m, v in col.items()}
-        lines.append(f"| {name} | {len(s)} | {fmt['HR@5']} | {fmt['HR@10']} | {fmt['NDCG@10']} | {eps} | {cmp} | {sign} |")
+        lines.append(f"| {name} | {len(s)} | {fmt['HR@5']} | {fmt['HR@10']} | {fmt['NDCG@10']} | {eps} | {cmp} | {cmp_n} | {sign} |")
         table[name] = rec
     return "\n".join(lines), table
 
@@ -186,6 +194,39 @@ def _plot(table: dict[str, Any], path: str, title: str) -> None:
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_ylabel("full-ranking HR@10 (mean ± std over seeds)")
     ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_epsilon_sweep(table: dict[str, Any], eps_of: dict[str, float], lines: list[str], path: str,
+                       privacy: dict[str, float] | None = None) -> None:
+    """HR@10 (mean ± std over seeds) against epsilon per upload; ``lines`` variants as horizontal
+    references; ``privacy`` (variant -> median composed epsilon) annotates each point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted(eps_of, key=lambda n: eps_of[n])
+    finite = [eps_of[n] for n in names if math.isfinite(eps_of[n])]
+    inf_x = max(finite) * 4 if finite else 1.0
+    xs = [eps_of[n] if math.isfinite(eps_of[n]) else inf_x for n in names]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.errorbar(xs, [table[n]["HR@10"][0] for n in names], yerr=[table[n]["HR@10"][1] for n in names], fmt="o-",
+                capsize=4, label="FedCL (GRU)")
+    for n, x in zip(names, xs):
+        if privacy and n in privacy and math.isfinite(eps_of[n]):
+            ax.annotate(f"median user {privacy[n]:.0f}", (x, table[n]["HR@10"][0]), textcoords="offset points",
+                        xytext=(4, -12), fontsize=7)
+    for i, n in enumerate(lines):
+        ax.axhline(table[n]["HR@10"][0], ls=("--", ":", "-.")[i % 3], color="k", lw=1, label=n)
+    ax.set_xscale("log")
+    ax.set_xticks(xs, [f"{eps_of[n]:g}" if math.isfinite(eps_of[n]) else "no noise" for n in names])
+    ax.set_xlabel("epsilon per upload (annotation: the median user's composed epsilon)")
+    ax.set_ylabel("full-ranking HR@10")
+    ax.set_title("FedCL on ml-latest-small: accuracy against LDP epsilon")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -278,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--png")
     s.add_argument("--title", default="FedCL on ml-latest-small")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--eps", nargs="*", default=[], metavar="VARIANT=EPS",
+                   help="with --eps-png: the FedCL variants of an epsilon sweep and their epsilon (inf: no noise)")
+    s.add_argument("--lines", nargs="*", default=[], metavar="VARIANT", help="with --eps-png: reference variants")
+    s.add_argument("--eps-png")
     c = sub.add_parser("cluster-cost", help="seconds and peak memory of Ward / k-means against the cache size")
     c.add_argument("--sizes", type=int, nargs="+", default=[610, 2000, 4000, 8000])
     c.add_argument("--methods", nargs="+", default=["ward", "kmeans"])
@@ -325,6 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.png:
         _plot(table, args.png, args.title)
+    if args.eps_png:
+        eps_of = {k: float(v) for k, v in (e.split("=", 1) for e in args.eps)}
+        priv = {}
+        for name in eps_of:
+            ps = [r["privacy"]["eps_median"] for r in rows if r["variant"] == name and r.get("privacy")]
+            if ps:
+                priv[name] = float(np.mean(ps))
+        plot_epsilon_sweep(table, eps_of, args.lines, args.eps_png, priv)
     if args.json:
         print(json.dumps({n: {k: v for k, v in t.items()} for n, t in table.items()}))
     return 0

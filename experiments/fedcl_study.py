@@ -163,18 +163,19 @@ def summarize(rows: list[dict[str, Any]], reference: str | None, k: int = 10) ->
             a = np.array([seeds[x][f"HR@{k}"] for x in both])
             b = np.array([ref[x][f"HR@{k}"] for x in both])
             p_t = float(stats.ttest_rel(a, b).pvalue) if len(both) > 1 and np.any(a != b) else float("nan")
-            cmp = f"{(a - b).mean():+.4f} (p {p_t:.2g})"
+            pf = lambda v: "n/a, 1 seed" if math.isnan(v) else f"{v:.2g}"  # noqa: E731
+            cmp = f"{(a - b).mean():+.4f} (p {pf(p_t)})"
             an = np.array([seeds[x][f"NDCG@{k}"] for x in both])
             bn = np.array([ref[x][f"NDCG@{k}"] for x in both])
             p_n = float(stats.ttest_rel(an, bn).pvalue) if len(both) > 1 and np.any(an != bn) else float("nan")
-            cmp_n = f"{(an - bn).mean():+.4f} (p {p_n:.2g})"
+            cmp_n = f"{(an - bn).mean():+.4f} (p {pf(p_n)})"
             ha = np.concatenate([np.array(seeds[x]["ranks"]) <= k for x in both]).astype(int)
             hb = np.concatenate([np.array(ref[x]["ranks"]) <= k for x in both]).astype(int)
             w, lo, p_s = _sign_test(ha, hb)
             sign = f"{w} / {lo} (p {p_s:.2g})"
             rec.update(diff=float((a - b).mean()), p_t=p_t, diff_ndcg=float((an - bn).mean()), p_t_ndcg=p_n,
                        only_here=w, only_ref=lo, p_sign=p_s)
-        fmt = {m: f"{v.mean():.4f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.4f}" for m, v in col.items()}
+        fmt = {m: f"{v.mean():.4f} ± {v.std(ddof=1):.4f}" if len(v) > 1 else f"{v.mean():.4f}" for m, v in col.items()}
         lines.append(f"| {name} | {len(s)} | {fmt['HR@5']} | {fmt['HR@10']} | {fmt['NDCG@10']} | {eps} | {cmp} | {cmp_n} | {sign} |")
         table[name] = rec
     return "\n".join(lines), table
@@ -208,7 +209,8 @@ def plot_epsilon_sweep(table: dict[str, Any], eps_of: dict[str, float], lines: l
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = sorted(eps_of, key=lambda n: eps_of[n])
+    names = sorted((n for n in eps_of if n in table), key=lambda n: eps_of[n])  # variants not run yet: skipped
+    lines = [n for n in lines if n in table]
     finite = [eps_of[n] for n in names if math.isfinite(eps_of[n])]
     inf_x = max(finite) * 4 if finite else 1.0
     xs = [eps_of[n] if math.isfinite(eps_of[n]) else inf_x for n in names]

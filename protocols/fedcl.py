@@ -203,7 +203,7 @@ class FedCL:
             n = len(self._clients)
             raise ValueError(
                 f"fedcl.clustering = \"ward\" on {n} clients: the cache reaches {n} embeddings and Ward's distance "
-                f"matrix {n * (n - 1) * 4 / 1e9:.1f} GB (limit {WARD_MAX_POINTS} clients, about 2.9 GB); "
+                f"matrix about {1.13 * n * (n - 1) * 4 / 1e9:.1f} GB at its peak (limit {WARD_MAX_POINTS} clients, about 2.8 GB); "
                 "set fedcl.clustering = \"kmeans\"")
         self._enc = client_sequences(train.users, train.items, train.timestamps, n_users, cfg.max_len)
         self._seq = client_sequences(train.users, train.items, train.timestamps, n_users, cfg.max_len + 1)

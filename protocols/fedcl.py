@@ -55,7 +55,7 @@ import torch
 from dp.events import NonPrivate
 from dp.ldp import ldp_laplace
 from protocols.base import Release, RoundStats
-from protocols.fedcl_server import CLUSTERINGS, cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
+from protocols.fedcl_server import CLUSTERINGS, WARD_MAX_POINTS, cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
 from protocols.registry import ProtocolSpec, register
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
@@ -68,6 +68,14 @@ __all__ = ["CentralSeqRec", "FedCL", "FedCLConfig"]
 _ENCODERS = ("gru", "id")
 _SECURE = ("none", "secagg", "secagg+")
 _HARD_MODES = ("sample", "hardest")
+
+
+def _in_sorted(keys: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """``np.isin(keys, table)`` for a sorted unique ``table`` by binary search (no re-sort per round)."""
+    if not table.size:
+        return np.zeros(np.shape(keys), dtype=bool)
+    idx = np.minimum(np.searchsorted(table, keys), table.size - 1)
+    return table[idx] == keys
 
 
 @dataclass(frozen=True)
@@ -191,6 +199,12 @@ class FedCL:
         cfg, n_users, n_items = self.config, train.n_users, train.n_items
         self.rng = np.random.default_rng([seed, 14])
         self._clients = np.flatnonzero(np.bincount(train.users, minlength=n_users) > 0)
+        if cfg.semi_hard and cfg.clustering == "ward" and len(self._clients) > WARD_MAX_POINTS:
+            n = len(self._clients)
+            raise ValueError(
+                f"fedcl.clustering = \"ward\" on {n} clients: the cache reaches {n} embeddings and Ward's distance "
+                f"matrix about {1.13 * n * (n - 1) * 4 / 1e9:.1f} GB at its peak (limit {WARD_MAX_POINTS} clients, about 2.8 GB); "
+                "set fedcl.clustering = \"kmeans\"")
         self._enc = client_sequences(train.users, train.items, train.timestamps, n_users, cfg.max_len)
         self._seq = client_sequences(train.users, train.items, train.timestamps, n_users, cfg.max_len + 1)
         keys = [pair_keys(train.users, train.items, n_items)]
@@ -276,7 +290,7 @@ class FedCL:
         for c, u in enumerate(sampled):
             self.transport.send(SERVER, client(u), t, "negatives", neg[c].copy() if keep else None, 4 * neg.shape[1])
         users = np.broadcast_to(sampled[:, None], neg.shape)
-        kept = ~np.isin(pair_keys(users, neg, self.train.n_items), self._own)  # the client drops its own items
+        kept = ~_in_sorted(pair_keys(users, neg, self.train.n_items), self._own)  # the client drops its own items
         kept &= self.has_cache[sampled][:, None]  # no cached embedding (budget spent early): no semi-hard
         return neg, kept
 
@@ -345,15 +359,27 @@ class FedCL:
         if cfg.semi_hard:
             releases += self._upload_embeddings(t, uploaders)
             neg, kept = self._semi_hard(t, sampled)
-        losses, rows, w = self.client_losses(sampled, neg, kept)
-        grads, g_rows = self.client_gradients(losses, rows, w)
+        keep = self.transport.transcript.keep_payloads
+        if cfg.secure_aggregation == "none" and keep is False:
+            # Plaintext sum and no payload kept: the gradient of the summed losses IS the sum of the
+            # clients' gradients, so skip the per-client copies (same values up to float32 summation
+            # order; test_plaintext_fast_path_equals_the_sum_of_per_client_gradients).
+            losses, rows, _ = self.client_losses(sampled, neg, kept, per_client=False)
+            g = torch.autograd.grad(losses.sum(), self.params + ([rows] if rows is not None else []))
+            g_rows = g[-1] if rows is not None else None
+            total = torch.cat([x.reshape(-1) for x in g[: len(self.params)]]).double().numpy()
+        else:
+            losses, rows, w = self.client_losses(sampled, neg, kept)
+            grads, g_rows = self.client_gradients(losses, rows, w)
         if g_rows is not None:  # the private user rows: local Adam, never uploaded
             self._local_user_step(sampled, g_rows)
         if cfg.secure_aggregation == "none":
-            keep = self.transport.transcript.keep_payloads
             for c, u in enumerate(sampled):
-                self.transport.send(client(u), SERVER, t, "update", grads[c].copy() if keep else None, self.model_bytes)
-            total, n_sum, up_bytes = grads.sum(0), m, float(self.model_bytes)
+                self.transport.send(client(u), SERVER, t, "update", None if keep is False else grads[c].copy(),
+                                    self.model_bytes)
+            if keep is not False:
+                total = grads.sum(0)
+            n_sum, up_bytes = m, float(self.model_bytes)
         else:
             res = secure_sum(grads, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
                              value_clip=cfg.value_clip, round=t, transport=self.transport,

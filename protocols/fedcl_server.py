@@ -32,8 +32,9 @@ __all__ = ["CLUSTERINGS", "WARD_MAX_POINTS", "cluster_centroids", "hard_candidat
            "sample_semi_hard"]
 
 CLUSTERINGS = ("ward", "kmeans", "none")
-#: Above this many cached embeddings Ward's condensed distance matrix passes ~3 GB (float64).
-WARD_MAX_POINTS = 27_000
+#: Above this many cached embeddings Ward's peak memory passes ~3 GB: the condensed float64
+#: distance matrix (n(n-1)/2 * 8 bytes) times the measured 1.13 (docs/fedcl.md, cluster-cost).
+WARD_MAX_POINTS = 25_000
 
 
 def cluster_centroids(x: np.ndarray, n_clusters: int, method: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -51,8 +52,8 @@ def cluster_centroids(x: np.ndarray, n_clusters: int, method: str, rng: np.rando
     if method == "ward":
         if n > WARD_MAX_POINTS:
             raise ValueError(
-                f"Ward clustering of {n} cached embeddings needs {n * (n - 1) * 4 / 1e9:.1f} GB for its distance "
-                f"matrix (limit {WARD_MAX_POINTS} points); set fedcl.clustering = \"kmeans\""
+                f"Ward clustering of {n} cached embeddings needs about {1.13 * n * (n - 1) * 4 / 1e9:.1f} GB (its "
+                f"distance matrix; limit {WARD_MAX_POINTS} points); set fedcl.clustering = \"kmeans\""
             )
         labels = fcluster(linkage(x, method="ward"), t=n_clusters, criterion="maxclust") - 1
     else:

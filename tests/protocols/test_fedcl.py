@@ -310,3 +310,29 @@ def test_batched_gru_equals_torch_gru_and_per_row_weights_give_each_rows_gradien
         torch.testing.assert_close(w["item"].grad[r], enc.item.grad)
         torch.testing.assert_close(w["weight_hh"].grad[r], enc.gru.weight_hh_l0.grad)
     assert ours_sum.shape == (b,)
+
+
+@pytest.mark.parametrize("encoder", ["gru", "id"])
+def test_plaintext_fast_path_equals_the_sum_of_per_client_gradients(encoder):
+    """Plaintext aggregation without kept payloads takes the gradient of the summed losses; with kept
+    payloads every client's own gradient is computed and sent. Same aggregate, same model after."""
+    fast = make({"encoder": encoder}, source=5)
+    slow = make({"encoder": encoder}, source=5, keep=True)
+    for _ in range(3):
+        fast.run_round(), slow.run_round()
+        assert np.abs(fast.last_aggregate).max() > 1e-3
+        np.testing.assert_allclose(fast.last_aggregate, slow.last_aggregate, rtol=1e-4, atol=1e-7)
+    sent = slow.transport.transcript.view(SERVER, kind="update")
+    assert len(sent) == 24 and all(r.payload is not None for r in sent)
+    np.testing.assert_allclose(fast.score_all(np.arange(5)), slow.score_all(np.arange(5)), rtol=1e-3, atol=1e-5)
+
+
+def test_ward_on_more_clients_than_fit_is_refused_at_build_time(monkeypatch):
+    """Ward's condensed matrix grows as n^2: above WARD_MAX_POINTS clients the protocol refuses to start
+    (before any upload) and names the k-means option; k-means and the Fed baseline start."""
+    import protocols.fedcl as fedcl_mod
+
+    monkeypatch.setattr(fedcl_mod, "WARD_MAX_POINTS", 30)
+    with pytest.raises(ValueError, match='fedcl.clustering = "kmeans"'):
+        make()
+    assert make({"clustering": "kmeans"}).round == 0 and make({"semi_hard": 0}).round == 0

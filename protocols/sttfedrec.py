@@ -28,6 +28,14 @@ Round ``t`` (notes section 2.4, with the decisions of issue 10):
     6. inference: the device downloads all item embeddings (``M x k`` float32) once and ranks by
        cosine with its user embedding (``score`` / ``score_all`` compute exactly that).
 
+Options (``[sttfedrec]``, docs/sttfedrec.md): ``item_id_embedding`` adds RS-held per-item-id
+vectors to the item tower's output (trained by RS from the same per-id sums of step 5; nothing
+changes for the client); ``user_features = "history"`` makes the user input the mean trigram
+vector of the user's other training clicks (computed on the device); ``decoys = "download-all"``
+replaces step 2's request by a constant-size request for every embedding: the client picks its
+``T`` training items on the device, RS returns all ``M`` embeddings, and step 5 scatters the
+gradients into all ``M`` ids, so RS receives no item id of any client.
+
 ``fl-twotower`` (FL-DSSM / FL-CLSM, Huang et al. 2020a) is the same model and the same round,
 except that each client downloads both towers and the raw item data of its request, computes both
 towers' gradients itself and uploads them in plaintext to one server, which runs FedAdam on both;
@@ -44,9 +52,11 @@ Adversary and promise (honest-but-curious RS and SAS that do not collude with ea
       ``chain-collusion``).
 Stated limits (each shown by an attack, docs/sttfedrec.md): the requests are linked to their
 client and the clicks recur across rounds while fresh decoys do not, so RS recovers the clicked
-set by intersection (attack ``request-intersection``; defense ``decoys = "fixed-pool"``); an id
-requested by one client only in a round leaks that client's gradient row even in the sum (notes
-G1); the RS learns which ids were requested together.
+set by intersection (attack ``request-intersection``; ``decoys = "fixed-pool"`` only blunts it,
+``decoys = "download-all"`` removes the ids from RS's view at ``M x k x 4`` bytes per client per
+round); an id requested by one client only in a round leaks that client's gradient row even in
+the sum (notes G1; gone under ``download-all``, where every client contributes to all ``M`` rows);
+the RS learns which ids were requested together and which clients take part in a round.
 """
 
 from __future__ import annotations

@@ -3,11 +3,13 @@
 ``secagg attack sttfedrec --attack request-intersection|item-gradient --defense DEFENSE [--rounds R]
 [--rho P] [--clients K] [--data PATH] [--json] [--sweep OUT_DIR]``
 
-Defenses: ``request-intersection``: ``none`` (fresh decoys, the paper) or ``fixed-pool`` (a
-per-user popularity-matched decoy pool drawn once); ``item-gradient``: ``none`` (each client's
-per-id rows in plaintext, the naive fix of notes G1) or ``secagg`` (the per-id sum through
-SecAgg+, the protocol's default). The truth a client is scored against is its clicks among the
-ids it requested (what RS could learn at best). ``--json`` prints one object on the last line:
+Defenses: ``request-intersection``: ``none`` (fresh decoys, the paper), ``fixed-pool`` (a
+per-user popularity-matched decoy pool drawn once) or ``download-all`` (every sampled client
+receives all ``M`` embeddings and sends no item id; its gradients are summed over all ``M`` ids);
+``item-gradient``: ``none`` (each client's per-id rows in plaintext, the naive fix of notes G1),
+``secagg`` (the per-id sum through SecAgg+, the protocol's default) or ``download-all``. The truth
+a client is scored against is its clicks among the items it trained on (its request, or under
+``download-all`` the ``T`` items it picked on the device), in the rounds it took part in. ``--json`` prints one object on the last line:
 ``attack.{f1, precision, recall, random_f1, status}`` plus ``requested_f1`` (guessing every
 requested id) and the model's sampled HR@10 under the defense. ``--sweep OUT_DIR`` runs the
 request-intersection attack over rho and rounds, with and without the defense, and writes
@@ -33,7 +35,8 @@ __all__ = ["register", "run"]
 ATTACKS = ("request-intersection", "item-gradient")
 SWEEP_RHOS = (0.5, 0.9)
 SWEEP_ROUNDS = (5, 10, 20)
-DEFENSES = {"request-intersection": ("none", "fixed-pool"), "item-gradient": ("none", "secagg")}
+DEFENSES = {"request-intersection": ("none", "fixed-pool", "download-all"),
+            "item-gradient": ("none", "secagg", "download-all")}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sttfedrec", help="attacks on what STTFedRec's recommendation server sees",
         description="Train STTFedRec under a defense, run an attack on RS's view, report it beside random guessing.")
     p.add_argument("--attack", choices=ATTACKS, default="request-intersection")
-    p.add_argument("--defense", default="none", help="request-intersection: none|fixed-pool; item-gradient: none|secagg")
+    p.add_argument("--defense", default="none",
+                   help="request-intersection: none|fixed-pool|download-all; item-gradient: none|secagg|download-all")
     p.add_argument("--rounds", type=int, default=20, help="training rounds (default 20)")
     p.add_argument("--rho", type=float, default=0.9, help="fraction of non-clicked ids per request (default 0.9)")
     p.add_argument("--request-size", type=int, default=10, help="T, ids per request (default 10)")
@@ -98,8 +102,9 @@ def run_many(args: argparse.Namespace, *, defense: str, rho: float, rounds: tupl
     split, source = _split(args)
     try:
         cfg = TwoTowerConfig(hash_dim=256, dim=32, clients_per_round=args.clients, request_size=args.request_size,
-                             rho=rho, temperature=0.1, decoys="fixed-pool" if defense == "fixed-pool" else "fresh",
-                             item_aggregation="secagg+" if defense == "secagg" else "none")
+                             rho=rho, temperature=0.1,
+                             decoys=defense if defense in ("fixed-pool", "download-all") else "fresh",
+                             item_aggregation="none" if args.attack == "item-gradient" and defense == "none" else "secagg+")
     except ValueError as exc:
         raise UserError(str(exc)) from None
     keep = lambda r: r.receiver == RS  # noqa: E731  (RS's view only)
@@ -108,18 +113,23 @@ def run_many(args: argparse.Namespace, *, defense: str, rho: float, rounds: tupl
     cands = sample_eval_candidates(split, n_negatives=min(99, model.n_items // 2), rng=np.random.default_rng([args.seed, 1]))
     spec = get_attack("sttfedrec", args.attack)
     out, t0 = [], time.perf_counter()
+    trained: dict[int, list[np.ndarray]] = {}  # ground truth: each client's clicks among the items it trained on
     for r in range(max(rounds)):
         model.run_round()
+        users, ids, labels = model.last_batches
+        for u, row, lab in zip(users.tolist(), ids, labels):
+            trained.setdefault(u, []).append(row[lab > 0])
         if r + 1 not in rounds:
             continue
         view = [x for x in model.transport.transcript.view(RS) if x.round <= r]
         inferred = spec.run(view, model.public_info())
-        pos_items, pos_start = model.pos_items, model.pos_start
         requested = {u: np.unique(np.concatenate(q)) for u, q in requests_by_client(view).items()}
-        truth = {u: np.intersect1d(ids, pos_items[pos_start[u]:pos_start[u + 1]]) for u, ids in requested.items()}
+        truth = {u: np.unique(np.concatenate(q)) for u, q in trained.items()}
         sc = score_sets(inferred, truth, n_candidates=model.n_items)
         everything = score_sets(requested, truth, n_candidates=model.n_items)
         status = "ok" if sc.f1 > max(sc.random_f1, everything.f1) + 0.05 else "no better than guessing"
+        if not requested and not any(inferred.values()):
+            status = "no per-client item ids in RS's view (nothing to attack)"
         out.append({
             "attack_name": args.attack, "defense": defense, "rho": rho, "rounds": r + 1, "clients": args.clients,
             "request_size": args.request_size, "data": source, "users": model.n_users, "items": model.n_items,

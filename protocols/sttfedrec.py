@@ -28,6 +28,14 @@ Round ``t`` (notes section 2.4, with the decisions of issue 10):
     6. inference: the device downloads all item embeddings (``M x k`` float32) once and ranks by
        cosine with its user embedding (``score`` / ``score_all`` compute exactly that).
 
+Options (``[sttfedrec]``, docs/sttfedrec.md): ``item_id_embedding`` adds RS-held per-item-id
+vectors to the item tower's output (trained by RS from the same per-id sums of step 5; nothing
+changes for the client); ``user_features = "history"`` makes the user input the mean trigram
+vector of the user's other training clicks (computed on the device); ``decoys = "download-all"``
+replaces step 2's request by a constant-size request for every embedding: the client picks its
+``T`` training items on the device, RS returns all ``M`` embeddings, and step 5 scatters the
+gradients into all ``M`` ids, so RS receives no item id of any client.
+
 ``fl-twotower`` (FL-DSSM / FL-CLSM, Huang et al. 2020a) is the same model and the same round,
 except that each client downloads both towers and the raw item data of its request, computes both
 towers' gradients itself and uploads them in plaintext to one server, which runs FedAdam on both;
@@ -44,9 +52,11 @@ Adversary and promise (honest-but-curious RS and SAS that do not collude with ea
       ``chain-collusion``).
 Stated limits (each shown by an attack, docs/sttfedrec.md): the requests are linked to their
 client and the clicks recur across rounds while fresh decoys do not, so RS recovers the clicked
-set by intersection (attack ``request-intersection``; defense ``decoys = "fixed-pool"``); an id
-requested by one client only in a round leaks that client's gradient row even in the sum (notes
-G1); the RS learns which ids were requested together.
+set by intersection (attack ``request-intersection``; ``decoys = "fixed-pool"`` only blunts it,
+``decoys = "download-all"`` removes the ids from RS's view at ``M x k x 4`` bytes per client per
+round); an id requested by one client only in a round leaks that client's gradient row even in
+the sum (notes G1; gone under ``download-all``, where every client contributes to all ``M`` rows);
+the RS learns which ids were requested together and which clients take part in a round.
 """
 
 from __future__ import annotations
@@ -79,6 +89,8 @@ from secagg.encoding import check_budget
 __all__ = ["RS", "SAS", "ProtocolError", "RequestError", "STTFedRec", "TwoTowerConfig"]
 
 RS, SAS = "rs", "sas"
+#: the key of the per-item-id vectors in the item-side parameters (``item_id_embedding``)
+ITEM_ID = "item_id"
 
 
 class ProtocolError(ValueError):
@@ -109,6 +121,9 @@ class STTFedRec:
         self.dropout_gen = torch.Generator().manual_seed(int(seed) + 1)
         self.user_params = {k: v.detach().clone() for k, v in self.user_tower.named_parameters()}
         self.item_params = {k: v.detach().clone() for k, v in self.item_tower.named_parameters()}
+        self.n_item_params = sum(p.numel() for p in self.item_params.values())  # the tower alone
+        if config.item_id_embedding:  # starts at zero: the initial model is the paper's
+            self.item_params[ITEM_ID] = torch.zeros(train.n_items, config.dim)
         opt = dict(lr=config.lr, beta1=config.beta1, beta2=config.beta2, tau=config.tau)
         self.user_opt, self.item_opt = FedAdam(self.user_params, **opt), FedAdam(self.item_params, **opt)
         self.pos_items, self.pos_start = positive_lists(self.data.train)
@@ -124,7 +139,7 @@ class STTFedRec:
         self._device_seconds: list[float] = []
         self._train_bytes: list[float] = []
         self.n_user_params = sum(p.numel() for p in self.user_params.values())
-        self.n_item_params = sum(p.numel() for p in self.item_params.values())
+        self.n_item_id_params = train.n_items * config.dim if config.item_id_embedding else 0
         k = min(config.clients_per_round, len(self._clients))
         check_budget(n_summands=max(k, 1), clip=config.value_clip, frac_bits=config.frac_bits)
 
@@ -133,14 +148,35 @@ class STTFedRec:
     def clients_per_round(self) -> int:
         return min(self.config.clients_per_round, len(self._clients))
 
+    def _item_forward(self, params: dict[str, torch.Tensor], rows: np.ndarray, inputs: tuple[torch.Tensor, ...],
+                      masks: list[torch.Tensor] | None) -> torch.Tensor:
+        """RS's item side for items ``rows``: the tower's output plus (``item_id_embedding``) the id vectors."""
+        tower = {n: p for n, p in params.items() if n != ITEM_ID}
+        out = functional_call(self.item_tower, tower, (*inputs, masks))
+        if ITEM_ID in params:
+            out = out + params[ITEM_ID][torch.as_tensor(np.asarray(rows, dtype=np.int64))]
+        return out
+
     def _inputs(self, which: str, rows: np.ndarray) -> tuple[torch.Tensor, ...]:
         d, cfg = self.data, self.config
         x, lens = (d.user_x, d.user_len) if which == "user" else (d.item_x, d.item_len)
         return tower_inputs(cfg.tower, (x, lens), rows, cfg.max_words)
 
     # -- RS -----------------------------------------------------------------------------------
-    def check_request(self, t: int, who: str, ids: Any) -> np.ndarray:
-        """RS's validation of one request; raises :class:`RequestError` before any state changes."""
+    def check_request(self, t: int, who: str, ids: Any) -> np.ndarray | None:
+        """RS's validation of one request; raises :class:`RequestError` before any state changes.
+
+        ``ids=None`` is the download-all request (``decoys = "download-all"``): only the round and
+        replay checks apply.
+        """
+        if ids is None:
+            if self.config.decoys != "download-all":
+                raise RequestError(f"round {t}: {who} asked for every embedding but RS serves requests of "
+                                   f"{self.config.request_size} ids (decoys = {self.config.decoys!r})")
+            self._check_fresh(t, who)
+            return None
+        if self.config.decoys == "download-all":
+            raise RequestError(f"round {t}: {who} sent item ids but RS serves every embedding (decoys = 'download-all')")
         arr = np.asarray(ids)
         if arr.shape != (self.config.request_size,) or arr.dtype.kind not in "iu":
             raise RequestError(f"round {t}: {who} sent a request of shape {arr.shape} and dtype {arr.dtype}; "
@@ -148,11 +184,14 @@ class STTFedRec:
         if arr.min() < 0 or arr.max() >= self.n_items:
             bad = int(arr[(arr < 0) | (arr >= self.n_items)][0])
             raise RequestError(f"round {t}: {who} requested unknown item id {bad} (catalogue has {self.n_items})")
+        self._check_fresh(t, who)
+        return arr.astype(np.int64)
+
+    def _check_fresh(self, t: int, who: str) -> None:
         if t != self.round:
             raise RequestError(f"round {t}: {who}'s request is for round {t}, RS is in round {self.round} (replay?)")
         if (t, who) in self._served:
             raise RequestError(f"round {t}: {who} already requested this round (replayed request refused)")
-        return arr.astype(np.int64)
 
     def check_user(self, users: np.ndarray) -> np.ndarray:
         users = np.asarray(users)
@@ -168,8 +207,13 @@ class STTFedRec:
         names = [client(u) for u in sampled]
         ids, labels = sample_requests(sampled, self.pos_items, self.pos_start, cfg.n_pos, cfg.n_neg,
                                       self.data.never_negative, rng, self.pool)
-        union, inverse = np.unique(ids, return_inverse=True)
-        inverse = inverse.reshape(ids.shape)
+        self.last_batches = (sampled, ids, labels)  # simulation ground truth for attack scoring; never sent
+        everything = cfg.decoys == "download-all"
+        if everything:  # the defense: every client receives all M embeddings and sends no ids
+            union, inverse = np.arange(self.n_items), ids
+        else:
+            union, inverse = np.unique(ids, return_inverse=True)
+            inverse = inverse.reshape(ids.shape)
         # Dropout masks: one per item id of the round (RS) and one per client (its user tower).
         item_masks = self.item_tower.masks(len(union), self.dropout_gen)
         user_masks = self.user_tower.masks(len(sampled), self.dropout_gen)
@@ -180,11 +224,17 @@ class STTFedRec:
                 self.transport.send(RS, name, t, "item-tower", None, sizes["item_tower"])
         keep = self.transport.transcript.keep_payloads
         for name, req in zip(names, ids):
-            self.check_request(t, name, req)
-            self.transport.send(name, RS, t, "request", req.copy() if keep else None, 4 * cfg.request_size)
+            if everything:  # a constant-size "send me every embedding" token: no item id leaves the device
+                self.check_request(t, name, None)
+                self.transport.send(name, RS, t, "request-all", None, 4)
+            else:
+                self.check_request(t, name, req)
+                self.transport.send(name, RS, t, "request", req.copy() if keep else None, 4 * cfg.request_size)
             self._served.add((t, name))
         item_x = self._inputs("item", union)
         user_x = self._inputs("user", sampled)
+        if self.data.user_rule == "history":  # each device's mean over its other clicks (on the device)
+            user_x = (self.data.request_user_x(sampled, labels, item_x[0][torch.as_tensor(inverse)]),)
         t_server = time.perf_counter()
         try:
             if self.mode == "split":
@@ -196,7 +246,8 @@ class STTFedRec:
         except Exception:
             self._served = {s for s in self._served if s[0] != t}  # the round may be run again
             raise
-        self._device_seconds.append(self._time_one_device(user_x, user_masks, item_x, item_masks, inverse, labels))
+        self._device_seconds.append(self._time_one_device(user_x, user_masks, item_x, item_masks, union, inverse,
+                                                          labels))
         self._train_bytes.append(float(stats.bytes_per_client))
         self._served = {s for s in self._served if s[0] > t}
         self.round += 1
@@ -222,12 +273,13 @@ class STTFedRec:
         keep = self.transport.transcript.keep_payloads
         params_v = {n: p.clone().requires_grad_(True) for n, p in self.item_params.items()}
         ts = time.perf_counter()
-        emb = functional_call(self.item_tower, params_v, (*item_x, item_masks))  # RS, kept for backprop
+        emb = self._item_forward(params_v, union, item_x, item_masks)  # RS, kept for backprop
         rs_s = time.perf_counter() - ts
-        returned = emb.detach()[torch.as_tensor(inverse)]  # [K, T, d], what each client receives
+        returned = emb.detach()[torch.as_tensor(inverse)]  # [K, T, d], the rows each client trains on
+        n_sent = len(union) if cfg.decoys == "download-all" else cfg.request_size  # rows each client receives
         for c, name in enumerate(names):
             self.transport.send(RS, name, t, "embeddings", returned[c].numpy().copy() if keep else None,
-                                4 * cfg.request_size * cfg.dim)
+                                4 * n_sent * cfg.dim)
         gu, gi, loss = self._per_client(user_x, user_masks, returned, torch.as_tensor(labels))
         # Step 4: user-tower gradient and loss through the circular chain to SAS.
         vec = np.concatenate([numpy_flat(gu), loss.double().numpy()[:, None]], axis=1)
@@ -267,7 +319,8 @@ class STTFedRec:
         grads_v = torch.autograd.grad(emb, list(params_v.values()), grad_outputs=G)
         self.item_opt.step(self.item_params, dict(zip(params_v, grads_v)), lr=cfg.lr_at(t))
         rs_s += time.perf_counter() - ts
-        train_bytes = (4 * self.n_user_params + 4 * cfg.request_size * (1 + cfg.dim)
+        req_bytes = 4 if cfg.decoys == "download-all" else 4 * cfg.request_size
+        train_bytes = (4 * self.n_user_params + req_bytes + 4 * n_sent * cfg.dim
                        + res_u.bytes_per_client + bytes_i)
         what = (f"user-tower gradient sum via the chain (s={cfg.chain_successors}) to SAS; item-id gradient "
                 + ("rows of each client in plaintext to RS" if cfg.item_aggregation == "none"
@@ -285,24 +338,36 @@ class STTFedRec:
         inv = torch.as_tensor(inverse)
         ix = tuple(x[inv] for x in item_x)  # each client's raw item features [K, T, ...]
         im = [m[inv] for m in item_masks]
+        tower_v = {n: p for n, p in self.item_params.items() if n != ITEM_ID}
+        has_id = ITEM_ID in self.item_params
+        # The id vectors of each client's request (zeros without item_id_embedding): downloaded rows.
+        erows = self.item_params[ITEM_ID][torch.as_tensor(union)][inv] if has_id else torch.zeros(k, cfg.request_size, cfg.dim)
 
-        def loss_fn(pu, pv, ux, um, vx, vm, lab):
+        def loss_fn(pu, pv, er, ux, um, vx, vm, lab):
             u = functional_call(self.user_tower, pu, (*ux, um))
-            v = functional_call(self.item_tower, pv, (*vx, vm))
+            v = functional_call(self.item_tower, pv, (*vx, vm)) + er
             return sampled_softmax_loss(u, v, lab, cfg.temperature)
 
-        f = grad_and_value(loss_fn, argnums=(0, 1))
+        f = grad_and_value(loss_fn, argnums=(0, 1, 2))
         n_u, n_v = len(user_x), len(ix)
-        (gu, gv), loss = vmap(f, in_dims=(None, None, (0,) * n_u, 0, (0,) * n_v, 0, 0))(
-            self.user_params, self.item_params, user_x, user_masks, ix, im, torch.as_tensor(labels))
-        item_bytes = int(self.data.item_x[union].nnz * 8 // max(len(union), 1)) * cfg.request_size
-        upload = 4 * (self.n_user_params + self.n_item_params) + 4
+        (gu, gv, ge), loss = vmap(f, in_dims=(None, None, 0, (0,) * n_u, 0, (0,) * n_v, 0, 0))(
+            self.user_params, tower_v, erows, user_x, user_masks, ix, im, torch.as_tensor(labels))
+        gv = {n: g.mean(0) for n, g in gv.items()}
+        id_bytes = 0
+        if has_id:  # the mean over clients of each client's gradient of the whole id table (its rows only)
+            g_id = torch.zeros_like(self.item_params[ITEM_ID])
+            g_id.index_add_(0, torch.as_tensor(union[inverse.ravel()]), ge.reshape(-1, cfg.dim) / k)
+            gv[ITEM_ID] = g_id
+            id_bytes = 4 * cfg.request_size * cfg.dim
+        rows_down = len(union) if cfg.decoys == "download-all" else cfg.request_size
+        item_bytes = int(self.data.item_x[union].nnz * 8 // max(len(union), 1)) * rows_down + id_bytes * rows_down // cfg.request_size
+        upload = 4 * (self.n_user_params + self.n_item_params) + 4 + id_bytes
         for name in names:
             self.transport.send(RS, name, t, "item-features", None, item_bytes)
             self.transport.send(name, RS, t, "update", None, upload)
         ts = time.perf_counter()
         self.user_opt.step(self.user_params, {n: g.mean(0) for n, g in gu.items()}, lr=cfg.lr_at(t))
-        self.item_opt.step(self.item_params, {n: g.mean(0) for n, g in gv.items()}, lr=cfg.lr_at(t))
+        self.item_opt.step(self.item_params, gv, lr=cfg.lr_at(t))
         train_bytes = 4 * (self.n_user_params + self.n_item_params) + upload + 4 * cfg.request_size + item_bytes
         return RoundStats(
             round=t, loss=float(loss.mean()), clients=k, bytes_per_client=float(train_bytes),
@@ -328,16 +393,19 @@ class STTFedRec:
         mean = self._unflatten(np.asarray(vec, dtype=np.float64) / survivors, self.user_params)
         self.user_opt.step(self.user_params, mean, lr=self.config.lr_at(self.round))
 
-    def _time_one_device(self, user_x, user_masks, item_x, item_masks, inverse, labels) -> float:
+    def _time_one_device(self, user_x, user_masks, item_x, item_masks, union, inverse, labels) -> float:
         """Wall seconds of one client's training work alone (the first sampled client), unbatched."""
         inv = torch.as_tensor(inverse[0])
         ts = time.perf_counter()
         pu = {n: p.clone().requires_grad_(True) for n, p in self.user_params.items()}
         u = functional_call(self.user_tower, pu, (*(x[0:1] for x in user_x), [m[0:1] for m in user_masks]))
         if self.mode == "fl":
-            pv = {n: p.clone().requires_grad_(True) for n, p in self.item_params.items()}
+            pv = {n: p.clone().requires_grad_(True) for n, p in self.item_params.items() if n != ITEM_ID}
             v = functional_call(self.item_tower, pv, (*(x[inv] for x in item_x), [m[inv] for m in item_masks]))
             params = list(pu.values()) + list(pv.values())
+            if ITEM_ID in self.item_params:  # the downloaded id rows of the request
+                rows = self.item_params[ITEM_ID][torch.as_tensor(union[inverse[0]])].requires_grad_(True)
+                v, params = v + rows, params + [rows]
         else:
             v = torch.randn(len(inv), self.config.dim).requires_grad_(True)  # stands for the received embeddings
             params = list(pu.values()) + [v]
@@ -353,7 +421,7 @@ class STTFedRec:
             out = []
             for lo in range(0, self.n_items, 1024):
                 rows = np.arange(lo, min(lo + 1024, self.n_items))
-                out.append(functional_call(self.item_tower, self.item_params, (*self._inputs("item", rows), None)))
+                out.append(self._item_forward(self.item_params, rows, self._inputs("item", rows), None))
             e = torch.cat(out)
             self._cache = (self.round, e / e.norm(dim=1, keepdim=True).clamp_min(1e-12))
         return self._cache[1]
@@ -385,7 +453,7 @@ class STTFedRec:
             ts = time.perf_counter()
             torch.topk(self.user_embeddings(np.array([0])) @ emb.T, k=min(10, m))
             infer_s = time.perf_counter() - ts
-        infer_bytes = m * cfg.dim * 4 if self.mode == "split" else self.data.item_text_bytes
+        infer_bytes = m * cfg.dim * 4 if self.mode == "split" else self.data.item_text_bytes + 4 * self.n_item_id_params
         rounds = [r for r in self._device_seconds]
         return {
             "inference_bytes_per_client": int(infer_bytes),
@@ -394,6 +462,7 @@ class STTFedRec:
             "train_bytes_per_client_per_round": float(np.mean(self._train_bytes)) if self._train_bytes else 0.0,
             "user_tower_params": int(self.n_user_params),
             "item_tower_params": int(self.n_item_params),
+            "item_id_params": int(self.n_item_id_params),
             "features": self.data.describe(),
         }
 

@@ -42,6 +42,8 @@ class CentralTwoTower:
         self.dropout_gen = torch.Generator().manual_seed(int(seed) + 1)
         self.params = {f"u.{k}": v.detach().clone() for k, v in self.user_tower.named_parameters()}
         self.params.update({f"v.{k}": v.detach().clone() for k, v in self.item_tower.named_parameters()})
+        if config.item_id_embedding:  # as in protocols.sttfedrec: zero-initialised id vectors
+            self.params["v.item_id"] = torch.zeros(train.n_items, config.dim)
         self.opt = FedAdam(self.params, lr=config.lr, beta1=config.beta1, beta2=config.beta2, tau=config.tau)
         self.pos_items, self.pos_start = positive_lists(self.data.train)
         self.round = 0
@@ -49,6 +51,13 @@ class CentralTwoTower:
 
     def _part(self, prefix: str) -> dict[str, torch.Tensor]:
         return {k[2:]: v for k, v in self.params.items() if k.startswith(prefix)}
+
+    def _item_forward(self, pv: dict[str, torch.Tensor], rows: np.ndarray, masks) -> torch.Tensor:
+        out = functional_call(self.item_tower, {k: v for k, v in pv.items() if k != "item_id"},
+                              (*self._inputs("item", rows), masks))
+        if "item_id" in pv:
+            out = out + pv["item_id"][torch.as_tensor(np.asarray(rows, dtype=np.int64))]
+        return out
 
     def _inputs(self, which: str, rows: np.ndarray):
         d, cfg = self.data, self.config
@@ -69,10 +78,11 @@ class CentralTwoTower:
             params = {k: v.clone().requires_grad_(True) for k, v in self.params.items()}
             pu = {k[2:]: v for k, v in params.items() if k.startswith("u.")}
             pv = {k[2:]: v for k, v in params.items() if k.startswith("v.")}
-            u = functional_call(self.user_tower, pu, (*self._inputs("user", users),
-                                                      self.user_tower.masks(len(users), self.dropout_gen)))
-            v = functional_call(self.item_tower, pv, (*self._inputs("item", union),
-                                                      self.item_tower.masks(len(union), self.dropout_gen)))
+            ux = self._inputs("user", users)
+            if self.data.user_rule == "history":  # the request's clicks left out of the user's mean
+                ux = (self.data.request_user_x(users, labels, self._inputs("item", union)[0][torch.as_tensor(inv.reshape(ids.shape))]),)
+            u = functional_call(self.user_tower, pu, (*ux, self.user_tower.masks(len(users), self.dropout_gen)))
+            v = self._item_forward(pv, union, self.item_tower.masks(len(union), self.dropout_gen))
             loss = sampled_softmax_loss(u, v[torch.as_tensor(inv.reshape(ids.shape))], torch.as_tensor(labels),
                                         cfg.temperature)
             grads = torch.autograd.grad(loss.mean(), list(params.values()))
@@ -88,7 +98,7 @@ class CentralTwoTower:
     def _items(self) -> torch.Tensor:
         if self._cache is None or self._cache[0] != self.round:
             pv = self._part("v.")
-            out = [functional_call(self.item_tower, pv, (*self._inputs("item", np.arange(lo, min(lo + 1024, self.n_items))), None))
+            out = [self._item_forward(pv, np.arange(lo, min(lo + 1024, self.n_items)), None)
                    for lo in range(0, self.n_items, 1024)]
             e = torch.cat(out)
             self._cache = (self.round, e / e.norm(dim=1, keepdim=True).clamp_min(1e-12))

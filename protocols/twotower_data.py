@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 from recmodels.data import Interactions
 from recmodels.sampling import sample_train_negatives
@@ -30,8 +31,8 @@ from recmodels.twotower import TOWERS
 
 __all__ = ["TwoTowerConfig", "TwoTowerData", "build_features", "sample_requests"]
 
-_USER_FEATURES = ("auto", "demographics", "clicks")
-_DECOYS = ("fresh", "fixed-pool")
+_USER_FEATURES = ("auto", "demographics", "clicks", "history")
+_DECOYS = ("fresh", "fixed-pool", "download-all")
 _ITEM_AGG = ("secagg+", "secagg", "chain", "none")
 
 
@@ -51,11 +52,17 @@ class TwoTowerConfig:
         temperature: softmax temperature over cosines (notes G15; 1 is the paper's).
         lr, beta1, beta2, tau: FedAdam (or the centralised Adam-style step).
         lr_decay, decay_every: ``lr *= lr_decay`` every ``decay_every`` rounds (notes G4).
-        user_features: ``"auto"`` (demographics if present, else clicks), ``"demographics"``, ``"clicks"``.
+        user_features: ``"auto"`` (demographics if present, else clicks), ``"demographics"``, ``"clicks"``,
+            or ``"history"`` (DSSM only; our decision, docs/sttfedrec.md): the mean trigram vector of
+            the titles and genres of all the user's training clicks, computed on the device, with
+            each request's own clicks left out of it so the label is never in the feature.
         user_clicks: clicks used as the user feature under the click rule.
         decoys: ``"fresh"`` (the paper: new random non-clicked ids per request) or ``"fixed-pool"``
             (the defense against request intersection: a per-user, popularity-matched pool
-            drawn once, ``pool_factor`` times the history scaled by ``n_neg / n_pos``).
+            drawn once, ``pool_factor`` times the history scaled by ``n_neg / n_pos``) or
+            ``"download-all"`` (the defense that resists it: each sampled client receives all ``M``
+            embeddings, sends RS no item id, picks its ``T`` training items on the device, and its
+            embedding gradients are scattered into all ``M`` ids before the secure sum).
         pool_factor: pool size multiplier of ``"fixed-pool"``.
         item_aggregation: how the per-item-id gradients reach RS (notes G1): ``"secagg+"``,
             ``"secagg"``, ``"chain"`` (sum only) or ``"none"`` (each client's rows in plaintext,
@@ -63,6 +70,12 @@ class TwoTowerConfig:
         chain_successors: s of the circular chain carrying the user-tower gradients to SAS.
         frac_bits, value_clip: fixed-point encoding of every secure sum.
         batch_size: requests per step of the centralised trainer (``centralized-twotower``).
+        item_id_embedding: add a learned per-item-id vector (``M x dim``, held with the item
+            tower) to the item tower's output, so the item side can memorise what titles and
+            genres do not carry (popularity, collaborative signal). Our decision, not the paper's
+            (docs/sttfedrec.md): the item ids are RS's own data; under ``sttfedrec`` the vectors
+            stay on RS and are trained by the same per-id gradient sums, under ``fl-twotower``
+            each client downloads the rows of its request and uploads their gradients.
     """
 
     tower: str = "dssm"
@@ -90,6 +103,7 @@ class TwoTowerConfig:
     frac_bits: int = 24
     value_clip: float = 64.0
     batch_size: int = 256
+    item_id_embedding: bool = False
 
     def __post_init__(self) -> None:
         def bad(key: str, want: str) -> ValueError:
@@ -118,10 +132,15 @@ class TwoTowerConfig:
             raise bad("lr_decay", "in (0, 1]")
         if self.user_features not in _USER_FEATURES:
             raise bad("user_features", f"one of {_USER_FEATURES}")
+        if self.user_features == "history" and self.tower != "dssm":
+            raise bad("user_features", "'auto', 'demographics' or 'clicks' with tower = 'clsm' ('history' is a bag "
+                      "of trigrams, a DSSM input)")
         if self.decoys not in _DECOYS:
             raise bad("decoys", f"one of {_DECOYS}")
         if self.item_aggregation not in _ITEM_AGG:
             raise bad("item_aggregation", f"one of {_ITEM_AGG}")
+        if not isinstance(self.item_id_embedding, bool):
+            raise bad("item_id_embedding", "true or false")
         if not (0 < self.frac_bits < 62):
             raise bad("frac_bits", "in 1..61")
 
@@ -149,7 +168,8 @@ class TwoTowerData:
         vocab: the trigram vocabulary.
         item_x, item_len: item features (CSR; per-word rows for CLSM) and word counts.
         user_x, user_len: user features, likewise.
-        user_rule: ``"demographics"`` or ``"clicks"``.
+        user_rule: ``"demographics"``, ``"clicks"`` or ``"history"``.
+        user_count: training clicks per user (``"history"``: ``user_x`` is their mean item vector).
         feature_pairs: ``(user, item)`` moved from positives into features.
         item_text_bytes: UTF-8 bytes of the raw item data (what FL baselines download to infer).
     """
@@ -164,6 +184,21 @@ class TwoTowerData:
     user_rule: str
     feature_pairs: np.ndarray
     item_text_bytes: int
+    user_count: np.ndarray | None = None
+
+    def request_user_x(self, users: np.ndarray, labels: np.ndarray, request_item_x: torch.Tensor) -> torch.Tensor:
+        """``"history"`` user inputs ``[K, hash_dim]`` for one request each, its clicks left out.
+
+        ``request_item_x`` is ``[K, T, hash_dim]``, the item inputs of each request; the result is
+        ``(count * mean - sum of the request's clicked items) / max(count - clicks, 1)``, i.e. the
+        mean over the user's other training clicks (what the device computes from its own data).
+        """
+        users = np.asarray(users, dtype=np.int64)
+        lab = torch.as_tensor(labels, dtype=torch.float32)
+        count = torch.as_tensor(self.user_count[users], dtype=torch.float32)
+        total = torch.from_numpy(self.user_x[users].toarray()) * count[:, None]
+        left = total - (lab.unsqueeze(-1) * request_item_x).sum(1)
+        return left / (count - lab.sum(1)).clamp_min(1.0)[:, None]
 
     def describe(self) -> dict[str, Any]:
         return {"user_features": self.user_rule, "feature_clicks_removed": int(len(self.feature_pairs)),
@@ -191,6 +226,13 @@ def build_features(train: Interactions, source: str, config: TwoTowerConfig,
         raise ValueError(f"sttfedrec.user_features = 'demographics' but no u.user/users.dat lies beside {source}; "
                          "use 'auto' or 'clicks'")
     never = train if exclude is None else _concat(train, exclude.users, exclude.items)
+    if config.user_features == "history":
+        item_x = vocab.bag(texts)
+        clicks = sp.csr_matrix((np.ones(len(train)), (train.users, train.items)), shape=(train.n_users, train.n_items))
+        count = np.bincount(train.users, minlength=train.n_users)
+        user_x = sp.diags(1.0 / np.maximum(count, 1)) @ (clicks @ item_x)
+        return TwoTowerData(train, never, vocab, item_x, None, sp.csr_matrix(user_x, dtype=np.float32), None,
+                            "history", np.zeros((0, 2), np.int64), sum(len(t.encode()) for t in texts), count)
     if demo is not None:
         user_texts, rest, pairs, rule = demographic_texts(demo), train, np.zeros((0, 2), np.int64), "demographics"
     else:

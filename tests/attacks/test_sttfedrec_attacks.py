@@ -71,17 +71,20 @@ def test_request_intersection_finds_recurring_ids():
 
 def test_cli_request_intersection_json_and_defense(capsys):
     rows = {}
-    for defense in ("none", "fixed-pool"):
+    for defense in ("none", "fixed-pool", "download-all"):
         code = main(["attack", "sttfedrec", "--attack", "request-intersection", "--defense", defense, "--rounds", "6",
                      "--users", "30", "--items", "300", "--clients", "10", "--json"])
         out = capsys.readouterr().out
         assert code == 0
         rows[defense] = json.loads(out.strip().splitlines()[-1])
-    for r in rows.values():
+    for d, r in rows.items():
         a = r["attack"]
         assert set(a) >= {"f1", "precision", "recall", "random_f1", "status", "requested_f1"}
-        assert a["f1"] > a["random_f1"]
-    assert rows["fixed-pool"]["train_bytes_per_client_per_round"] > 0
+        if d != "download-all":
+            assert a["f1"] > a["random_f1"]
+    # download-all: RS's view has no item id of any client; the price is M embeddings per client
+    assert rows["download-all"]["attack"]["f1"] == 0 and "nothing to attack" in rows["download-all"]["attack"]["status"]
+    assert rows["download-all"]["train_bytes_per_client_per_round"] > rows["none"]["train_bytes_per_client_per_round"]
 
 
 def test_cli_refuses_a_defense_that_does_not_apply(capsys):

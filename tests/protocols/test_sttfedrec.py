@@ -41,10 +41,11 @@ def _close(a, b, atol):
     return all(torch.allclose(a[k], b[k], atol=atol) for k in a)
 
 
-@pytest.mark.parametrize("tower", ["dssm", "clsm"])
-def test_split_training_equals_fl_training_within_fixed_point(train, tower):
-    """Notes C6: the split protocol (chain + SecAgg+ sums) computes the FL (plaintext) update."""
-    split, fl = _trainer(train, "split", tower=tower), _trainer(train, "fl", tower=tower)
+@pytest.mark.parametrize("tower,ids", [("dssm", False), ("clsm", False), ("dssm", True)])
+def test_split_training_equals_fl_training_within_fixed_point(train, tower, ids):
+    """Notes C6: the split protocol (chain + SecAgg+ sums) computes the FL (plaintext) update,
+    also with the per-item-id vectors (RS trains them from the same per-id sums)."""
+    split, fl = _trainer(train, "split", tower=tower, item_id_embedding=ids), _trainer(train, "fl", tower=tower, item_id_embedding=ids)
     for _ in range(2):
         a, b = split.run_round(), fl.run_round()
         assert abs(a.loss - b.loss) < 1e-5
@@ -54,8 +55,11 @@ def test_split_training_equals_fl_training_within_fixed_point(train, tower):
     assert _close(pa, pb, atol=2 * split.config.lr)
     diff = torch.cat([(pa[k] - pb[k]).abs().ravel() for k in pa])
     assert float((diff < 1e-5).float().mean()) > 0.99
-    moved = torch.cat([(pa[k] - _params(_trainer(train, tower=tower))[k]).abs().ravel() for k in pa])
+    init = _params(_trainer(train, tower=tower, item_id_embedding=ids))
+    moved = torch.cat([(pa[k] - init[k]).abs().ravel() for k in pa])
     assert float(moved.max()) > 10 * float(diff.max())  # the models did move
+    if ids:  # the id vectors moved, identically in both
+        assert float(pa["v.item_id"].abs().max()) > 10 * float((pa["v.item_id"] - pb["v.item_id"]).abs().max())
 
 
 def test_item_tower_secure_path_equals_plaintext_rows(train):
@@ -86,6 +90,54 @@ def test_rs_never_receives_the_user_tower_or_one_clients_gradient(train):
     assert not any(r.receiver == SAS and r.kind in ("request", "embeddings") for r in records)
     emb = [r.payload for r in records if r.kind == "embeddings"]
     assert all(e.shape == (tr.config.request_size, tr.config.dim) for e in emb)
+
+
+def test_download_all_sends_rs_no_item_id_and_sums_over_every_id(train):
+    """The request-intersection defense: RS's view holds no item id of any client, the per-id
+    gradient sum covers all M ids (so no id has a single contributor), and training equals the
+    plaintext (FL) update on the same locally chosen batches."""
+    tr = _trainer(train, keep=True, decoys="download-all")
+    fl = _trainer(train, "fl", decoys="download-all")
+    a, b = tr.run_round(), fl.run_round()
+    assert abs(a.loss - b.loss) < 1e-5
+    view = tr.transport.transcript.view(RS)
+    assert not any(r.kind == "request" for r in view)
+    asks = [r for r in view if r.kind == "request-all"]
+    assert len(asks) == tr.clients_per_round and all(r.payload is None and r.nbytes == 4 for r in asks)
+    (summed,) = [r.payload for r in view if r.kind == "item-gradient-sum"]
+    assert np.array_equal(summed[0], np.arange(tr.n_items))
+    emb = [r for r in tr.transport.transcript.records if r.kind == "embeddings"]
+    assert all(r.nbytes == 4 * tr.n_items * tr.config.dim for r in emb)
+    # the client still trained on n_pos clicks + n_neg non-clicks chosen on the device
+    users, ids, labels = tr.last_batches
+    assert ids.shape == (tr.clients_per_round, tr.config.request_size) and (labels.sum(1) >= 1).all()
+    diff = torch.cat([(_params(tr)[k] - _params(fl)[k]).abs().ravel() for k in _params(tr)])
+    assert float((diff < 1e-5).float().mean()) > 0.99
+    with pytest.raises(RequestError, match="download-all"):
+        tr.check_request(tr.round, client(0), np.arange(10))
+    with pytest.raises(RequestError, match="every embedding"):
+        _trainer(train).check_request(0, client(0), None)
+
+
+def test_history_feature_leaves_the_requests_clicks_out(train):
+    """user_features = "history": the mean item vector of the user's other training clicks."""
+    cfg = TwoTowerConfig(**SMALL, user_features="history")
+    data = build_features(train, "synthetic", cfg)
+    items, start = positive_lists(data.train)
+    users = np.flatnonzero(np.diff(start) >= 1)[:8]
+    ids, labels = sample_requests(users, items, start, cfg.n_pos, cfg.n_neg, data.never_negative,
+                                  np.random.default_rng(0))
+    x = data.item_x.toarray()
+    got = data.request_user_x(users, labels, torch.as_tensor(x[ids])).numpy()
+    for row, u, req, lab in zip(got, users, ids, labels):
+        others = [i for i in items[start[u]:start[u + 1]] if i not in set(req[lab > 0].tolist())]
+        want = x[others].mean(0) if others else np.zeros(x.shape[1])
+        assert np.allclose(row, want, atol=1e-5)
+    assert np.allclose(data.user_x[users].toarray(), [x[items[start[u]:start[u + 1]]].mean(0) for u in users], atol=1e-5)
+    tr = _trainer(train, user_features="history", item_id_embedding=True)
+    assert np.isfinite(tr.run_round().loss)
+    with pytest.raises(ValueError, match="sttfedrec.user_features"):
+        TwoTowerConfig(tower="clsm", user_features="history")
 
 
 def test_requests_have_the_configured_composition(train):

@@ -287,3 +287,18 @@ def test_union_rows_give_the_dense_forms_codes_and_send_only_the_unions_rows():
     assert dim % width == 0 and dim // width < data.n_items  # only the union's rows travel
     dense_dim = {len(r.payload) for r in dense.transport.transcript.view("server") if r.kind == "update"}
     assert dense_dim == {data.n_items * width}
+
+
+@pytest.mark.slow
+def test_bench_sweep_and_fedmf_comparison_small(tmp_path):
+    from experiments.bench_lightfr import _plot_sweep, sweep, vs_fedmf
+
+    rows = sweep("synthetic", 1, 0, [8], [0.5], {"synthetic_users": 60, "synthetic_items": 120})
+    assert [(r["vary"], r["bits"], r["client_fraction"]) for r in rows] == [("bits", 8, 0.6), ("client_fraction", 64, 0.5)]
+    assert all(0 <= r["HR@10"] <= r["HR@10_optimistic"] <= 1 for r in rows)
+    _plot_sweep(rows, str(tmp_path / "s.png"))
+    assert (tmp_path / "s.png").stat().st_size > 0
+    cmp = {r["model"]: r for r in vs_fedmf(users=8, items=300, rounds=1, cost_rounds=1, seed=0)}
+    assert cmp["LightFR Agg_grad, SecAgg+ (union rows)"]["same_codes_as_plaintext"] is True
+    assert cmp["FedMF full, paillier"]["max_abs_item_diff_vs_plaintext"] < 1e-4
+    assert cmp["FedMF full, paillier"]["bytes_per_client_per_round"] > cmp["FedMF full, plaintext"]["bytes_per_client_per_round"]

@@ -138,6 +138,31 @@ def _print_paired(res: dict[str, Any]) -> None:
               f"(n = {res['n']}, target reached in {res['reached']})")
 
 
+def _plot_paired(runs: list[Path], baselines: list[Path], metric: str, path: Path) -> None:
+    """Mean +- std over the seeds of each group's curve (rounds every run of the group evaluated)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for group, label in ((baselines, f"{Path(baselines[0]).name} ..."), (runs, f"{Path(runs[0]).name} ...")):
+        curves = [dict(_curve(r, metric)) for r in group]
+        rounds = sorted(set.intersection(*(set(c) for c in curves)))
+        stats = [_mean_std([c[r] for c in curves]) for r in rounds]
+        mean = [m for m, _ in stats]
+        std = [0.0 if math.isnan(s) else s for _, s in stats]
+        ax.plot(rounds, mean, label=f"{label} (n = {len(group)})")
+        ax.fill_between(rounds, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"{metric} (mean +- std over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -161,6 +186,9 @@ def _main(args: argparse.Namespace) -> int:
     if args.paired_with is not None:
         res = paired_comparison(args.runs, args.paired_with, args.metric)
         _print_paired(res)
+        if args.png is not None:
+            _plot_paired(args.runs, args.paired_with, args.metric, args.png)
+            print(f"curves: {args.png}")
         if args.json:
             print(json.dumps(res))
         return 0

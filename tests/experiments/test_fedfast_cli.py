@@ -100,8 +100,9 @@ def test_compare_paired_with_gives_seed_paired_statistics_against_scipy(tmp_path
         _fake_run(tmp_path / f"base{i}", b)
         _fake_run(tmp_path / f"run{i}", r)
     argv = ["compare", *(str(tmp_path / f"run{i}") for i in range(3)), "--paired-with",
-            *(str(tmp_path / f"base{i}") for i in range(3)), "--json"]
+            *(str(tmp_path / f"base{i}") for i in range(3)), "--png", str(tmp_path / "p.png"), "--json"]
     out = _json(capsys, argv)
+    assert (tmp_path / "p.png").stat().st_size > 0
     assert [p["target"] for p in out["pairs"]] == [0.55, 0.52, 0.6]
     assert [p["baseline_rounds"] for p in out["pairs"]] == [30, 20, 20]
     assert [p["rounds"] for p in out["pairs"]] == [10, 20, 20] and [p["reached"] for p in out["pairs"]] == [True, True, False]

@@ -82,10 +82,8 @@ def _stats(diffs: list[float]) -> dict[str, Any]:
     n = len(diffs)
     mean = sum(diffs) / n
     std = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else float("nan")
-    if n > 1 and std > 0:
-        pvalue = float(stats.ttest_1samp(diffs, 0.0).pvalue)  # == ttest_rel on the pairs
-    else:
-        pvalue = float("nan") if n < 2 else (1.0 if mean == 0 else 0.0)
+    # == ttest_rel on the pairs; undefined (NaN) with one pair or with no spread in the differences
+    pvalue = float(stats.ttest_1samp(diffs, 0.0).pvalue) if n > 1 and std > 0 else float("nan")
     return {"mean_diff": mean, "std_diff": std, "t_test_p": pvalue,
             "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs), "ties": sum(d == 0 for d in diffs)}
 

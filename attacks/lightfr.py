@@ -87,8 +87,12 @@ def one_upload_attack(view: list[Record], public: dict[str, Any], *, round: int 
     out, codes = [], {}
     plain = masked = 0
     for rec in view:
-        if rec.receiver != SERVER or rec.round != round or rec.kind != "update" or rec.payload is None:
+        if rec.receiver != SERVER or rec.round != round or rec.kind not in ("update", "lightfr:rated") \
+                or rec.payload is None:
             continue
+        union = public.get("secure_rows", "all") == "union"
+        if union and rec.kind == "update" and not isinstance(rec.payload, Upload):
+            continue  # the masked indicator over all items is in the first ("lightfr:rated") sum
         user = int(rec.sender.split(":")[1])
         if isinstance(rec.payload, Upload):
             plain += 1
@@ -112,7 +116,7 @@ def one_upload_attack(view: list[Record], public: dict[str, Any], *, round: int 
             y = np.asarray(rec.payload)
             m = int(public["n_items"])
             vals = y.astype(np.int64).astype(np.float64) / float(1 << int(public["frac_bits"]))
-            ind = vals[-m:]
+            ind = vals[-m:] if rec.kind == "update" else vals[:m]  # a "lightfr:rated" vector IS the indicator
             rated = np.flatnonzero(np.abs(ind - 1.0) < 1e-6)
             out.append(UserInference(user, rated, None))
     if plain:

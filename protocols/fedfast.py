@@ -100,7 +100,10 @@ class FedFastConfig(FedAvgConfig):
         user_update: FedAvg aggregation only: ``"copy"`` the delegate's new ``p_u`` or Eq. 1's
             ``"average"`` (notes A6).
         kmeans_iters: Lloyd iterations per round on the user embeddings (warm-started).
-        kmeans_init_iters: Lloyd iterations on the initial features at round 0.
+        kmeans_init_iters: Lloyd iterations on the initial features at round 0 (at most: they stop
+            once the centroids stop changing).
+        kmeans_every: re-cluster in rounds ``t`` with ``t % kmeans_every == 0`` only (1: every round,
+            as in the paper; larger values cut the secure variant's all-client sums).
         initial_features: ``"profile"`` statistics or a ``"random"`` partition (notes A8).
         without_replacement: ActvSAMP prefers clients drawn least often so far (notes A16).
     """
@@ -119,6 +122,7 @@ class FedFastConfig(FedAvgConfig):
     user_update: str = "copy"
     kmeans_iters: int = 1
     kmeans_init_iters: int = 10
+    kmeans_every: int = 1
     initial_features: str = "profile"
     without_replacement: bool = False
 
@@ -133,6 +137,8 @@ class FedFastConfig(FedAvgConfig):
                 raise ValueError(f"fedfast.{key} must be one of {allowed}; found {getattr(self, key)!r}")
         if self.clusters < 1:
             raise ValueError(f"fedfast.clusters must be >= 1; found {self.clusters}")
+        if type(self.kmeans_every) is not int or self.kmeans_every < 1:
+            raise ValueError(f"fedfast.kmeans_every must be an int >= 1; found {self.kmeans_every!r}")
         if self.kmeans_iters < 0 or self.kmeans_init_iters < 0:
             raise ValueError(
                 f"fedfast.kmeans_iters and fedfast.kmeans_init_iters must be >= 0; found "
@@ -257,6 +263,7 @@ class FedFastGMF(FedAvgGMF):
         self.assign = np.full(train.n_users, -1, np.int64)  # -1: no cluster yet / not a client
         self.centroids = np.zeros((0, 0))
         self.load = np.zeros(train.n_users, np.int64)  # times each client was drawn
+        self.kmeans_steps = 0  # Lloyd steps of the last clustering call
         if config.secure_aggregation != "none" and config.clustered:  # k-means sums run over all clients
             check_budget(n_summands=len(self._clients), clip=config.value_clip, frac_bits=config.frac_bits)
 
@@ -287,7 +294,8 @@ class FedFastGMF(FedAvgGMF):
 
     # -- clustering ---------------------------------------------------------------------------------
     def _profile_features(self, t: int) -> np.ndarray:
-        """Standardised ``[log(1+n_k), mean, std of log(1+popularity)]`` per client (notes A8)."""
+        """Raw ``[log(1+n_k), mean, std of log(1+popularity)]`` per client (notes A8); standardised
+        by :meth:`_initial_clusters` with moments summed in the first Lloyd step."""
         cl = self._clients
         counts = (self._pos_start[cl + 1] - self._pos_start[cl]).astype(np.float64)
         pos_items = np.concatenate([self._pos_items[self._pos_start[u]: self._pos_start[u + 1]] for u in cl])
@@ -307,42 +315,78 @@ class FedFastGMF(FedAvgGMF):
             keep = self.transport.transcript.keep_payloads
             for i, u in enumerate(cl):
                 self.transport.send(client(u), SERVER, t, "fedfast:profile", x[i].copy() if keep else None, 12)
-        moments, _ = self._sum(np.concatenate([x, x**2, np.ones((len(cl), 1))], 1), cl, t, "fedfast:moments")
-        mu = moments[:3] / moments[6]
-        sd = np.sqrt(np.maximum(moments[3:6] / moments[6] - mu**2, 0.0))
-        return (x - mu) / np.where(sd > 1e-12, sd, 1.0)
+        return x
 
     def _lloyd(self, x: np.ndarray, assign: np.ndarray, iters: int, t: int) -> tuple[np.ndarray, float]:
-        """``iters`` Lloyd steps from ``assign`` over the clients' rows ``x``; returns bytes per client."""
+        """Up to ``iters`` Lloyd steps from ``assign`` over the clients' rows ``x``; returns the
+        assignment and the bytes per client. Stops early once a step leaves the centroids unchanged
+        (bit for bit): the assignment is then a fixed point, so every further step would repeat it,
+        and the result equals the one of all ``iters`` steps. The server sees this from the
+        centroids it publishes anyway, so the stop reveals nothing more."""
         p, total_bytes = self.config.clusters, 0.0
+        self.kmeans_steps = 0
         for _ in range(iters):
             sums, nbytes = self._sum(_one_hot_blocks(x, assign, p), self._clients, t, "fedfast:kmeans")
             sums = sums.reshape(p, x.shape[1] + 1)
-            self.centroids = update_centroids(sums[:, :-1], np.rint(sums[:, -1]), self.centroids)
+            prev = self.centroids
+            self.centroids = update_centroids(sums[:, :-1], np.rint(sums[:, -1]), prev)
             nbytes += self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size)
             assign = assign_clusters(x, self.centroids)  # each client, from the published centroids
             total_bytes += nbytes
+            self.kmeans_steps += 1
+            if prev.shape == self.centroids.shape and np.array_equal(prev, self.centroids, equal_nan=True):
+                break
         self.assign[self._clients] = assign
         return assign, total_bytes
 
     def _initial_clusters(self, t: int) -> float:
+        """Round 0's partition: k-means on the standardised profile statistics (A8).
+
+        The first Lloyd step and the standardisation moments share one sum: each client adds its raw
+        statistics ``x`` into its (random) start cluster's block, and ``[x, x^2, 1]`` beside them; the
+        mean of standardised rows is the standardised mean, so the first centroids follow from the raw
+        per-cluster sums (one secure sum fewer than summing the moments on their own).
+        """
         cfg = self.config
         start = self.rng.integers(cfg.clusters, size=len(self._clients))
-        if cfg.initial_features == "random":
+        self.kmeans_steps = 0
+        if cfg.initial_features == "random" or cfg.kmeans_init_iters == 0:
             self.assign[self._clients] = start
             return 0.0
-        return self._lloyd(self._profile_features(t), start, cfg.kmeans_init_iters, t)[1]
+        cl, p = self._clients, cfg.clusters
+        x = self._profile_features(t)
+        f = x.shape[1]
+        vec = np.concatenate([_one_hot_blocks(x, start, p), x, x**2, np.ones((len(cl), 1))], 1)
+        sums, nbytes = self._sum(vec, cl, t, "fedfast:kmeans")
+        moments = sums[p * (f + 1):]
+        mu = moments[:f] / moments[2 * f]
+        sd = np.sqrt(np.maximum(moments[f: 2 * f] / moments[2 * f] - mu**2, 0.0))
+        sd = np.where(sd > 1e-12, sd, 1.0)
+        blocks = sums[: p * (f + 1)].reshape(p, f + 1)
+        self.centroids = (update_centroids(blocks[:, :-1], np.rint(blocks[:, -1]), None) - mu) / sd
+        nbytes += self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size + 8 * 2 * f)
+        x = (x - mu) / sd  # each client standardises its own statistics with the published moments
+        assign = assign_clusters(x, self.centroids)
+        steps = 1
+        if cfg.kmeans_init_iters > 1:
+            assign, more = self._lloyd(x, assign, cfg.kmeans_init_iters - 1, t)
+            nbytes += more
+            steps += self.kmeans_steps
+        self.assign[cl] = assign
+        self.kmeans_steps = steps
+        return nbytes
 
     # -- one round -----------------------------------------------------------------------------------
     def run_round(self) -> RoundStats:
         """ActvSAMP, local training (FedAvg's), ActvAGG or FedAvg, re-clustering, propagation."""
         cfg, t = self.config, self.round
         start = time.perf_counter()
-        cluster_s, cluster_bytes = 0.0, 0.0
+        cluster_s, cluster_bytes, steps = 0.0, 0.0, 0
         if cfg.clustered and t == 0 and self.assign[self._clients[0]] < 0:
             t0 = time.perf_counter()
             cluster_bytes += self._initial_clusters(t)
             cluster_s += time.perf_counter() - t0
+            steps += self.kmeans_steps
         m = cfg.clients_in_round(len(self._clients))
         if cfg.sampling == "uniform":
             sampled = np.sort(self.rng.choice(self._clients, size=m, replace=False))
@@ -361,11 +405,12 @@ class FedFastGMF(FedAvgGMF):
         if cfg.aggregation == "fedavg" and cfg.user_update == "average":  # Eq. 1 on p_u too (A6)
             P = self.user[torch.as_tensor(sampled)] + dP * (weight / weight.sum()).unsqueeze(1)
         self.user[torch.as_tensor(sampled)] = P
-        if cfg.clustered and cfg.kmeans_iters:  # re-cluster on the embeddings, delegates already copied (A9)
+        if cfg.clustered and cfg.kmeans_iters and t % cfg.kmeans_every == 0:  # re-cluster on the embeddings, delegates already copied (A9)
             t0 = time.perf_counter()
             x = self.user[torch.as_tensor(self._clients)].numpy().astype(np.float64)
             cluster_bytes += self._lloyd(x, self.assign[self._clients], cfg.kmeans_iters, t)[1]
             cluster_s += time.perf_counter() - t0
+            steps += self.kmeans_steps
         if cfg.aggregation == "actvagg" and cfg.propagate:
             upload_bytes += self._propagate(t, sampled, dP)
 
@@ -383,6 +428,7 @@ class FedFastGMF(FedAvgGMF):
             # (aggregation, clustering) and the secure-aggregation protocol's
             seconds={"round": total, "client": t_train / max(m, 1), "server": total - t_train},
             extra={"examples": examples, "cluster_seconds": cluster_s, "cluster_bytes_per_client": cluster_bytes,
+                   "kmeans_steps": steps,
                    "clusters_used": int(len(np.unique(self.assign[self._clients]))) if cfg.clustered else 0},
             releases=(Release(NonPrivate(), who="clients", what=what, params={"clients": m}),),
         )

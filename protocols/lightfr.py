@@ -82,8 +82,10 @@ SECURE = ("none", "secagg+", "secagg")
 TIES = ("random", "pessimistic")
 LAMBDA_SCALES = ("count", "none")
 BROADCAST = "clients"
-#: Most values (clients x columns) summed by one secure-aggregation instance (memory bound).
-SECURE_CHUNK = 1 << 22
+#: Most values (clients x columns) summed by one secure-aggregation instance (memory bound: a few
+#: float64/uint64 arrays of this size live at once; each instance pays the key agreement again).
+SECURE_CHUNK = 1 << 24
+SECURE_ROWS = ("union", "all")
 
 
 class UpdateError(ValueError):
@@ -109,6 +111,10 @@ class LightFRConfig:
             term of a bit is at most ``n/f``, the balance term up to ``2 lambda f``); ``"none"`` uses it raw (the paper's
             reading, which collapses the codes at the paper's lambda: docs/lightfr.md).
         secure_aggregation: ``"none"`` (the paper), ``"secagg+"`` or ``"secagg"``.
+        secure_rows: ``"union"`` (default): a first secure sum of the rated indicators gives the
+            per-item rater counts (which the ``"all"`` form reveals anyway), the server publishes the
+            union ``U`` of the round's rated items, and the value sum runs over ``U``'s rows only;
+            ``"all"``: one dense sum over every item. Same sums, same codes, same server view.
         frac_bits: fixed-point fractional bits of every upload (both forms).
         secagg_dropout, secagg_corrupt: the fractions SecAgg+ chooses k and t for.
         ties: ranking tie rule of ``score`` (``"random"`` or ``"pessimistic"``).
@@ -125,6 +131,7 @@ class LightFRConfig:
     lambda_item: float = 0.0
     lambda_scale: str = "count"
     secure_aggregation: str = "none"
+    secure_rows: str = "union"
     frac_bits: int = 24
     secagg_dropout: float = 0.1
     secagg_corrupt: float = 0.05
@@ -133,7 +140,8 @@ class LightFRConfig:
 
     def __post_init__(self) -> None:
         for name, allowed in (("server", SERVERS), ("init", INITS), ("secure_aggregation", SECURE),
-                              ("ties", TIES), ("lambda_scale", LAMBDA_SCALES)):
+                              ("ties", TIES), ("lambda_scale", LAMBDA_SCALES),
+                              ("secure_rows", SECURE_ROWS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"lightfr.{name} must be one of {allowed}; found {getattr(self, name)!r}")
         for name, lo in (("bits", 1), ("user_sweeps", 1), ("item_sweeps", 1), ("mf_epochs", 0), ("frac_bits", 1)):
@@ -432,42 +440,73 @@ class LightFR:
             cnt[up.items] += 1
         return total, cnt
 
-    def dense_vectors(self, uploads: list[Upload], lo: int = 0, hi: int | None = None) -> np.ndarray:
-        """Columns ``lo:hi`` of each client's zero-padded dense upload (length ``m * width + m``:
-        the values of every item, zero where unrated, then the rated indicator)."""
+    def dense_vectors(self, uploads: list[Upload], lo: int = 0, hi: int | None = None,
+                      rows: np.ndarray | None = None) -> np.ndarray:
+        """Columns ``lo:hi`` of each client's zero-padded dense upload over ``rows`` (default: all
+        items; length ``len(rows) * width + len(rows)``: the values of every row's item, zero where
+        unrated, then the rated indicator). Every uploaded item must be in ``rows``."""
         w, m = self._width(), self.n_items
-        hi = m * w + m if hi is None else hi
+        where = np.arange(m) if rows is None else np.full(m, -1)
+        if rows is not None:
+            where[rows] = np.arange(len(rows))
+        nr = m if rows is None else len(rows)
+        hi = nr * w + nr if hi is None else hi
         out = np.zeros((len(uploads), hi - lo))
         for j, up in enumerate(uploads):
-            pos = (up.items[:, None] * w + np.arange(w)[None, :]).ravel()
-            vals = up.body.astype(np.float64).ravel()
-            pos = np.concatenate([pos, m * w + up.items])
-            vals = np.concatenate([vals, np.ones(len(up.items))])
+            at = where[up.items]
+            if (at < 0).any():
+                raise UpdateError(f"client {up.user}: rated items outside the published union of the round")
+            pos = np.concatenate([(at[:, None] * w + np.arange(w)[None, :]).ravel(), nr * w + at])
+            vals = np.concatenate([up.body.astype(np.float64).ravel(), np.ones(len(at))])
             keep = (pos >= lo) & (pos < hi)
             out[j, pos[keep] - lo] = vals[keep]
         return out
 
-    def _secure_total(self, uploads: list[Upload]) -> tuple[np.ndarray, np.ndarray, float, float]:
-        """The sums through secure aggregation, in column chunks of at most ``SECURE_CHUNK`` values
-        per round (one protocol instance per chunk, so that memory stays bounded)."""
+    def _chunked_sum(self, uploads: list[Upload], dim: int, kind: str,
+                     columns: Any) -> tuple[np.ndarray, float, float]:
+        """``columns(lo, hi)`` of every client summed through secure aggregation, in chunks of at most
+        ``SECURE_CHUNK`` client-values (one protocol instance each); the sum, bytes and seconds per client."""
         cfg = self.config
-        w, m = self._width(), self.n_items
-        dim = m * w + m
         step = max(1, SECURE_CHUNK // max(len(uploads), 1))
         total = np.empty(dim)
-        up_bytes = client_s = 0.0
+        nbytes = secs = 0.0
         for lo in range(0, dim, step):
             hi = min(dim, lo + step)
             res = secure_sum(
-                self.dense_vectors(uploads, lo, hi), protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
-                value_clip=cfg.value_clip, round=self.round, transport=self.transport,
+                columns(lo, hi), protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
+                value_clip=cfg.value_clip, round=self.round, transport=self.transport, kind=kind,
                 senders=[client(up.user) for up in uploads], where="lightfr.value_clip",
                 dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
             )
             total[lo:hi] = res.total
-            up_bytes += float(res.bytes_per_client)
-            client_s += float(np.mean(res.client_seconds))
-        return total[: m * w].reshape(m, w), np.round(total[m * w :]), up_bytes, client_s
+            nbytes += float(res.bytes_per_client)
+            secs += float(np.mean(res.client_seconds))
+        return total, nbytes, secs
+
+    def _secure_total(self, uploads: list[Upload]) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """The sums through secure aggregation (``secure_rows``: over the round's union or all items)."""
+        w, m = self._width(), self.n_items
+        up_bytes = client_s = 0.0
+        rows = None
+        if self.config.secure_rows == "union":  # phase 1: the rater counts, hence the union U
+            def rated(lo: int, hi: int) -> np.ndarray:
+                out = np.zeros((len(uploads), hi - lo))
+                for j, up in enumerate(uploads):
+                    it = up.items[(up.items >= lo) & (up.items < hi)]
+                    out[j, it - lo] = 1.0
+                return out
+            counts, up_bytes, client_s = self._chunked_sum(uploads, m, "lightfr:rated", rated)
+            rows = np.flatnonzero(np.round(counts) > 0)
+            for up in uploads:  # the server publishes U (4 bytes per item id)
+                self.transport.send(SERVER, client(up.user), self.round, "lightfr:union", None, 4 * len(rows))
+        nr = m if rows is None else len(rows)
+        total, nbytes, secs = self._chunked_sum(uploads, nr * w + nr, "update",
+                                                lambda lo, hi: self.dense_vectors(uploads, lo, hi, rows))
+        vals, cnt = np.zeros((m, w)), np.zeros(m)
+        at = slice(None) if rows is None else rows
+        vals[at] = total[: nr * w].reshape(nr, w)
+        cnt[at] = np.round(total[nr * w:])
+        return vals, cnt, up_bytes + nbytes, client_s + secs
 
     def server_update(self, total: np.ndarray, cnt: np.ndarray) -> np.ndarray:
         """New item codes from the round's sums (the same for the plaintext and the secure form)."""
@@ -549,7 +588,7 @@ class LightFR:
                 "rating_scale": sorted({float(x) for x in np.unique(self.raw)}),
                 "rating_mean": float(self.raw.mean()),  # a published statistic: the attack's sign prior
                 "lambda_item": c.lambda_item, "lambda_user": c.lambda_user, "lambda_scale": c.lambda_scale,
-                "frac_bits": c.frac_bits, "client_fraction": c.client_fraction}
+                "frac_bits": c.frac_bits, "client_fraction": c.client_fraction, "secure_rows": c.secure_rows}
 
     def cost_report(self) -> dict[str, Any]:
         """Storage of the model as the client holds it: packed, and one byte per bit (notes §9.12)."""

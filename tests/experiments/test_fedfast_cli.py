@@ -89,3 +89,27 @@ def test_compare_reports_rounds_to_the_first_runs_best(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "fast"), "--metric", "NDCG@10"]) == 2
     assert main(["compare", str(tmp_path / "missing")]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_compare_paired_with_gives_seed_paired_statistics_against_scipy(tmp_path, capsys):
+    from scipy import stats
+
+    bases = [[(10, 0.30), (20, 0.50), (30, 0.55)], [(10, 0.40), (20, 0.52), (30, 0.50)], [(10, 0.2), (20, 0.6)]]
+    runs = [[(10, 0.56), (20, 0.60), (30, 0.61)], [(10, 0.45), (20, 0.53), (30, 0.54)], [(10, 0.3), (20, 0.5)]]
+    for i, (b, r) in enumerate(zip(bases, runs)):
+        _fake_run(tmp_path / f"base{i}", b)
+        _fake_run(tmp_path / f"run{i}", r)
+    argv = ["compare", *(str(tmp_path / f"run{i}") for i in range(3)), "--paired-with",
+            *(str(tmp_path / f"base{i}") for i in range(3)), "--png", str(tmp_path / "p.png"), "--json"]
+    out = _json(capsys, argv)
+    assert (tmp_path / "p.png").stat().st_size > 0
+    assert [p["target"] for p in out["pairs"]] == [0.55, 0.52, 0.6]
+    assert [p["baseline_rounds"] for p in out["pairs"]] == [30, 20, 20]
+    assert [p["rounds"] for p in out["pairs"]] == [10, 20, 20] and [p["reached"] for p in out["pairs"]] == [True, True, False]
+    finals, base_finals = [0.61, 0.54, 0.5], [0.55, 0.50, 0.6]
+    assert out["final"]["t_test_p"] == pytest.approx(stats.ttest_rel(finals, base_finals).pvalue)
+    assert out["final"]["mean_diff"] == pytest.approx((0.06 + 0.04 - 0.1) / 3, abs=1e-12)
+    assert out["rounds"]["wins"] == 0 and out["rounds"]["losses"] == 1 and out["rounds"]["ties"] == 2
+    assert out["rounds"]["t_test_p"] == pytest.approx(stats.ttest_rel([10, 20, 20], [30, 20, 20]).pvalue)
+    assert main(["compare", str(tmp_path / "run0"), "--paired-with", str(tmp_path / "base0"),
+                 str(tmp_path / "base1")]) == 2

@@ -251,6 +251,7 @@ def test_active_sampling_draws_evenly_from_the_clusters():
     ({"gamma_rate": -1.0}, "fedfast.gamma_rate"),
     ({"lr": 0.0}, "fedfast.lr"),
     ({"kmeans_iters": -1}, "fedfast.kmeans_iters"),
+    ({"kmeans_every": 0}, "fedfast.kmeans_every"),
 ])
 def test_bad_config_names_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -294,3 +295,50 @@ def test_secure_server_sees_no_embedding_no_statistic_and_no_single_update():
 def test_secure_budget_counts_every_client_of_the_kmeans_sums():
     with pytest.raises(ValueError, match="frac_bits|clip|budget"):
         FedFastGMF(data(), small(secure_aggregation="secagg", value_clip=2.0**30), seed=0)
+
+
+# -- the initial clustering: one sum fewer, a convergence stop, fewer re-clusterings ------------------
+def _standardised_profile(m: FedFastGMF) -> np.ndarray:
+    """Oracle: the clients' profile statistics standardised by their population mean and std (numpy)."""
+    x = m._profile_features(0)
+    return (x - x.mean(0)) / x.std(0)
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.integers(0, 10**4))
+def test_initial_kmeans_reaches_a_lloyd_fixed_point_of_the_standardised_statistics(seed):
+    m = FedFastGMF(data(users=50, seed=seed % 5), small(clusters=4, kmeans_init_iters=200), seed=seed)
+    m._initial_clusters(0)
+    assert 1 <= m.kmeans_steps < 200  # converged and stopped early
+    x, a = _standardised_profile(m), m.assign[m._clients]
+    means = np.stack([x[a == c].mean(0) if (a == c).any() else np.full(x.shape[1], np.inf) for c in range(4)])
+    d = ((x[:, None, :] - means[None]) ** 2).sum(-1)
+    np.testing.assert_array_equal(a, np.argmin(d, 1))  # every client is in its nearest cluster mean's cluster
+
+
+def test_the_convergence_stop_changes_nothing_but_the_number_of_sums():
+    train = data(users=30, seed=3)
+    runs = {}
+    for iters in (40, 80):
+        m = FedFastGMF(train, small(clusters=3, kmeans_init_iters=iters), seed=5)
+        runs[iters] = (m, m.run_round())
+    (a, sa), (b, sb) = runs[40], runs[80]
+    assert sa.extra["kmeans_steps"] == sb.extra["kmeans_steps"] < 40
+    np.testing.assert_array_equal(a.assign, b.assign)
+    for k, v in model_of(a).items():
+        assert torch.equal(model_of(b)[k], v), k
+
+
+def test_secure_round_zero_runs_one_all_client_sum_per_kmeans_step_and_none_for_the_moments():
+    m = FedFastGMF(data(users=16, seed=3), small(clusters=2, kmeans_init_iters=3, secure_aggregation="secagg+"),
+                   seed=5)
+    steps = m.run_round().extra["kmeans_steps"]
+    kinds = [r.kind for r in m.transport.transcript.view(SERVER, round=0) if r.receiver == SERVER]
+    assert kinds.count("fedfast:kmeans") == len(m._clients) * steps  # one masked upload per client per step
+    assert kinds.count("fedfast:popularity") == len(m._clients) and "fedfast:moments" not in kinds
+
+
+def test_kmeans_every_skips_the_reclustering_rounds():
+    m = FedFastGMF(data(users=30, seed=2), small(clusters=3, kmeans_init_iters=2, kmeans_every=3), seed=1)
+    steps = [m.run_round().extra["kmeans_steps"] for _ in range(4)]
+    assert steps[1:] == [0, 0, 1] and steps[0] >= 2  # round 0: initial steps + 1; then every third round

@@ -72,11 +72,11 @@ def test_agg_grad_round_matches_the_loop_oracle(seed, lam, frac):
 
 @settings(max_examples=6, deadline=None)
 @given(seed=st.integers(0, 500), server=st.sampled_from(["grad", "para", "dcd"]),
-       protocol=st.sampled_from(["secagg+", "secagg"]))
-def test_secure_upload_gives_the_plaintext_codes_bit_for_bit(seed, server, protocol):
+       protocol=st.sampled_from(["secagg+", "secagg"]), rows=st.sampled_from(["union", "all"]))
+def test_secure_upload_gives_the_plaintext_codes_bit_for_bit(seed, server, protocol, rows):
     data = _data(seed, n=6, m=9)
     plain = _model(server, "none", seed=seed, data=data, bits=6, lambda_item=0.05)
-    secure = _model(server, protocol, seed=seed, data=data, bits=6, lambda_item=0.05)
+    secure = _model(server, protocol, seed=seed, data=data, bits=6, lambda_item=0.05, secure_rows=rows)
     for _ in range(2):
         plain.run_round()
         secure.run_round()
@@ -241,14 +241,15 @@ def test_cli_run_and_resume_equal_the_uninterrupted_run(tmp_path, capsys, preset
     assert full["privacy"]["unprotected"] is True
 
 
-def test_chunked_secure_sum_equals_one_instance(monkeypatch):
+@pytest.mark.parametrize("rows", ["union", "all"])
+def test_chunked_secure_sum_equals_one_instance(monkeypatch, rows):
     import protocols.lightfr as lf
 
     data = _data(7, n=5, m=9)
-    whole = _model("grad", "secagg+", seed=7, data=data)
+    whole = _model("grad", "secagg+", seed=7, data=data, secure_rows=rows)
     whole.run_round()
-    monkeypatch.setattr(lf, "SECURE_CHUNK", 60)  # several protocol instances per round
-    chunked = _model("grad", "secagg+", seed=7, data=data)
+    monkeypatch.setattr(lf, "SECURE_CHUNK", 30)  # several protocol instances per round
+    chunked = _model("grad", "secagg+", seed=7, data=data, secure_rows=rows)
     chunked.run_round()
     np.testing.assert_array_equal(whole.d, chunked.d)
     ups = [r for r in chunked.transport.transcript.view("server") if r.kind == "update"]
@@ -266,3 +267,38 @@ def test_bench_lightfr_json(capsys):
     assert s["packed"] == 301 * 8 and s["one_byte_per_bit"] == 301 * 64 and s["float32_equal_dim"] == 301 * 256
     assert out["top10_seconds"]["hamming_packed"] > 0
     assert main(["bench", "lightfr", "--items", "0"]) == 2
+
+
+def test_union_rows_give_the_dense_forms_codes_and_send_only_the_unions_rows():
+    data = _data(3, n=10, m=40)
+    union = _model("grad", "secagg+", seed=3, data=data, secure_rows="union")
+    dense = _model("grad", "secagg+", seed=3, data=data, secure_rows="all")
+    union.run_round(), dense.run_round()
+    np.testing.assert_array_equal(union.d, dense.d)
+    view = union.transport.transcript.view("server")
+    rated = [r for r in view if r.kind == "lightfr:rated"]
+    ups = [r for r in view if r.kind == "update"]
+    assert rated and len(rated) == len(ups)  # one phase-1 and one phase-2 upload per client (one chunk each)
+    assert all(len(r.payload) == data.n_items for r in rated)
+    u_rows = {len(r.payload) for r in ups}
+    assert len(u_rows) == 1
+    width = union._width() + 1
+    (dim,) = u_rows
+    assert dim % width == 0 and dim // width < data.n_items  # only the union's rows travel
+    dense_dim = {len(r.payload) for r in dense.transport.transcript.view("server") if r.kind == "update"}
+    assert dense_dim == {data.n_items * width}
+
+
+@pytest.mark.slow
+def test_bench_sweep_and_fedmf_comparison_small(tmp_path):
+    from experiments.bench_lightfr import _plot_sweep, sweep, vs_fedmf
+
+    rows = sweep("synthetic", 1, 0, [8], [0.5], {"synthetic_users": 60, "synthetic_items": 120})
+    assert [(r["vary"], r["bits"], r["client_fraction"]) for r in rows] == [("bits", 8, 0.6), ("client_fraction", 64, 0.5)]
+    assert all(0 <= r["HR@10"] <= r["HR@10_optimistic"] <= 1 for r in rows)
+    _plot_sweep(rows, str(tmp_path / "s.png"))
+    assert (tmp_path / "s.png").stat().st_size > 0
+    cmp = {r["model"]: r for r in vs_fedmf(users=8, items=300, rounds=1, cost_rounds=1, seed=0)}
+    assert cmp["LightFR Agg_grad, SecAgg+ (union rows)"]["same_codes_as_plaintext"] is True
+    assert cmp["FedMF full, paillier"]["max_abs_item_diff_vs_plaintext"] < 1e-4
+    assert cmp["FedMF full, paillier"]["bytes_per_client_per_round"] > cmp["FedMF full, plaintext"]["bytes_per_client_per_round"]

@@ -27,8 +27,9 @@ below half of a client's holders is refused unless ``--unsafe-threshold`` is giv
   ``prg_bound_s + kex_bound_s + sig_bound_s + plain_s``;
 * with ``--flower``: Flower's SecAgg+ workflow run in-process on the same n, d, dropout, k and t
   (``num_shares = k + 1``, since Flower counts the client itself), in a separate interpreter
-  (``--flower-python``, default ``$SECAGG_FLOWER_PYTHON`` or ``/tmp/flwr-venv/bin/python``)
-  because ``flwr`` pins its own ``cryptography``; ``flower_server_s`` and ``flower_ratio``.
+  (``--flower-python``, default ``$SECAGG_FLOWER_PYTHON``, else this interpreter when the
+  ``flower`` extra is installed, else ``/tmp/flwr-venv/bin/python``); ``flower_server_s`` and
+  ``flower_ratio``. ``secagg bench flower`` compares Flower's SecAgg+ with ours *inside* Flower.
   Flower's default threshold (11 of 31 shares) is below half the holders: comparing at its
   parameters needs ``--k 30 --t 11 --unsafe-threshold``.
 
@@ -102,10 +103,18 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--flower", action="store_true", help="also run Flower's SecAgg+ on the same parameters")
     p.add_argument(
         "--flower-python",
-        default=os.environ.get("SECAGG_FLOWER_PYTHON", "/tmp/flwr-venv/bin/python"),
-        help="interpreter with flwr installed (default $SECAGG_FLOWER_PYTHON or /tmp/flwr-venv/bin/python)",
+        default=os.environ.get("SECAGG_FLOWER_PYTHON") or _default_flower_python(),
+        help="interpreter with flwr installed (default $SECAGG_FLOWER_PYTHON, else this interpreter when the "
+        "flower extra is installed, else /tmp/flwr-venv/bin/python); `secagg bench flower` runs both in-process",
     )
     p.set_defaults(func=_main)
+
+
+def _default_flower_python() -> str:
+    """This interpreter if it has flwr (``pip install -e '.[flower]'``), else the old side venv."""
+    import importlib.util
+
+    return sys.executable if importlib.util.find_spec("flwr") is not None else "/tmp/flwr-venv/bin/python"
 
 
 def _prg_bound(masks: int, dim: int) -> float:

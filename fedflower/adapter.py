@@ -25,8 +25,11 @@ Equality with the in-process run: client sampling comes from the server's seeded
 every client's negatives and shuffles from its own keyed stream (:mod:`recmodels.streams`), so
 a client training alone draws what it draws in the batched simulation; local training is
 row-wise, and the server sums the uploads in the same order. The Flower run therefore gives the
-*bit-identical* model (tests/fedflower/test_apps_equality.py checks ``torch.equal``); the round's
-mean loss differs only by float summation order (the clients' losses are summed per client first).
+same cohorts, examples, transcript and model; the parameters are equal up to float32 rounding,
+not guaranteed bit-identical: torch chooses its reduction kernels by tensor shape, so a client's
+dot products computed alone may round differently (by an ulp) from the same rows inside the batch
+(most runs are bit-identical; tests/fedflower/test_apps_loopback.py checks ``rtol=1e-5, atol=1e-6``
+after three rounds).
 
 Adversary and promise: those of the protocol (plaintext FedAvg: the server sees every upload;
 with ``secure_aggregation`` see docs/flower.md). A reply that fails validation (missing or extra

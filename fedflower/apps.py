@@ -22,15 +22,13 @@ is dropped raises :class:`RoundFailed`. Flower limits: replies wait at most ``ti
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
@@ -247,7 +245,13 @@ class GridTrainer:
             msgs.append(Message(RecordDict({"model": model, "run": self._run_record(u)}), dst_node_id=self.node_of[int(u)],
                                 message_type="train", group_id=str(t)))
         self.flower_bytes["down"] += len(msgs) * model.count_bytes()
-        replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(msgs, timeout=self.timeout)}
+        replies: dict[int, Message] = {}
+        duplicated: set[int] = set()
+        for m in self.grid.send_and_receive(msgs, timeout=self.timeout):
+            nid = m.metadata.src_node_id
+            if nid in replies:
+                duplicated.add(nid)  # which one is genuine is unknowable: drop the node
+            replies[nid] = m
         t_clients = time.perf_counter()
         kept, updates, errors = [], [], []
         for u in sampled:
@@ -255,6 +259,8 @@ class GridTrainer:
             try:
                 if reply is None:
                     raise BadReply("no reply before the timeout")
+                if self.node_of[int(u)] in duplicated:
+                    raise BadReply("more than one reply from its node")
                 if reply.has_error():
                     raise BadReply(f"client error: {reply.error.reason}")
                 if set(reply.content.keys()) != {"update"} or len(reply.content.array_records) != 1:

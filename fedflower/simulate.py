@@ -6,7 +6,8 @@ of this process (so the caller's run loop, run directory and ledger are used unc
 node's ``Context`` (where a client keeps its user state between rounds) lives in this process
 for the whole run.
 
-Resources: Ray is started with ``cpus`` CPUs and each ClientApp call takes one, so at most
+Resources: Ray is started (by us, with retries: its raylet must register within a fixed 30 s,
+which a loaded machine can miss) with ``cpus`` CPUs and each ClientApp call takes one, so at most
 ``cpus`` clients train at once; Ray's object store is capped at ``object_store_mb`` (Ray's
 default takes 30% of RAM, too much on a shared machine). Ray workers inherit ``OMP_NUM_THREADS``
 = 1 (one torch thread per actor, as ``secagg run --threads 1``).
@@ -27,6 +28,29 @@ from flwr.simulation import run_simulation
 from fedflower.apps import make_client_app
 
 __all__ = ["simulate"]
+
+#: Ray gives its raylet a fixed 30 s to register; on a loaded machine that can fail, so we retry.
+RAY_START_ATTEMPTS = 5
+
+
+def _start_ray(init_args: dict[str, Any]) -> None:
+    """Start Ray before Flower does (Flower reuses a running Ray), retrying a slow raylet start."""
+    import sys
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    pythonpath = os.pathsep.join([*sys.path, *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])])
+    os.environ["PYTHONPATH"] = pythonpath  # the actors import this package as the driver does
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+            return
+        except Exception:  # noqa: BLE001 - Ray raises a bare Exception when its raylet starts too slowly
+            ray.shutdown()
+            if attempt == RAY_START_ATTEMPTS:
+                raise
 
 
 def simulate(server_main: Callable[[Grid], Any], *, partition_dir: str | Path, nodes: int, cpus: int = 2,
@@ -55,6 +79,7 @@ def simulate(server_main: Callable[[Grid], Any], *, partition_dir: str | Path, n
                       "include_dashboard": False, "logging_level": logging.WARNING if not verbose else logging.INFO,
                       "log_to_driver": bool(verbose)},
     }
+    _start_ray(backend["init_args"])
     flwr_log = logging.getLogger("flwr")
     level = flwr_log.level
     if not verbose:

@@ -14,7 +14,6 @@ what ``secagg run`` evaluates in-process).
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import tempfile
 import time
@@ -107,13 +106,7 @@ def simulate_run(req: RunRequest, *, cpus: int, timeout: float, eval_users: int 
         return simulate(
             lambda grid: execute_on_grid(req, prep, meta, grid, timeout=timeout, assign=True, runtime=runtime),
             partition_dir=partition_dir, nodes=meta.clients, cpus=cpus, object_store_mb=object_store_mb,
-            verbose=not req.quiet and False,
         )
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def summary_line(summary: dict[str, Any]) -> str:
-    """One JSON line (``--json``)."""
-    return json.dumps(summary, sort_keys=True)

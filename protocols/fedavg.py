@@ -29,7 +29,12 @@ Simulation: all sampled clients train at once as one batched computation. Every 
 separate parameter rows (its user row, its own copy of each item row it touches, its own
 ``h`` and ``b``), and the gradient and optimiser updates are computed row-wise with
 ``index_add_``, so the batch is exactly equivalent to each client training alone; there is no
-Python loop per client or per item. The local optimiser is *lazy* (sparse) Adam or SGD: a row
+Python loop per client or per item. Each client's random choices (its negatives and its
+shuffles) come from its own counter-based stream keyed by ``(seed, round, epoch, user)``
+(:mod:`recmodels.streams`), not from a shared generator, so a client draws the same whether it
+trains in this batch or alone on its own device: the Flower apps (``fedflower``) rely on this to
+give the same model as the in-process run. Client sampling is the server's choice and comes from
+the seeded generator ``rng``. The local optimiser is *lazy* (sparse) Adam or SGD: a row
 moves only at steps where it has a gradient, so an item a client never trained on is
 unchanged in its upload (FedFast notes A2/A3). Local optimiser state is fresh every round
 (clients are stateless apart from ``p_u``).
@@ -51,7 +56,9 @@ from protocols.registry import ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
 from recmodels.models import gmf_logits
-from recmodels.sampling import sample_train_negatives
+from recmodels.data import pair_keys
+from recmodels.sampling import sample_negatives_keyed
+from recmodels.streams import shuffle_keys, stream_keys
 from protocols.secure_sum import secure_sum
 from secagg.encoding import check_budget
 from secagg.params import check_fraction
@@ -251,8 +258,9 @@ class FedAvgGMF:
     Args:
         train: training interactions (implicit; every row a positive).
         config: hyper-parameters.
-        seed: seeds the initialisation and every simulation choice (client sampling, shuffles,
-            negatives), so that a run is reproducible from it.
+        seed: seeds the initialisation and every simulation choice (client sampling with ``rng``;
+            each client's shuffles and negatives with its own stream keyed by the seed, the
+            round and the user), so that a run is reproducible from it.
         transport: where messages go; a fresh in-process transport by default.
         exclude: pairs never drawn as training negatives besides the client's own positives
             (ratings below the positive threshold; :attr:`experiments.prepare.Prepared.exclude`).
@@ -268,6 +276,7 @@ class FedAvgGMF:
     ):
         self.train, self.config, self.exclude = train, config, exclude
         self.transport = transport or InProcessTransport()
+        self.seed = int(seed)
         self.rng = np.random.default_rng(seed)
         g = torch.Generator().manual_seed(int(seed))
         d = config.dim
@@ -279,6 +288,9 @@ class FedAvgGMF:
         self._pos_items = train.items[order]
         self._pos_start = np.concatenate([[0], np.cumsum(np.bincount(train.users, minlength=train.n_users))])
         self._clients = np.flatnonzero(np.diff(self._pos_start) > 0)
+        # Pairs never drawn as negatives besides each client's positives (sorted pair keys).
+        self._exclude_keys = (np.unique(pair_keys(exclude.users, exclude.items, train.n_items))
+                              if exclude is not None and len(exclude) else np.zeros(0, np.int64))
         if clients is not None:
             self._clients = np.intersect1d(self._clients, np.asarray(clients, dtype=np.int64))
         self.round = 0
@@ -379,26 +391,28 @@ class FedAvgGMF:
     def _local_data(self, sampled: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
         """Positive counts and, per local epoch, ``(slot, item, label)`` of every example.
 
-        Slot ``c`` is client ``sampled[c]``; negatives are fresh every epoch.
+        Slot ``c`` is client ``sampled[c]``; its examples are its positives (in its data's
+        order) followed by ``train_negatives`` negatives per positive, fresh every epoch and
+        drawn from the client's own stream (see the module docstring).
         """
-        cfg = self.config
+        cfg, n_items = self.config, self.train.n_items
         counts = self._pos_start[sampled + 1] - self._pos_start[sampled]
         slots_pos = np.repeat(np.arange(len(sampled)), counts)
         items_pos = np.concatenate([self._pos_items[self._pos_start[u] : self._pos_start[u + 1]] for u in sampled])
-        sub = Interactions(
-            users=sampled[slots_pos].astype(np.int64),
-            items=items_pos.astype(np.int64),
-            ratings=np.ones(len(items_pos), np.float32),
-            timestamps=np.zeros(len(items_pos), np.int64),
-            user_ids=self.train.user_ids,
-            item_ids=self.train.item_ids,
-            check_duplicates=False,  # a subset of the validated training set
-        )
+        items_pos = items_pos.astype(np.int64)
+        n_neg = cfg.train_negatives
+        if n_neg:
+            users_pos = sampled[slots_pos].astype(np.int64)
+            forbidden = np.union1d(pair_keys(users_pos, items_pos, n_items), self._exclude_keys)
+            within = np.arange(len(slots_pos)) - np.concatenate([[0], np.cumsum(counts)])[slots_pos]
+            neg_index = (np.repeat(within * n_neg, n_neg) + np.tile(np.arange(n_neg), len(slots_pos))).astype(np.int64)
+            neg_slots = np.repeat(slots_pos, n_neg)
         epochs = []
-        for _ in range(cfg.local_epochs):
-            if cfg.train_negatives:
-                _, neg_items = sample_train_negatives(sub, n_neg=cfg.train_negatives, rng=self.rng, exclude=self.exclude)
-                slots = np.concatenate([slots_pos, np.repeat(slots_pos, cfg.train_negatives)])
+        for e in range(cfg.local_epochs):
+            if n_neg:
+                keys = stream_keys(self.seed, self.round, e, 0, sampled)[neg_slots]
+                neg_items = sample_negatives_keyed(sampled[neg_slots], keys, neg_index, n_items=n_items, forbidden=forbidden)
+                slots = np.concatenate([slots_pos, neg_slots])
                 items = np.concatenate([items_pos, neg_items])
                 labels = np.concatenate([np.ones(len(items_pos)), np.zeros(len(neg_items))])
             else:
@@ -417,10 +431,10 @@ class FedAvgGMF:
         client_steps = torch.zeros(m, dtype=torch.float32)  # local steps taken by each client
         pair_slot_t = torch.as_tensor(pair_slot)
         total_loss, total_examples, offset = 0.0, 0, 0
-        for slots, _, labels in epochs:
+        for epoch, (slots, _, labels) in enumerate(epochs):
             ex_pair = pair_of_example[offset : offset + len(slots)]
             offset += len(slots)
-            steps = self._local_steps(slots, m, self.rng)
+            steps = self._local_steps(slots, sampled, epoch)
             order = np.argsort(steps, kind="stable")
             bounds = np.searchsorted(steps[order], np.arange(steps.max() + 2))
             slots_t = torch.as_tensor(slots)
@@ -512,11 +526,20 @@ class FedAvgGMF:
         self.h += cfg.server_lr * h_num / w_sum
         self.b += cfg.server_lr * b_num / w_sum
 
-    def _local_steps(self, slots: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
-        """Step index of every example: a per-client shuffle cut into mini-batches."""
-        perm = rng.permutation(len(slots))
-        order = perm[np.argsort(slots[perm], kind="stable")]
+    def _local_steps(self, slots: np.ndarray, sampled: np.ndarray, epoch: int) -> np.ndarray:
+        """Step index of every example: a per-client shuffle cut into mini-batches.
+
+        Each client orders its examples by sort keys from its own stream (keyed by the seed,
+        the round, ``epoch`` and the user; entry ``i`` is its ``i``-th example), so its shuffle
+        is the same alone or batched.
+        """
+        m = len(sampled)
         start = np.concatenate([[0], np.cumsum(np.bincount(slots, minlength=m))])
+        by_slot = np.argsort(slots, kind="stable")
+        within = np.empty(len(slots), np.int64)
+        within[by_slot] = np.arange(len(slots)) - start[slots[by_slot]]
+        keys = stream_keys(self.seed, self.round, epoch, 1, sampled)[slots]
+        order = np.lexsort((shuffle_keys(keys, within), slots))
         pos = np.empty(len(slots), np.int64)
         pos[order] = np.arange(len(slots)) - start[slots[order]]
         return pos // self.config.local_batch_size
@@ -599,6 +622,7 @@ class FedAvgGMF:
             "h": self.h.clone(),
             "b": self.b.clone(),
             "rng": self.rng.bit_generator.state,
+            "seed": self.seed,  # keys the clients' streams (negatives, shuffles)
             "config": asdict(self.config),
         }
 
@@ -610,6 +634,7 @@ class FedAvgGMF:
         self.user, self.item = state["user"].clone(), state["item"].clone()
         self.h, self.b = state["h"].clone(), state["b"].clone()
         self.rng.bit_generator.state = state["rng"]
+        self.seed = int(state.get("seed", self.seed))  # checkpoints from before per-client streams lack it
 
 
 register(ProtocolSpec(

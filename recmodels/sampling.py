@@ -28,6 +28,7 @@ from recmodels.splits import Split
 __all__ = [
     "EvalCandidates",
     "sample_eval_candidates",
+    "sample_negatives_keyed",
     "sample_train_negatives",
     "user_item_csr",
 ]
@@ -238,3 +239,44 @@ def sample_eval_candidates(
             negs[row] = rng.choice(pool, size=n_negatives, replace=False)
     items = np.concatenate([split.test_items[users][:, None], negs], axis=1)
     return EvalCandidates(users=users, items=items)
+
+
+def sample_negatives_keyed(
+    users: np.ndarray, keys: np.ndarray, index: np.ndarray, *, n_items: int, forbidden: np.ndarray
+) -> np.ndarray:
+    """One negative per entry, drawn from the entry's own stream (:mod:`recmodels.streams`).
+
+    Entry ``i`` is a negative for ``users[i]``; it draws position ``index[i]`` of stream
+    ``keys[i]`` and, while the item is forbidden, the same position of the next attempt. Its
+    value therefore depends only on its key and index, never on the other entries: a client
+    sampling its negatives alone draws exactly what it draws batched with other clients.
+
+    Args:
+        users: int64 ``[n]``, dense user index of each entry.
+        keys: uint64 ``[n]``, the stream of each entry (e.g. ``stream_keys(seed, round, epoch, user)``).
+        index: int64 ``[n]``, the entry's position in its stream (distinct within a stream, < 2**40).
+        n_items: catalogue size.
+        forbidden: sorted unique pair keys (:func:`recmodels.data.pair_keys`) never drawn:
+            the users' positives and excluded pairs.
+
+    Raises:
+        ValueError: if a user of ``users`` has a forbidden pair with every item.
+    """
+    from recmodels.streams import integers
+
+    users = np.asarray(users, dtype=np.int64)
+    if users.size == 0:
+        return np.zeros(0, np.int64)
+    per_user = np.bincount(forbidden // max(n_items, 1), minlength=int(users.max()) + 1)
+    full = np.flatnonzero(per_user[np.unique(users)] >= n_items)
+    if full.size:
+        raise ValueError(f"user {int(np.unique(users)[full[0]])} interacted with all {n_items} items, so no negative exists")
+    index = np.asarray(index, dtype=np.int64)
+    items = integers(keys, index, n_items)
+    bad = np.flatnonzero(_in_sorted(forbidden, pair_keys(users, items, n_items)))
+    attempt = 0
+    while bad.size:
+        attempt += 1
+        items[bad] = integers(keys[bad], index[bad] + (attempt << 40), n_items)
+        bad = bad[_in_sorted(forbidden, pair_keys(users[bad], items[bad], n_items))]
+    return items

@@ -58,19 +58,24 @@ def test_disliked_items_are_excluded_from_eval_and_training_negatives(tmp_path, 
     import protocols.fedavg as fedavg_mod
     import recmodels.train as train_mod
 
-    for mod, make in [
-        (fedavg_mod, lambda: FedAvgGMF(prep.split.train, FedAvgConfig(dim=2, train_negatives=4), seed=0, exclude=prep.exclude)),
-        (train_mod, lambda: CentralTrainer(prep.split.train, CentralConfig(dim=2), seed=0, exclude=prep.exclude)),
+    n_items = prep.data.n_items
+    for mod, name, make, keys_of in [
+        (fedavg_mod, "sample_negatives_keyed",  # each client's own stream (recmodels.streams)
+         lambda: FedAvgGMF(prep.split.train, FedAvgConfig(dim=2, train_negatives=4), seed=0, exclude=prep.exclude),
+         lambda args, kw, out: pair_keys(args[0], out, n_items)),
+        (train_mod, "sample_train_negatives",
+         lambda: CentralTrainer(prep.split.train, CentralConfig(dim=2), seed=0, exclude=prep.exclude),
+         lambda args, kw, out: pair_keys(out[0], out[1], n_items)),
     ]:
         seen = []
-        real = mod.sample_train_negatives
+        real = getattr(mod, name)
 
-        def spy(sub, real=real, seen=seen, **kw):
-            out = real(sub, **kw)
-            seen.append(pair_keys(out[0], out[1], sub.n_items))
+        def spy(*args, real=real, seen=seen, keys_of=keys_of, **kw):
+            out = real(*args, **kw)
+            seen.append(keys_of(args, kw, out))
             return out
 
-        monkeypatch.setattr(mod, "sample_train_negatives", spy)
+        monkeypatch.setattr(mod, name, spy)
         make().run_round()
         drawn = np.concatenate(seen)
         assert len(drawn) > 100 and not np.isin(drawn, disliked).any(), mod.__name__

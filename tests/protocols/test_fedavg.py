@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from protocols.fedavg import ClientUpdate, FedAvgConfig, FedAvgGMF
 from protocols.transport import SERVER, InProcessTransport, Transcript, client
-from recmodels.data import Interactions
-from recmodels.sampling import sample_train_negatives
+from recmodels.data import Interactions, pair_keys
+from recmodels.sampling import sample_negatives_keyed
+from recmodels.streams import stream_keys, uniform_u64
 
 
 def make_train(n_users: int, n_items: int, per_user: list[int], seed: int = 0) -> Interactions:
@@ -40,8 +41,9 @@ def make_train(n_users: int, n_items: int, per_user: list[int], seed: int = 0) -
 def reference_round(fa: FedAvgGMF) -> dict[str, torch.Tensor]:
     """One FedAvg round computed client by client with autograd and torch optimisers.
 
-    Consumes the simulation RNG in the same order as ``FedAvgGMF.run_round`` (client choice,
-    then each epoch's negatives, then each epoch's shuffle) so that both see the same data.
+    Samples the cohort with a copy of the server's generator, and draws each client's negatives
+    and shuffles *alone*, from its own stream (``stream_keys(seed, round, epoch, purpose,
+    user)``), so the batched simulation must see the same data as each client on its own.
     """
     cfg, train = fa.config, fa.train
     rng = copy.deepcopy(fa.rng)
@@ -50,24 +52,22 @@ def reference_round(fa: FedAvgGMF) -> dict[str, torch.Tensor]:
     sampled = np.sort(rng.choice(clients, size=m, replace=False))
     order = np.argsort(train.users, kind="stable")
     pos = {int(u): train.items[order][train.users[order] == u] for u in sampled}
-    slots_pos = np.concatenate([[c] * len(pos[int(u)]) for c, u in enumerate(sampled)]).astype(np.int64)
-    items_pos = np.concatenate([pos[int(u)] for u in sampled]).astype(np.int64)
-    sub = dataclasses.replace(train, users=sampled[slots_pos], items=items_pos, ratings=np.ones(len(items_pos), np.float32), timestamps=np.zeros(len(items_pos), np.int64))
-    epochs = []
-    for _ in range(cfg.local_epochs):
-        _, neg = sample_train_negatives(sub, n_neg=cfg.train_negatives, rng=rng)
-        slots = np.concatenate([slots_pos, np.repeat(slots_pos, cfg.train_negatives)])
-        items = np.concatenate([items_pos, neg])
-        labels = np.concatenate([np.ones(len(items_pos)), np.zeros(len(neg))])
-        epochs.append((slots, items, labels))
-    batches_per_epoch = []
-    for slots, items, labels in epochs:
-        perm = rng.permutation(len(slots))
-        per_client = []
-        for c in range(m):
-            mine = perm[slots[perm] == c]  # this client's shuffled examples
-            per_client.append([mine[i : i + cfg.local_batch_size] for i in range(0, len(mine), cfg.local_batch_size)])
-        batches_per_epoch.append(per_client)
+    n_neg = cfg.train_negatives
+    epochs = []  # per client: per epoch (items, labels, batches)
+    for u in sampled:
+        mine = pos[int(u)].astype(np.int64)
+        forbidden = np.unique(pair_keys(np.full(len(mine), u), mine, train.n_items))
+        per_epoch = []
+        for e in range(cfg.local_epochs):
+            index = np.arange(len(mine) * n_neg, dtype=np.int64)
+            key = np.full(len(index), stream_keys(fa.seed, fa.round, e, 0, np.array([u]))[0], dtype=np.uint64)
+            neg = sample_negatives_keyed(np.full(len(index), u), key, index, n_items=train.n_items, forbidden=forbidden)
+            items = np.concatenate([mine, neg])
+            labels = np.concatenate([np.ones(len(mine)), np.zeros(len(neg))])
+            shuffle = uniform_u64(stream_keys(fa.seed, fa.round, e, 1, np.array([u]))[0], np.arange(len(items)))
+            perm = np.argsort(shuffle, kind="stable")
+            per_epoch.append((items, labels, [perm[i : i + cfg.local_batch_size] for i in range(0, len(perm), cfg.local_batch_size)]))
+        epochs.append(per_epoch)
 
     Q0, h0, b0 = fa.item.clone(), fa.h.clone(), fa.b.clone()
     dQ_sum = torch.zeros_like(Q0)
@@ -88,8 +88,8 @@ def reference_round(fa: FedAvgGMF) -> dict[str, torch.Tensor]:
         else:
             opts = [torch.optim.SGD(list(user.parameters()) + list(item.parameters()) + [h, b], lr=cfg.lr)]
         touched = set()
-        for (slots, items, labels), per_client in zip(epochs, batches_per_epoch):
-            for batch in per_client[c]:
+        for items, labels, batches in epochs[c]:
+            for batch in batches:
                 it = torch.as_tensor(items[batch])
                 touched |= set(items[batch].tolist())
                 logits = ((user(torch.zeros(len(batch), dtype=torch.long)) * item(it)) * h).sum(-1) + b

@@ -1,0 +1,55 @@
+"""The deployment ServerApp (``experiments.flower_app:server_app``; the app in ``flower-app/``).
+
+``flwr run flower-app CONNECTION --run-config "preset='fedavg-gmf' partition-dir='DIR' out='RUN_DIR'"``
+submits it to a SuperLink; it runs ``secagg run``'s loop (run directory, ledger, metrics,
+summary) with the clients on the SuperNodes, each started with
+``--node-config "partition-id=I partition-dir='DIR'"`` on partitions written by
+``secagg flower partition`` (docs/flower.md). Run config keys (``[tool.flwr.app.config]``):
+``preset``, ``config`` (a TOML file overriding the preset, or ""), ``partition-dir``, ``out`` (the
+run directory), ``seed`` and ``rounds`` (-1: the preset's), ``timeout`` (seconds per round).
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from experiments import config as cfgmod
+from experiments.errors import UserError
+from experiments.flower_run import check_protocol, execute_on_grid
+from experiments.prepare import prepare_data
+from experiments.training import RunRequest
+from fedflower.adapter import partition_meta
+
+__all__ = ["server_app"]
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    rc = context.run_config
+    preset = str(rc.get("preset", "fedavg-gmf"))
+    config = cfgmod.load_preset(preset)
+    if str(rc.get("config", "")):
+        config = cfgmod.load_config_file(str(rc["config"]), base=config)
+    over: dict = {}
+    if int(rc.get("seed", -1)) >= 0:
+        over.setdefault("run", {})["seed"] = int(rc["seed"])
+    if int(rc.get("rounds", -1)) >= 0:
+        over.setdefault("run", {})["rounds"] = int(rc["rounds"])
+    config = cfgmod.merge(config, over) if over else config
+    check_protocol(config)
+    meta = partition_meta(str(rc["partition-dir"]))
+    prep = prepare_data(config)
+    train = prep.split.train
+    if (meta.n_users, meta.n_items) != (train.n_users, train.n_items) or meta.clients != len(set(train.users.tolist())):
+        raise UserError(f"the partitions in {rc['partition-dir']} were written for another configuration "
+                        f"({meta.n_users} users, {meta.n_items} items); rewrite them with secagg flower partition")
+    out = str(rc.get("out", "")) or None
+    req = RunRequest(preset=preset, config=config, out=Path(out) if out else None, quiet=True)
+    execute_on_grid(req, prep, meta, grid, timeout=float(rc.get("timeout", 600.0)), assign=False,
+                    runtime={"engine": "flower deployment (SuperLink + SuperNodes)", "flwr": metadata.version("flwr")})

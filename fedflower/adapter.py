@@ -1,0 +1,338 @@
+"""A registered protocol as Flower parties: the server's and each client's halves of a round.
+
+The protocols in :mod:`protocols` simulate every party in one process. The ones whose round is
+*server samples a cohort -> each client trains locally -> server aggregates* expose that split as
+three hooks (FedAvg-GMF, :class:`protocols.fedavg.FedAvgGMF`, and the protocols built on it):
+
+* ``_sample_clients() -> users`` (the server's seeded choice),
+* ``_local_round(sampled) -> LocalRound`` (the clients' local training; batched in-process,
+  one client here),
+* ``_aggregate(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)`` (the server's update).
+
+This module drives those hooks over Flower messages without any Flower code in the protocol:
+
+* **each client** builds the protocol through the registry on *its own user's data only* (a
+  partition file, :func:`write_partitions` / :func:`load_partition`), installs the global model it
+  received and its own user state (kept in the node's Flower ``Context.state``, never sent), and
+  runs ``_local_round`` for itself; the reply carries its upload (the protocol's
+  :class:`protocols.fedavg.ClientUpdate` fields), validated by :func:`decode_update`;
+* **the server** builds the protocol on a *census*: one placeholder row per participating user
+  (who takes part is public; what they hold is not), samples with ``_sample_clients``, sends the
+  global model, stacks the validated replies in cohort order and calls ``_aggregate``, which
+  records the uploads in the server's transcript and updates the model exactly as in-process.
+
+Equality with the in-process run: client sampling comes from the server's seeded generator, and
+every client's negatives and shuffles from its own keyed stream (:mod:`recmodels.streams`), so
+a client training alone draws what it draws in the batched simulation; local training is
+row-wise, and the server sums the uploads in the same order. The Flower run therefore gives the
+same cohorts, examples, transcript and model; the parameters are equal up to float32 rounding,
+not guaranteed bit-identical: torch chooses its reduction kernels by tensor shape, so a client's
+dot products computed alone may round differently (by an ulp) from the same rows inside the batch
+(most runs are bit-identical; tests/fedflower/test_apps_loopback.py checks ``rtol=1e-5, atol=1e-6``
+after three rounds).
+
+Adversary and promise: those of the protocol (plaintext FedAvg: the server sees every upload;
+with ``secure_aggregation`` see docs/flower.md). A reply that fails validation (missing or extra
+keys, wrong dtype or shape, rows out of range, non-finite values) raises :class:`BadReply`; the
+server drops that client from the round (the aggregate is over the others) and never crashes.
+Nothing received is unpickled (Flower's arrays are ``np.load(allow_pickle=False)``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from protocols.fedavg import LocalRound
+from protocols.registry import BuildContext, ProtocolSpec
+from protocols.transport import InProcessTransport
+from recmodels.data import Interactions
+
+__all__ = [
+    "BadReply",
+    "ClientUpdateArrays",
+    "Partition",
+    "PartitionMeta",
+    "SUPPORTED",
+    "build_client_trainer",
+    "build_server_trainer",
+    "client_local_round",
+    "decode_update",
+    "encode_update",
+    "load_partition",
+    "partition_meta",
+    "stack_updates",
+    "write_partitions",
+]
+
+PARTITION_FORMAT = 1
+#: Registered protocols whose hooks match :meth:`FedAvgGMF._aggregate`'s (tested end to end on Flower).
+SUPPORTED = ("fedavg",)
+_PART_NAME = "client-{:07d}.npz"
+#: Arrays the server broadcasts each round (the protocol's global model).
+GLOBAL_STATE = ("item", "h", "b")
+#: The per-client state that never leaves the client (a row of the protocol's ``user`` table).
+CLIENT_STATE = "user"
+UPDATE_KEYS = frozenset({"rows", "item_delta", "h_delta", "b_delta", "weight", "loss", "examples"})
+
+
+class BadReply(ValueError):
+    """A client's reply does not have the shape the protocol promises; the client is dropped."""
+
+
+# -- partitions: each client's own data ----------------------------------------------------------
+@dataclass(frozen=True)
+class PartitionMeta:
+    """The public facts about a partitioned dataset (``meta.json``)."""
+
+    n_users: int
+    n_items: int
+    clients: int
+    users: tuple[int, ...]  # partition id -> dense user index (public: the server addresses them)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One client's own data: its positives and the pairs it must never draw as negatives."""
+
+    partition_id: int
+    user: int
+    n_users: int
+    n_items: int
+    items: np.ndarray
+    excluded: np.ndarray
+
+    def train(self) -> Interactions:
+        """The client's training interactions on the global id space (only its own rows)."""
+        n = len(self.items)
+        return Interactions(
+            users=np.full(n, self.user, np.int64), items=self.items.astype(np.int64),
+            ratings=np.ones(n, np.float32), timestamps=np.zeros(n, np.int64),
+            user_ids=np.arange(self.n_users), item_ids=np.arange(self.n_items),
+        )
+
+    def exclude(self) -> Interactions | None:
+        if not len(self.excluded):
+            return None
+        n = len(self.excluded)
+        return Interactions(
+            users=np.full(n, self.user, np.int64), items=self.excluded.astype(np.int64),
+            ratings=np.zeros(n, np.float32), timestamps=np.zeros(n, np.int64),
+            user_ids=np.arange(self.n_users), item_ids=np.arange(self.n_items),
+        )
+
+
+def write_partitions(train: Interactions, exclude: Interactions | None, directory: str | Path) -> PartitionMeta:
+    """Write one file per user with training data (partition ``i`` is the ``i``-th such user).
+
+    Each ``client-NNNNNNN.npz`` holds only that user's positives (in the training data's order,
+    which its local training follows) and excluded items; ``meta.json`` the public sizes and the
+    partition -> user map. Files are plain ``.npz`` read with ``allow_pickle=False``.
+    """
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    order = np.argsort(train.users, kind="stable")
+    start = np.concatenate([[0], np.cumsum(np.bincount(train.users, minlength=train.n_users))])
+    items = train.items[order]
+    ex_items = ex_start = None
+    if exclude is not None and len(exclude):
+        ex_order = np.argsort(exclude.users, kind="stable")
+        ex_items = exclude.items[ex_order]
+        ex_start = np.concatenate([[0], np.cumsum(np.bincount(exclude.users, minlength=train.n_users))])
+    users = np.flatnonzero(np.diff(start) > 0)
+    for pid, u in enumerate(users):
+        excluded = np.zeros(0, np.int64) if ex_items is None else ex_items[ex_start[u] : ex_start[u + 1]]
+        np.savez(out / _PART_NAME.format(pid), user=np.int64(u), n_users=np.int64(train.n_users),
+                 n_items=np.int64(train.n_items), items=items[start[u] : start[u + 1]].astype(np.int64),
+                 excluded=np.asarray(excluded, np.int64))
+    meta = PartitionMeta(n_users=train.n_users, n_items=train.n_items, clients=len(users),
+                         users=tuple(int(u) for u in users))
+    (out / "meta.json").write_text(json.dumps({"format": PARTITION_FORMAT, **asdict(meta)}))
+    return meta
+
+
+def partition_meta(directory: str | Path) -> PartitionMeta:
+    """Read ``meta.json`` of a partitioned dataset."""
+    path = Path(directory) / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: write partitions first (secagg flower partition PRESET --out DIR)")
+    raw = json.loads(path.read_text())
+    if raw.get("format") != PARTITION_FORMAT:
+        raise ValueError(f"{path} has partition format {raw.get('format')!r}; this version reads {PARTITION_FORMAT}")
+    return PartitionMeta(n_users=int(raw["n_users"]), n_items=int(raw["n_items"]), clients=int(raw["clients"]),
+                         users=tuple(int(u) for u in raw["users"]))
+
+
+def load_partition(directory: str | Path, partition_id: int) -> Partition:
+    """Load one client's own file (and nothing of any other client)."""
+    path = Path(directory) / _PART_NAME.format(int(partition_id))
+    if not path.is_file():
+        raise FileNotFoundError(f"partition {partition_id} not found at {path} (is partition-id within the partitions written?)")
+    with np.load(path, allow_pickle=False) as z:
+        return Partition(partition_id=int(partition_id), user=int(z["user"]), n_users=int(z["n_users"]),
+                         n_items=int(z["n_items"]), items=z["items"].copy(), excluded=z["excluded"].copy())
+
+
+# -- building the two halves through the registry -----------------------------------------------
+class _OwnData:
+    """The ``split`` a builder sees: only ``train`` (a client's own rows, or the server's census)."""
+
+    def __init__(self, train: Interactions):
+        self.train = train
+
+
+def _build(spec: ProtocolSpec, config: Any, seed: int, train: Interactions, exclude: Interactions | None,
+           transport: InProcessTransport | None = None) -> Any:
+    trainer = spec.build(BuildContext(split=_OwnData(train), config=config, seed=seed, source="flower",
+                                      transport=transport or InProcessTransport(), data_options={}, exclude=exclude))
+    for hook in ("_sample_clients", "_local_round", "_aggregate", *GLOBAL_STATE, CLIENT_STATE):
+        if not hasattr(trainer, hook):
+            raise ValueError(
+                f"protocol {spec.name!r} does not expose {hook!r}; the Flower adapter runs protocols whose round is "
+                "sample -> local round -> aggregate (FedAvg-GMF and the protocols built on it)"
+            )
+    return trainer
+
+
+def build_server_trainer(spec: ProtocolSpec, config: Any, seed: int, meta: PartitionMeta,
+                         transport: InProcessTransport | None = None) -> Any:
+    """The server's half: the protocol built on a census (one placeholder row per client).
+
+    The census tells the protocol who takes part (its client pool, hence the cohort size and the
+    secure-aggregation budget); the server never trains on it and never sees a client's data.
+    """
+    users = np.asarray(meta.users, np.int64)
+    census = Interactions(
+        users=users, items=np.zeros(len(users), np.int64), ratings=np.ones(len(users), np.float32),
+        timestamps=np.zeros(len(users), np.int64), user_ids=np.arange(meta.n_users), item_ids=np.arange(meta.n_items),
+    )
+    return _build(spec, config, seed, census, None, transport)
+
+
+def build_client_trainer(spec: ProtocolSpec, config: Any, seed: int, part: Partition) -> Any:
+    """A client's half: the protocol built on this client's own data only."""
+    return _build(spec, config, seed, part.train(), part.exclude())
+
+
+# -- one client's local round ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClientUpdateArrays:
+    """A decoded, validated upload (one client), plus its loss sum and example count."""
+
+    rows: np.ndarray
+    item_delta: np.ndarray
+    h_delta: np.ndarray
+    b_delta: float
+    weight: float
+    loss: float
+    examples: int
+
+
+def client_local_round(trainer: Any, user: int, round_: int, model: dict[str, np.ndarray],
+                       state: np.ndarray | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Install ``model`` and the client's ``state``, train locally; returns (upload, new state).
+
+    ``state`` is the client's row of the protocol's user table from its previous round (``None``
+    the first time: the protocol's own seeded initialisation, identical to the in-process one).
+    """
+    with torch.no_grad():
+        for name in GLOBAL_STATE:
+            ref = getattr(trainer, name)
+            value = torch.as_tensor(np.asarray(model[name]))
+            if tuple(value.shape) != tuple(ref.shape) or value.dtype != ref.dtype:
+                raise BadReply(f"global {name!r} has shape {tuple(value.shape)} {value.dtype}; the protocol expects "
+                               f"{tuple(ref.shape)} {ref.dtype}")
+            setattr(trainer, name, value.clone())
+        if state is not None:
+            getattr(trainer, CLIENT_STATE)[user] = torch.as_tensor(np.asarray(state))
+    trainer.round = int(round_)
+    lr: LocalRound = trainer._local_round(np.array([user], np.int64))
+    upload = encode_update(lr)
+    return upload, lr.P[0].numpy().copy()
+
+
+def encode_update(lr: LocalRound) -> dict[str, np.ndarray]:
+    """A one-client :class:`LocalRound` as the arrays of its reply."""
+    return {
+        "rows": np.asarray(lr.pair_item, np.int64),
+        "item_delta": lr.dQ.numpy().astype(np.float32, copy=False),
+        "h_delta": lr.dH[0].numpy().astype(np.float32, copy=False),
+        "b_delta": np.asarray([float(lr.dB[0])], np.float32),
+        "weight": np.asarray([float(lr.weight[0])], np.float32),
+        "loss": np.asarray([lr.loss], np.float64),
+        "examples": np.asarray([lr.examples], np.int64),
+    }
+
+
+def decode_update(arrays: dict[str, np.ndarray], *, n_items: int, dim: int) -> ClientUpdateArrays:
+    """Validate one reply's arrays (exact keys, dtypes, shapes, ranges, finiteness)."""
+    keys = set(arrays)
+    if keys != UPDATE_KEYS:
+        raise BadReply(f"reply keys {sorted(keys)}; expected exactly {sorted(UPDATE_KEYS)} "
+                       f"(missing {sorted(UPDATE_KEYS - keys)}, extra {sorted(keys - UPDATE_KEYS)})")
+    want = {"rows": (np.int64, 1), "item_delta": (np.float32, 2), "h_delta": (np.float32, 1), "b_delta": (np.float32, 1),
+            "weight": (np.float32, 1), "loss": (np.float64, 1), "examples": (np.int64, 1)}
+    for k, (dtype, ndim) in want.items():
+        a = arrays[k]
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim:
+            raise BadReply(f"reply array {k!r} is {getattr(a, 'dtype', type(a).__name__)} with "
+                           f"{getattr(a, 'ndim', '?')} dims; expected {np.dtype(dtype)} with {ndim}")
+    rows, dq = arrays["rows"], arrays["item_delta"]
+    if dq.shape != (len(rows), dim) or arrays["h_delta"].shape != (dim,):
+        raise BadReply(f"reply shapes rows {rows.shape}, item_delta {dq.shape}, h_delta {arrays['h_delta'].shape}; "
+                       f"expected item_delta ({len(rows)}, {dim}) and h_delta ({dim},)")
+    for k in ("b_delta", "weight", "loss", "examples"):
+        if arrays[k].shape != (1,):
+            raise BadReply(f"reply array {k!r} has shape {arrays[k].shape}; expected (1,)")
+    if len(rows) and (rows.min() < 0 or rows.max() >= n_items or np.any(np.diff(rows) <= 0)):
+        raise BadReply(f"reply rows must be strictly increasing item indices in [0, {n_items}); found "
+                       f"min {rows.min()}, max {rows.max()}")
+    floats = (dq, arrays["h_delta"], arrays["b_delta"], arrays["weight"], arrays["loss"])
+    if not all(np.isfinite(a).all() for a in floats):
+        raise BadReply("reply holds a non-finite value (NaN or infinity)")
+    weight, examples = float(arrays["weight"][0]), int(arrays["examples"][0])
+    if weight <= 0 or examples < 0:
+        raise BadReply(f"reply weight must be > 0 and examples >= 0; found {weight}, {examples}")
+    return ClientUpdateArrays(rows=rows, item_delta=dq, h_delta=arrays["h_delta"], b_delta=float(arrays["b_delta"][0]),
+                              weight=weight, loss=float(arrays["loss"][0]), examples=examples)
+
+
+def stack_updates(updates: list[ClientUpdateArrays]) -> tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor,
+                                                              torch.Tensor, torch.Tensor]:
+    """The cohort's uploads in the layout of the batched ``_local_round`` (slot ``c`` = ``updates[c]``).
+
+    Returns ``(pair_slot, pair_item, dQ, dH, dB, weight)`` as :meth:`FedAvgGMF._aggregate` takes them.
+    """
+    counts = [len(u.rows) for u in updates]
+    pair_slot = np.repeat(np.arange(len(updates)), counts).astype(np.int64)
+    pair_item = np.concatenate([u.rows for u in updates]) if updates else np.zeros(0, np.int64)
+    dim = updates[0].h_delta.shape[0] if updates else 0
+    dQ = torch.as_tensor(np.concatenate([u.item_delta for u in updates]) if updates else np.zeros((0, dim), np.float32))
+    dH = torch.as_tensor(np.stack([u.h_delta for u in updates]))
+    dB = torch.tensor([u.b_delta for u in updates], dtype=torch.float32)
+    weight = torch.tensor([u.weight for u in updates], dtype=torch.float32)
+    return pair_slot, pair_item, dQ, dH, dB, weight
+
+
+def config_to_json(config: Any) -> str:
+    """A protocol's (flat, frozen) config dataclass as JSON, for the message that carries it."""
+    return json.dumps(asdict(config), sort_keys=True)
+
+
+def config_from_json(spec: ProtocolSpec, text: str) -> Any:
+    """Rebuild (and validate, through its ``__post_init__``) a protocol config sent by the server."""
+    if spec.config_cls is None:
+        return None
+    raw = json.loads(text)
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and re.fullmatch(r"[a-z_][a-z0-9_]*", k) for k in raw):
+        raise BadReply(f"protocol config must be a JSON object of keys; found {text[:80]!r}")
+    try:
+        return spec.config_cls(**raw)
+    except TypeError as exc:
+        raise BadReply(f"protocol config does not fit [{spec.section}]: {exc}") from None

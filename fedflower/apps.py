@@ -1,0 +1,334 @@
+"""The Flower ClientApp and the server's Grid-driven trainer for a registered protocol.
+
+* :func:`make_client_app` returns a ``ClientApp`` that answers three message types:
+  ``query.census`` (which user this node holds: public, the server addresses clients by it),
+  ``train`` (one local round: :func:`fedflower.adapter.client_local_round` on the node's own
+  partition; the user state stays in the node's ``Context.state``) and ``query.score`` (scores of
+  candidate items with the node's own user state, for evaluation). The partition comes from the
+  node config (``partition-id``, and ``partition-dir`` in a deployment) or from the factory's
+  ``partition_dir`` (simulation).
+* :class:`GridTrainer` is the server's half as a :class:`protocols.base.Trainer`: ``run_round``
+  samples with the protocol's seeded generator, sends the global model to the cohort through a
+  Flower ``Grid``, validates the replies and aggregates with the protocol's own ``_aggregate``,
+  so ``secagg run``'s loop (ledger, costs, transcript, metrics, summary) drives a Flower run
+  unchanged.
+
+A client whose reply is missing (timeout, node failure) or malformed is dropped from the round;
+the round aggregates the others (``extra["dropped"]`` counts them). A round in which every client
+is dropped raises :class:`RoundFailed`. Flower limits: replies wait at most ``timeout`` seconds
+(``send_and_receive``); one message must stay under gRPC's 512 MiB limit (the global model is
+``4 * (n_items * dim + dim + 1)`` bytes; :class:`GridTrainer` refuses larger models up front).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+
+from fedflower.adapter import (
+    CLIENT_STATE,
+    GLOBAL_STATE,
+    BadReply,
+    PartitionMeta,
+    build_client_trainer,
+    client_local_round,
+    config_from_json,
+    config_to_json,
+    decode_update,
+    load_partition,
+    stack_updates,
+)
+from protocols.base import RoundStats
+from protocols.registry import get_protocol
+from protocols.transport import SERVER, client
+
+__all__ = ["GridTrainer", "RoundFailed", "make_client_app", "client_app"]
+
+#: gRPC's largest message in Flower 1.41 (flwr.common.GRPC_MAX_MESSAGE_LENGTH).
+MAX_MESSAGE_BYTES = 536_870_912
+_STATE_KEY = "fedflower.user"
+_PART_KEY = "fedflower.partition"
+
+
+class RoundFailed(RuntimeError):
+    """No client of the cohort answered a round validly."""
+
+
+def _arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in record.items()}
+
+
+def _partition_of(context: Context, partition_dir: str | None, msg: Message | None = None) -> tuple[str, int]:
+    """The node's partition: its node config's ``partition-id``, or (simulation) the one assigned to it.
+
+    In simulation (``partition_dir`` given) the server assigns partitions to virtual nodes in its
+    messages (a census of 10,000 virtual nodes costs Flower's in-memory link state minutes, see
+    docs/flower.md); the node keeps the first one it is given and refuses any other.
+    """
+    cfg = context.node_config
+    if partition_dir is not None and msg is not None and "run" in msg.content and "partition" in msg.content["run"]:
+        pid = int(msg.content["run"]["partition"])
+        held = context.state.config_records.get(_PART_KEY)
+        if held is None:
+            context.state[_PART_KEY] = ConfigRecord({"partition": pid})
+        elif int(held["partition"]) != pid:
+            raise ValueError(f"this node holds partition {int(held['partition'])}; refusing partition {pid}")
+        return partition_dir, pid
+    directory = partition_dir or cfg.get("partition-dir")
+    if not directory:
+        raise ValueError("this node has no partition: start it with --node-config \"partition-id=I partition-dir='DIR'\"")
+    if "partition-id" not in cfg:
+        raise ValueError("this node has no partition-id in its node config")
+    return str(directory), int(cfg["partition-id"])
+
+
+def make_client_app(partition_dir: str | Path | None = None) -> ClientApp:
+    """The ClientApp of every protocol the adapter runs (see the module docstring)."""
+    app = ClientApp()
+    pdir = None if partition_dir is None else str(partition_dir)
+
+    @app.query("census")
+    def census(msg: Message, context: Context) -> Message:
+        part = load_partition(*_partition_of(context, pdir))
+        return Message(RecordDict({"census": ConfigRecord({"user": part.user, "partition": part.partition_id})}),
+                       reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        part = load_partition(*_partition_of(context, pdir, msg))
+        run = msg.content["run"]
+        spec = get_protocol(str(run["protocol"]))
+        trainer = build_client_trainer(spec, config_from_json(spec, str(run["config"])), int(run["seed"]), part)
+        state = context.state.array_records.get(_STATE_KEY)
+        prev = None if state is None else state["p"].numpy()
+        upload, new_state = client_local_round(trainer, part.user, int(run["round"]), _arrays(msg.content["model"]), prev)
+        context.state[_STATE_KEY] = ArrayRecord({"p": _np_array(new_state)})
+        return Message(RecordDict({"update": ArrayRecord({k: _np_array(v) for k, v in upload.items()})}), reply_to=msg)
+
+    @app.query("score")
+    def score(msg: Message, context: Context) -> Message:
+        part = load_partition(*_partition_of(context, pdir, msg))
+        run = msg.content["run"]
+        spec = get_protocol(str(run["protocol"]))
+        trainer = build_client_trainer(spec, config_from_json(spec, str(run["config"])), int(run["seed"]), part)
+        model = _arrays(msg.content["model"])
+        with torch.no_grad():
+            for name in GLOBAL_STATE:
+                setattr(trainer, name, torch.as_tensor(model[name]).clone())
+            state = context.state.array_records.get(_STATE_KEY)
+            if state is not None:
+                getattr(trainer, CLIENT_STATE)[part.user] = torch.as_tensor(state["p"].numpy())
+        users = np.array([part.user])
+        if bool(run["all"]):
+            scores = trainer.score_all(users)[0]
+        else:
+            scores = trainer.score(users, msg.content["items"]["items"].numpy()[None, :])[0]
+        return Message(RecordDict({"scores": ArrayRecord({"scores": _np_array(np.asarray(scores, np.float32))})}),
+                       reply_to=msg)
+
+    return app
+
+
+def _np_array(a: np.ndarray):
+    from flwr.app import Array
+
+    return Array(np.array(a, copy=True, order="C"))  # (np.ascontiguousarray would turn a 0-d array 1-d)
+
+
+#: The deployment ClientApp (``fedflower.apps:client_app``): partition from the node config.
+client_app = make_client_app()
+
+
+class GridTrainer:
+    """The server's half of a protocol, driving its clients through a Flower ``Grid``.
+
+    Args:
+        grid: the ServerApp's grid.
+        server: the protocol built on the census (:func:`fedflower.adapter.build_server_trainer`).
+        protocol: the registered protocol name the clients build.
+        seed: the run's seed (sent to the clients: it keys their streams and initialisation).
+        meta: the partitioned dataset's public facts.
+        timeout: seconds to wait for a round's replies; missing ones are dropped.
+    """
+
+    def __init__(self, grid: Grid, server: Any, *, protocol: str, seed: int, meta: PartitionMeta,
+                 timeout: float = 600.0, assign: bool = False):
+        self.grid, self.server, self.protocol, self.seed, self.meta = grid, server, protocol, int(seed), meta
+        self.timeout = float(timeout)
+        self.config_json = config_to_json(server.config)
+        model_bytes = sum(getattr(server, n).numel() * getattr(server, n).element_size() for n in GLOBAL_STATE)
+        if model_bytes > MAX_MESSAGE_BYTES:
+            raise ValueError(f"the global model is {model_bytes:,} bytes, over Flower's {MAX_MESSAGE_BYTES:,}-byte gRPC "
+                             "message limit; reduce the catalogue or fedavg.dim")
+        #: ``{user: node id}``; with ``assign`` (simulation) the server assigns partition ``i`` to the
+        #: ``i``-th node id instead of asking every node (a census) which one it holds
+        self.assign = assign
+        if assign:
+            nodes = sorted(self._wait_for_nodes(600.0))
+            if len(nodes) < meta.clients:
+                raise ValueError(f"{len(nodes)} nodes for {meta.clients} partitions")
+            self.node_of = {u: nodes[i] for i, u in enumerate(meta.users)}
+            self.partition_of = {u: i for i, u in enumerate(meta.users)}
+        else:
+            self.node_of = self.census()
+        self.flower_bytes = {"down": 0, "up": 0}
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _run_record(self, user: int, **extra: Any) -> ConfigRecord:
+        if self.assign:
+            extra["partition"] = self.partition_of[int(user)]
+        return ConfigRecord({"protocol": self.protocol, "config": self.config_json, "seed": self.seed,
+                             "round": int(self.server.round), **extra})
+
+    def _model_record(self) -> ArrayRecord:
+        return ArrayRecord({n: _np_array(getattr(self.server, n).numpy()) for n in GLOBAL_STATE})
+
+    def census(self, wait: float = 600.0) -> dict[int, int]:
+        """Ask every node which user it holds; returns ``{user: node_id}``.
+
+        Waits up to ``wait`` seconds for all of ``meta.clients`` nodes to connect (a deployment's
+        SuperNodes may still be starting).
+        """
+        nodes = self._wait_for_nodes(wait)
+        msgs = [Message(RecordDict({"run": ConfigRecord({"protocol": self.protocol})}), dst_node_id=n,
+                        message_type="query.census") for n in nodes]
+        out: dict[int, int] = {}
+        for reply in self.grid.send_and_receive(msgs, timeout=wait):
+            if reply.has_error():
+                continue
+            user = int(reply.content["census"]["user"])
+            if user in out:
+                raise ValueError(f"two nodes hold user {user}: give each SuperNode its own partition-id")
+            out[user] = reply.metadata.src_node_id
+        missing = sorted(set(self.meta.users) - set(out))
+        if missing:
+            raise ValueError(f"{len(missing)} of {self.meta.clients} partitions have no connected node "
+                             f"(e.g. user {missing[0]}); start one SuperNode per partition-id")
+        return out
+
+    def _wait_for_nodes(self, wait: float) -> list[int]:
+        deadline = time.monotonic() + wait
+        while True:
+            nodes = list(self.grid.get_node_ids())
+            if len(nodes) >= self.meta.clients or time.monotonic() > deadline:
+                return nodes
+            time.sleep(0.5)
+
+    # -- the Trainer interface -----------------------------------------------------------------
+    @property
+    def round(self) -> int:
+        return int(self.server.round)
+
+    @property
+    def transport(self):
+        return self.server.transport
+
+    @property
+    def config(self):
+        return self.server.config
+
+    def run_round(self) -> RoundStats:
+        srv, t = self.server, self.server.round
+        t0 = time.perf_counter()
+        sampled = srv._sample_clients()
+        model = self._model_record()
+        msgs = []
+        for u in sampled:
+            srv.transport.send(SERVER, client(int(u)), t, "model", None, srv.model_bytes)
+            msgs.append(Message(RecordDict({"model": model, "run": self._run_record(u)}), dst_node_id=self.node_of[int(u)],
+                                message_type="train", group_id=str(t)))
+        self.flower_bytes["down"] += len(msgs) * model.count_bytes()
+        replies: dict[int, Message] = {}
+        duplicated: set[int] = set()
+        for m in self.grid.send_and_receive(msgs, timeout=self.timeout):
+            nid = m.metadata.src_node_id
+            if nid in replies:
+                duplicated.add(nid)  # which one is genuine is unknowable: drop the node
+            replies[nid] = m
+        t_clients = time.perf_counter()
+        kept, updates, errors = [], [], []
+        for u in sampled:
+            reply = replies.get(self.node_of[int(u)])
+            try:
+                if reply is None:
+                    raise BadReply("no reply before the timeout")
+                if self.node_of[int(u)] in duplicated:
+                    raise BadReply("more than one reply from its node")
+                if reply.has_error():
+                    raise BadReply(f"client error: {reply.error.reason}")
+                if set(reply.content.keys()) != {"update"} or len(reply.content.array_records) != 1:
+                    raise BadReply(f"reply records {sorted(reply.content.keys())}; expected ['update']")
+                rec = reply.content["update"]
+                self.flower_bytes["up"] += rec.count_bytes()
+                updates.append(decode_update(_arrays(rec), n_items=self.meta.n_items, dim=srv.config.dim))
+                kept.append(int(u))
+            except (BadReply, KeyError, TypeError, ValueError) as exc:
+                errors.append(f"user {int(u)}: {exc}")
+        if not updates:
+            raise RoundFailed(f"round {t}: no client of {len(sampled)} answered validly ({errors[0] if errors else ''})")
+        kept_arr = np.asarray(kept, np.int64)
+        pair_slot, pair_item, dQ, dH, dB, weight = stack_updates(updates)
+        srv._secagg_seconds = 0.0
+        upload_bytes, releases, extra = srv._aggregate(t, kept_arr, pair_slot, pair_item, dQ, dH, dB, weight)
+        srv.round += 1
+        t_end = time.perf_counter()
+        loss = sum(u.loss for u in updates)
+        examples = sum(u.examples for u in updates)
+        return RoundStats(
+            round=t, loss=loss / max(examples, 1), clients=len(kept), bytes_per_client=srv.model_bytes + upload_bytes,
+            seconds={"round": t_end - t0, "client": (t_clients - t0) / len(sampled), "server": t_end - t_clients},
+            extra={"examples": examples, "dropped": len(sampled) - len(kept), "drop_reasons": errors[:5],
+                   "flower_bytes_down": self.flower_bytes["down"], "flower_bytes_up": self.flower_bytes["up"], **extra},
+            releases=releases,
+        )
+
+    def _scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        model = self._model_record()
+        msgs = []
+        for c, u in enumerate(np.asarray(users)):
+            content = {"model": model, "run": self._run_record(u, all=items is None)}
+            if items is not None:
+                content["items"] = ArrayRecord({"items": _np_array(np.asarray(items[c], np.int64))})
+            msgs.append(Message(RecordDict(content), dst_node_id=self.node_of[int(u)], message_type="query.score"))
+        replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(msgs, timeout=self.timeout)}
+        width = self.meta.n_items if items is None else np.asarray(items).shape[1]
+        out = np.empty((len(msgs), width), np.float32)
+        for c, u in enumerate(np.asarray(users)):
+            reply = replies.get(self.node_of[int(u)])
+            if reply is None or reply.has_error():
+                raise RoundFailed(f"evaluation: user {int(u)} did not return its scores "
+                                  f"({'timeout' if reply is None else reply.error.reason})")
+            s = reply.content["scores"]["scores"].numpy()
+            if s.shape != (width,) or s.dtype != np.float32:
+                raise RoundFailed(f"evaluation: user {int(u)} returned scores of shape {s.shape} {s.dtype}")
+            out[c] = s
+        return out
+
+    def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Each user's node scores its candidates with its own user state (evaluation)."""
+        return self._scores(users, np.asarray(items))
+
+    def score_all(self, users: np.ndarray) -> np.ndarray:
+        return self._scores(users, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The server's half only: the clients' states live on their nodes (no resume)."""
+        return self.server.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise ValueError("a Flower run cannot be resumed: the clients' user states live on their nodes")
+
+    def public_info(self) -> dict[str, Any]:
+        info = dict(self.server.public_info())
+        info.update(runtime="flower", nodes=len(self.node_of))
+        return info
+
+    def cost_report(self) -> dict[str, Any]:
+        return {"flower_bytes": dict(self.flower_bytes)}

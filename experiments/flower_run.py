@@ -42,10 +42,10 @@ def check_protocol(config: cfgmod.RunConfig) -> None:
             f"protocol {spec.name!r} does not run on Flower yet: the adapter runs FedAvg-GMF presets "
             "(run.protocol = \"fedavg\", e.g. fedavg-gmf); see docs/flower.md"
         )
-    if config.protocol_config.secure_aggregation != "none":
+    if config.protocol_config.secure_aggregation not in ("none", "secagg", "secagg+"):
         raise UserError(
-            f"fedavg.secure_aggregation = {config.protocol_config.secure_aggregation!r} does not run on Flower yet "
-            "(the secure workflow is not merged); use the plaintext preset fedavg-gmf"
+            f"fedavg.secure_aggregation = {config.protocol_config.secure_aggregation!r} does not run on Flower yet; "
+            "use 'secagg+' (preset fedavg-gmf-secagg), 'secagg' or 'none' (see docs/flower.md)"
         )
 
 

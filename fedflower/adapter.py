@@ -40,6 +40,7 @@ Nothing received is unpickled (Flower's arrays are ``np.load(allow_pickle=False)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -55,18 +56,20 @@ from protocols.transport import InProcessTransport
 from recmodels.data import Interactions
 
 __all__ = [
+    "SUPPORTED",
     "BadReply",
     "ClientUpdateArrays",
     "Partition",
     "PartitionMeta",
-    "SUPPORTED",
     "build_client_trainer",
     "build_server_trainer",
     "client_local_round",
+    "client_secure_vector",
     "decode_update",
     "encode_update",
     "load_partition",
     "partition_meta",
+    "secure_width",
     "stack_updates",
     "write_partitions",
 ]
@@ -216,7 +219,14 @@ def build_server_trainer(spec: ProtocolSpec, config: Any, seed: int, meta: Parti
 
 
 def build_client_trainer(spec: ProtocolSpec, config: Any, seed: int, part: Partition) -> Any:
-    """A client's half: the protocol built on this client's own data only."""
+    """A client's half: the protocol built on this client's own data only.
+
+    Built without ``secure_aggregation``: the client's trainer only trains (its half of the secure
+    sum is :func:`fedflower.secagg_mod.secagg_mod`), and the protocol's checks of a round's SecAgg+
+    parameters concern the server's cohort, not this one-user view.
+    """
+    if getattr(config, "secure_aggregation", "none") != "none":
+        config = dataclasses.replace(config, secure_aggregation="none")
     return _build(spec, config, seed, part.train(), part.exclude())
 
 
@@ -241,6 +251,39 @@ def client_local_round(trainer: Any, user: int, round_: int, model: dict[str, np
     ``state`` is the client's row of the protocol's user table from its previous round (``None``
     the first time: the protocol's own seeded initialisation, identical to the in-process one).
     """
+    lr = _train_one(trainer, user, round_, model, state)
+    return encode_update(lr), lr.P[0].numpy().copy()
+
+
+def secure_width(trainer: Any) -> int:
+    """Length of a client's secure-aggregation input: the protocol's vector, then loss and examples."""
+    cfg, n_items = trainer.config, int(trainer.item.shape[0])
+    return n_items * cfg.dim + (n_items if cfg.item_aggregation == "touched" else 0) + cfg.dim + 2 + 2
+
+
+def client_secure_vector(trainer: Any, user: int, round_: int, model: dict[str, np.ndarray],
+                         state: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Train locally and lay the upload out for secure aggregation; returns (vector, new state).
+
+    The vector is the protocol's own (:meth:`protocols.fedavg.FedAvgGMF._client_vectors`, whose
+    sum over clients is the round's sums) followed by the client's loss sum (capped at
+    ``value_clip``) and example count, so that the server learns those only summed, too.
+
+    Raises:
+        ValueError: a value beyond ``fedavg.value_clip`` (the client cannot be encoded).
+    """
+    lr = _train_one(trainer, user, round_, model, state)
+    vec = trainer._client_vectors(np.zeros(1, np.int64), lr.pair_slot, lr.pair_item, lr.dQ, lr.dH, lr.dB, lr.weight)[0]
+    clip = float(trainer.config.value_clip)
+    out = np.concatenate([vec, [min(float(lr.loss), clip), float(lr.examples)]]).astype(np.float64)
+    big = float(np.abs(out).max(initial=0.0))
+    if not np.isfinite(big) or big > clip:
+        raise ValueError(f"round {round_}: this client's update holds {big:.4g}, beyond fedavg.value_clip = {clip:g}; "
+                         "raise fedavg.value_clip (and check the bit budget) or lower the learning rate")
+    return out, lr.P[0].numpy().copy()
+
+
+def _train_one(trainer: Any, user: int, round_: int, model: dict[str, np.ndarray], state: np.ndarray | None) -> LocalRound:
     with torch.no_grad():
         for name in GLOBAL_STATE:
             ref = getattr(trainer, name)
@@ -252,9 +295,7 @@ def client_local_round(trainer: Any, user: int, round_: int, model: dict[str, np
         if state is not None:
             getattr(trainer, CLIENT_STATE)[user] = torch.as_tensor(np.asarray(state))
     trainer.round = int(round_)
-    lr: LocalRound = trainer._local_round(np.array([user], np.int64))
-    upload = encode_update(lr)
-    return upload, lr.P[0].numpy().copy()
+    return trainer._local_round(np.array([user], np.int64))
 
 
 def encode_update(lr: LocalRound) -> dict[str, np.ndarray]:

@@ -28,7 +28,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
@@ -39,17 +46,24 @@ from fedflower.adapter import (
     PartitionMeta,
     build_client_trainer,
     client_local_round,
+    client_secure_vector,
     config_from_json,
     config_to_json,
     decode_update,
     load_partition,
+    secure_width,
     stack_updates,
 )
+from fedflower.records import RECORD_KEY
+from fedflower.secagg_mod import VECTOR_KEY, secagg_mod
+from fedflower.secagg_workflow import SecAggWorkflow
 from protocols.base import RoundStats
 from protocols.registry import get_protocol
 from protocols.transport import SERVER, client
+from secagg.bonawitz_wire import MaskedInput
+from secagg.encoding import FixedPoint
 
-__all__ = ["GridTrainer", "RoundFailed", "make_client_app", "client_app"]
+__all__ = ["GridTrainer", "RoundFailed", "client_app", "make_client_app", "secure_client_app"]
 
 #: gRPC's largest message in Flower 1.41 (flwr.common.GRPC_MAX_MESSAGE_LENGTH).
 MAX_MESSAGE_BYTES = 536_870_912
@@ -89,9 +103,27 @@ def _partition_of(context: Context, partition_dir: str | None, msg: Message | No
     return str(directory), int(cfg["partition-id"])
 
 
-def make_client_app(partition_dir: str | Path | None = None) -> ClientApp:
-    """The ClientApp of every protocol the adapter runs (see the module docstring)."""
-    app = ClientApp()
+def _secure_route(msg: Message, context: Context, call_next) -> Message:  # noqa: ANN001 - Flower's mod signature
+    """Hand ``TRAIN`` messages of a secure aggregation (they carry our record) to :func:`secagg_mod`."""
+    if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY in msg.content.config_records:
+        return secagg_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+def _requires_secure(context: Context, require_secure: bool) -> bool:
+    return require_secure or str(context.node_config.get("require-secagg", "false")).lower() in ("true", "1", "yes")
+
+
+def make_client_app(partition_dir: str | Path | None = None, *, require_secure: bool = False) -> ClientApp:
+    """The ClientApp of every protocol the adapter runs (see the module docstring).
+
+    ``train`` answers a plaintext round with the update itself, and a round of secure aggregation
+    (run by :func:`fedflower.secagg_mod.secagg_mod`, to which every ``TRAIN`` message carrying our
+    record is routed) with its input vector, which the mod masks and removes. The node refuses to
+    train in plaintext when ``require_secure`` or its node config has ``require-secagg=true``, and
+    always when the protocol config it was sent asks for secure aggregation.
+    """
+    app = ClientApp(mods=[_secure_route])
     pdir = None if partition_dir is None else str(partition_dir)
 
     @app.query("census")
@@ -105,12 +137,29 @@ def make_client_app(partition_dir: str | Path | None = None) -> ClientApp:
         part = load_partition(*_partition_of(context, pdir, msg))
         run = msg.content["run"]
         spec = get_protocol(str(run["protocol"]))
-        trainer = build_client_trainer(spec, config_from_json(spec, str(run["config"])), int(run["seed"]), part)
+        config = config_from_json(spec, str(run["config"]))
+        secure = bool(run.get("secure", False))
+        in_secagg = RECORD_KEY in msg.content.config_records  # routed through secagg_mod (masked_input)
+        if secure and not in_secagg:
+            raise ValueError("a secure round's training request arrived outside secure aggregation; this client "
+                             "never sends its update unmasked")
+        wants_secure = getattr(config, "secure_aggregation", "none") != "none"
+        if not secure and (wants_secure or _requires_secure(context, require_secure)):
+            raise ValueError("this client trains only through secure aggregation "
+                             f"({'the protocol config asks for it' if wants_secure else 'node setting'}); "
+                             "refusing a plaintext round")
+        trainer = build_client_trainer(spec, config, int(run["seed"]), part)
         state = context.state.array_records.get(_STATE_KEY)
         prev = None if state is None else state["p"].numpy()
-        upload, new_state = client_local_round(trainer, part.user, int(run["round"]), _arrays(msg.content["model"]), prev)
+        model = _arrays(msg.content["model"])
+        if secure:
+            vector, new_state = client_secure_vector(trainer, part.user, int(run["round"]), model, prev)
+            reply = RecordDict({VECTOR_KEY: ArrayRecord({"vector": _np_array(vector)})})
+        else:
+            upload, new_state = client_local_round(trainer, part.user, int(run["round"]), model, prev)
+            reply = RecordDict({"update": ArrayRecord({k: _np_array(v) for k, v in upload.items()})})
         context.state[_STATE_KEY] = ArrayRecord({"p": _np_array(new_state)})
-        return Message(RecordDict({"update": ArrayRecord({k: _np_array(v) for k, v in upload.items()})}), reply_to=msg)
+        return Message(reply, reply_to=msg)
 
     @app.query("score")
     def score(msg: Message, context: Context) -> Message:
@@ -144,6 +193,8 @@ def _np_array(a: np.ndarray):
 
 #: The deployment ClientApp (``fedflower.apps:client_app``): partition from the node config.
 client_app = make_client_app()
+#: The same, refusing every plaintext round (``fedflower.apps:secure_client_app``).
+secure_client_app = make_client_app(require_secure=True)
 
 
 class GridTrainer:
@@ -179,6 +230,7 @@ class GridTrainer:
         else:
             self.node_of = self.census()
         self.flower_bytes = {"down": 0, "up": 0}
+        self._secagg: SecAggWorkflow | None = None
 
     # -- plumbing ------------------------------------------------------------------------------
     def _run_record(self, user: int, **extra: Any) -> ConfigRecord:
@@ -238,6 +290,8 @@ class GridTrainer:
         srv, t = self.server, self.server.round
         t0 = time.perf_counter()
         sampled = srv._sample_clients()
+        if srv.config.secure_aggregation != "none":
+            return self._secure_round(t, sampled, t0)
         model = self._model_record()
         msgs = []
         for u in sampled:
@@ -287,6 +341,68 @@ class GridTrainer:
             extra={"examples": examples, "dropped": len(sampled) - len(kept), "drop_reasons": errors[:5],
                    "flower_bytes_down": self.flower_bytes["down"], "flower_bytes_up": self.flower_bytes["up"], **extra},
             releases=releases,
+        )
+
+    def _secure_round(self, t: int, sampled: np.ndarray, t0: float) -> RoundStats:
+        """One round whose uploads the server learns only summed (our SecAgg/SecAgg+ over the grid).
+
+        The ``masked_input`` stage carries the global model and the training request; each
+        node's :func:`fedflower.secagg_mod.secagg_mod` masks the vector its ``train`` handler lays
+        out (:func:`fedflower.adapter.client_secure_vector`). The decoded sum gives the protocol's
+        round sums (:meth:`protocols.fedavg.FedAvgGMF._sums_from_total`), applied as in-process.
+        A clean abort (fewer than ``t`` survivors) leaves the model unchanged; the round reports
+        ``clients = 0``, a NaN loss and the reason, and the run goes on.
+        """
+        srv, cfg = self.server, self.server.config
+        if len(sampled) < 2:
+            raise ValueError(f"secure aggregation needs at least 2 clients per round; round {t} samples {len(sampled)}")
+        if self._secagg is None:  # one workflow for the run: it pins each node's identity key across rounds
+            self._secagg = SecAggWorkflow(protocol=cfg.secure_aggregation, clipping_range=cfg.value_clip,
+                                          frac_bits=cfg.frac_bits, timeout=self.timeout, dropout=cfg.secagg_dropout,
+                                          corrupt=cfg.secagg_corrupt, rounding="nearest")
+        model = self._model_record()
+        contents, user_of = {}, {}
+        for u in sampled:
+            srv.transport.send(SERVER, client(int(u)), t, "model", None, srv.model_bytes)
+            nid = self.node_of[int(u)]
+            user_of[nid] = int(u)
+            contents[nid] = RecordDict({"model": model, "run": self._run_record(u, secure=True)})
+        self.flower_bytes["down"] += len(contents) * model.count_bytes()
+        width = secure_width(srv)
+        keep = bool(srv.transport.transcript.keep_payloads)
+        rep, run = self._secagg.aggregate_vectors(self.grid, t, contents, width, keep_masked=keep)
+        t_clients = time.perf_counter()
+        for stage, idx, nbytes in run.sizes:  # the server's transcript: what it received, as in-process
+            u = user_of[rep.node_ids[idx]]
+            payload = MaskedInput.from_bytes(run.masked[idx]).y if keep and stage == "masked_input" else None
+            srv.transport.send(client(u), SERVER, t, "update" if stage == "masked_input" else f"secagg:{stage}",
+                               payload, nbytes)
+        for u in sampled:
+            srv.transport.send(SERVER, client(int(u)), t, f"{cfg.secure_aggregation}:server", None,
+                               rep.bytes_to_clients // len(sampled))
+        self.flower_bytes["up"] += rep.bytes_from_clients
+        self.flower_bytes["down"] += rep.bytes_to_clients
+        n = len(sampled)
+        per_client = srv.model_bytes + (rep.bytes_from_clients + rep.bytes_to_clients) / n
+        dropped = {str(user_of[nid]): f"{stage}: {why}" for nid, (stage, why) in rep.dropped.items()}
+        extra = {"dropped": len(rep.dropped), "drop_reasons": list(dropped.items())[:5], "secagg_k": rep.k,
+                 "secagg_t": rep.t, "flower_bytes_down": self.flower_bytes["down"],
+                 "flower_bytes_up": self.flower_bytes["up"]}
+        srv.round += 1
+        if rep.total is None:
+            t_end = time.perf_counter()
+            return RoundStats(round=t, loss=float("nan"), clients=0, bytes_per_client=per_client,
+                              seconds={"round": t_end - t0, "client": rep.wait_s / n, "server": rep.server_s},
+                              extra={**extra, "aborted": rep.abort})
+        total = FixedPoint(cfg.frac_bits, max(cfg.value_clip, 1.0)).decode(rep.total)
+        srv._apply(*srv._sums_from_total(total[: width - 2]))
+        loss_sum, examples = float(total[width - 2]), int(round(float(total[width - 1])))
+        t_end = time.perf_counter()
+        survivors = len(rep.survivors)
+        return RoundStats(
+            round=t, loss=loss_sum / max(examples, 1), clients=survivors, bytes_per_client=per_client,
+            seconds={"round": t_end - t0, "client": rep.wait_s / n, "server": rep.server_s + (t_end - t_clients)},
+            extra={"examples": examples, **extra}, releases=(srv._update_release(survivors),),
         )
 
     def _scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:

@@ -25,7 +25,9 @@ each, every message one :data:`fedflower.records.RECORD_KEY` ConfigRecord carryi
    the rest of the ClientApp (training), encodes ``[w, w * parameters]`` with
    ``w = num_examples / max_weight`` (parameters clipped to ``[-clip, clip]``, fixed point with
    ``frac_bits`` fractional bits, :class:`secagg.encoding.FixedPoint`), and sends the
-   :class:`~secagg.bonawitz_wire.MaskedInput`; the FitRes goes back with its arrays emptied.
+   :class:`~secagg.bonawitz_wire.MaskedInput`; the FitRes goes back with its arrays emptied. A
+   ClientApp may instead answer with a raw vector (:data:`VECTOR_KEY`, :func:`encode_vector`),
+   summed as it is; the mod removes it from the reply.
 4. ``consistency`` and 5. ``unmask``: as in :mod:`secagg.bonawitz`.
 
 What the client refuses (a typed :class:`secagg.errors.SecAggError`, which Flower turns into an
@@ -55,7 +57,12 @@ from secagg.bonawitz import ClientStage, MaskingClient, SigningKey
 from secagg.encoding import FixedPoint, check_budget
 from secagg.errors import BudgetError, MessageError
 
-__all__ = ["NEXT_STAGE", "encode_update", "secagg_mod"]
+__all__ = ["NEXT_STAGE", "VECTOR_KEY", "encode_update", "encode_vector", "secagg_mod"]
+
+#: An ArrayRecord a ClientApp may answer ``masked_input`` with instead of a FitRes: one float64
+#: array ``"vector"`` of exactly ``dim`` values, summed as they are (no weight slot), for servers
+#: that lay out their own sums (:meth:`fedflower.secagg_workflow.SecAggWorkflow.aggregate_vectors`).
+VECTOR_KEY = "secagg.vector"
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +109,28 @@ def encode_update(setup: SetupConfig, arrays: list[np.ndarray], num_examples: in
     vec[0] = w
     np.clip(w * flat, -clip, clip, out=vec[1:])
     return FixedPoint(setup.frac_bits, max(clip, 1.0)).encode(vec, rounding=setup.rounding)
+
+
+def encode_vector(setup: SetupConfig, vector: np.ndarray) -> np.ndarray:
+    """A raw vector in fixed point: exactly ``dim`` finite values within ``[-clip, clip]``.
+
+    Unlike :func:`encode_update` nothing is clipped: a value outside the range is refused (the
+    server's sums would silently change otherwise), and the client is dropped from the round.
+
+    Raises:
+        BudgetError: wrong length, a non-finite value, or a value beyond ``clip``.
+    """
+    vec = np.asarray(vector)
+    if vec.dtype != np.float64 or vec.ndim != 1 or vec.size != setup.dim:
+        raise BudgetError(f"stage MASKED_INPUT: the input vector is {vec.dtype} of shape {vec.shape}; the server "
+                          f"announced float64 ({setup.dim},)")
+    if not np.all(np.isfinite(vec)):
+        raise BudgetError("stage MASKED_INPUT: the update holds a non-finite value; nothing was sent")
+    big = float(np.abs(vec).max(initial=0.0))
+    if big > setup.clip:
+        raise BudgetError(f"stage MASKED_INPUT: the update holds {big:.4g}, beyond the clipping range "
+                          f"{setup.clip:g}; raise it (and check the bit budget) or lower the learning rate")
+    return FixedPoint(setup.frac_bits, max(setup.clip, 1.0)).encode(vec, rounding=setup.rounding)
 
 
 def _setup(vals: dict, ctxt: Context) -> dict[str, object]:
@@ -152,9 +181,19 @@ def secagg_mod(msg: Message, ctxt: Context, call_next) -> Message:  # noqa: ANN0
             reply = client.share_keys(blob).to_bytes()  # type: ignore[arg-type]
         elif stage == "masked_input":
             out_msg = call_next(msg, ctxt)
+            if out_msg.has_error():
+                raise RecordError(f"stage MASKED_INPUT at {where}: the ClientApp failed: {out_msg.error.reason}")
             content = out_msg.content
-            fitres = compat.recorddict_to_fitres(content, keep_input=True)
-            x = encode_update(setup, parameters_to_ndarrays(fitres.parameters), fitres.num_examples)
+            raw = content.array_records.get(VECTOR_KEY)
+            if raw is not None:
+                if set(raw.keys()) != {"vector"}:
+                    raise RecordError(f"stage MASKED_INPUT at {where}: the '{VECTOR_KEY}' record must hold exactly "
+                                      f"'vector'; found {sorted(raw.keys())}")
+                x = encode_vector(setup, raw["vector"].numpy())
+                del content[VECTOR_KEY]  # the plaintext input never leaves the client
+            else:
+                fitres = compat.recorddict_to_fitres(content, keep_input=True)
+                x = encode_update(setup, parameters_to_ndarrays(fitres.parameters), fitres.num_examples)
             reply = client.mask_input(blob, x).to_bytes()  # type: ignore[arg-type]
             for arr in content.array_records.values():
                 arr.clear()

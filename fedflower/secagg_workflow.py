@@ -78,6 +78,7 @@ class SecAggReport:
         abort: the abort reason, or ``None``.
         total: the ``uint64`` sum over U3 of the encoded ``[w, w * parameters]`` (``None`` after an abort).
         server_s: seconds spent in the workflow outside ``grid.send_and_receive``.
+        wait_s: seconds spent inside ``grid.send_and_receive`` (the clients' work and the network).
         bytes_to_clients, bytes_from_clients: bytes of our wire messages (the ``"msg"`` values).
     """
 
@@ -94,6 +95,7 @@ class SecAggReport:
     abort: str | None = None
     total: np.ndarray | None = None
     server_s: float = 0.0
+    wait_s: float = 0.0
     bytes_to_clients: int = 0
     bytes_from_clients: int = 0
 
@@ -232,11 +234,46 @@ class SecAggWorkflow:
             context.history.add_metrics_distributed_fit(server_round=rnd, metrics=metrics)
 
 
+    def aggregate_vectors(self, grid: Grid, rnd: int, contents: Mapping[int, RecordDict], dim: int, *,
+                          keep_masked: bool = False) -> tuple[SecAggReport, _Round]:
+        """Securely sum one raw vector per node, outside Flower's strategy (no weight slot).
+
+        For a server that drives its clients itself (:class:`fedflower.apps.GridTrainer`):
+        ``contents[node_id]`` is the content of that node's ``masked_input`` message (what its
+        ClientApp needs to compute its input); the node's ClientApp, under :func:`secagg_mod`,
+        answers with an ArrayRecord :data:`fedflower.secagg_mod.VECTOR_KEY` holding ``dim``
+        float64 values with ``|value| <= clipping_range``, which the mod encodes, masks and strips.
+
+        Returns the report (``total`` is the ``uint64`` sum over the survivors, ``None`` after a
+        clean abort) and the round (its ``results``: ``(node id, reply content)`` of each survivor,
+        with the vector removed; ``sizes`` and ``masked`` for the caller's transcript).
+        """
+        node_ids = sorted(contents)
+        n = len(node_ids)
+        if n < 2:
+            raise ValueError(f"secure aggregation needs at least 2 clients; found {n}")
+        t0 = time.perf_counter()
+        mcfg = self._config(n, int(dim), int(rnd))
+        rep = SecAggReport(int(rnd), self.protocol, n, int(dim), mcfg.k, mcfg.t, node_ids)
+        self.last_report = rep
+        run = _Round(self, grid, rep, mcfg, node_ids, dict(contents), None, keep_masked=keep_masked)
+        rep.server_s += time.perf_counter() - t0
+        run.run()
+        return rep, run
+
+
 class _Round:
-    """One aggregation: the MaskingServer and the Flower messages around it."""
+    """One aggregation: the MaskingServer and the Flower messages around it.
+
+    With ``proxies`` (the strategy path) each survivor's masked-input reply becomes a legacy
+    ``FitRes`` in :attr:`results`; without (:meth:`SecAggWorkflow.aggregate_vectors`) the reply's
+    content itself, keyed by node id. :attr:`sizes` lists ``(stage, client index, bytes)`` of every
+    accepted client message; :attr:`masked` the accepted masked inputs when ``keep_masked``.
+    """
 
     def __init__(self, wf: SecAggWorkflow, grid: Grid, rep: SecAggReport, mcfg: MaskingConfig,
-                 node_ids: list[int], fitins: dict[int, RecordDict], proxies: dict) -> None:
+                 node_ids: list[int], fitins: dict[int, RecordDict], proxies: dict | None,
+                 keep_masked: bool = False) -> None:
         self.wf, self.grid, self.rep, self.cfg = wf, grid, rep, mcfg
         self.node_of = node_ids
         self.index_of = {nid: i for i, nid in enumerate(node_ids)}
@@ -245,6 +282,9 @@ class _Round:
         self.server = MaskingServer(mcfg, self.pki)
         self.results: list = []
         self.failures: list[BaseException] = []
+        self.sizes: list[tuple[str, int, int]] = []
+        self.keep_masked = keep_masked
+        self.masked: dict[int, bytes] = {}
 
     def drop(self, nid: int, stage: str, exc: BaseException) -> None:
         self.rep.dropped.setdefault(nid, (stage, f"{type(exc).__name__}: {exc}"))
@@ -260,9 +300,9 @@ class _Round:
             msgs.append(Message(content=content, dst_node_id=self.node_of[i], message_type=MessageType.TRAIN,
                                 group_id=str(rnd)))
         expected = {self.node_of[i] for i in out}
-        self.rep.server_s -= time.perf_counter()
+        t_wait = time.perf_counter()
         replies = list(self.grid.send_and_receive(msgs, timeout=self.wf.timeout))
-        self.rep.server_s += time.perf_counter()
+        self.rep.wait_s += time.perf_counter() - t_wait
         seen: set[int] = set()
         for r in replies:
             nid = r.metadata.src_node_id
@@ -338,15 +378,21 @@ class _Round:
             return None
         self.rep.total = total
         self.rep.survivors = [self.node_of[u] for u in sorted(srv.u3)]
-        self.results = [r for r in self.results if r[0].node_id in set(self.rep.survivors)]
+        alive = set(self.rep.survivors)
+        self.results = [r for r in self.results if (r[0] if self.proxies is None else r[0].node_id) in alive]
         return total
 
     def _receive(self, nid: int, idx: int, vals: dict, r: Message) -> None:
+        blob = cast(bytes, vals["msg"])
         t0 = time.perf_counter()
         try:
-            self.server.receive(cast(bytes, vals["msg"]))
+            self.server.receive(blob)
         finally:
             self.rep.server_s += time.perf_counter() - t0
+        stage = cast(str, vals["stage"])
+        self.sizes.append((stage, idx, len(blob)))
+        if stage == "masked_input" and self.keep_masked:
+            self.masked[idx] = blob
 
     def _on_setup(self, nid: int, idx: int, vals: dict, r: Message) -> None:
         ident = cast(bytes, vals["identity"])
@@ -364,6 +410,10 @@ class _Round:
         self.wf.pinned[nid] = ident
 
     def _on_masked(self, nid: int, idx: int, vals: dict, r: Message) -> None:
+        if self.proxies is None:
+            self._receive(nid, idx, vals, r)
+            self.results.append((nid, r.content))
+            return
         try:
             fitres = compat.recorddict_to_fitres(r.content, keep_input=True)
         except Exception as exc:  # noqa: BLE001 - any malformed FitRes is the client's fault

@@ -365,9 +365,14 @@ class FedAvgGMF:
         else:
             sums, upload_bytes = self._secure_sums(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
         self._apply(*sums)
+        return upload_bytes, (self._update_release(m),), {}
+
+    def _update_release(self, m: int) -> Release:
+        """The ledger entry of one round's uploads from ``m`` clients (plaintext or their secure sum)."""
+        cfg = self.config
         what = "item/output-layer updates, each in plaintext" if cfg.secure_aggregation == "none" else (
             f"the sum of item/output-layer updates through {cfg.secure_aggregation} (no DP noise)")
-        return upload_bytes, (Release(NonPrivate(), who="clients", what=what, params={"clients": m}),), {}
+        return Release(NonPrivate(), who="clients", what=what, params={"clients": m})
 
     def _local_round(self, sampled: np.ndarray) -> LocalRound:
         """Send the model to the ``sampled`` clients and train them all locally (batched)."""
@@ -501,17 +506,21 @@ class FedAvgGMF:
             round=t, transport=self.transport, senders=[client(u) for u in sampled], where="fedavg.value_clip",
             dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
         )
-        total = res.total
         self._secagg_seconds = float(np.mean(res.client_seconds))
-        n_items, d = self.train.n_items, cfg.dim
+        return self._sums_from_total(res.total), res.bytes_per_client
+
+    def _sums_from_total(self, total: np.ndarray):
+        """The round's sums (as :meth:`_plain_sums` returns them) from the decoded sum of the
+        :meth:`_client_vectors` (the Flower adapter's secure rounds use it too)."""
+        n_items, d = self.train.n_items, self.config.dim
+        cfg = self.config
         item_num = torch.as_tensor(total[: n_items * d].reshape(n_items, d), dtype=torch.float32)
         off, touched = n_items * d, None
         if cfg.item_aggregation == "touched":
             touched = torch.as_tensor(total[off : off + n_items], dtype=torch.float32)
             off += n_items
         h_num = torch.as_tensor(total[off : off + d], dtype=torch.float32)
-        sums = (item_num, touched, h_num, torch.tensor(float(total[off + d])), torch.tensor(float(total[off + d + 1])))
-        return sums, res.bytes_per_client
+        return item_num, touched, h_num, torch.tensor(float(total[off + d])), torch.tensor(float(total[off + d + 1]))
 
     def _apply(self, item_num, touched, h_num, b_num, w_sum) -> None:
         """The server's update from the round's sums (the same for plaintext and secure sums)."""

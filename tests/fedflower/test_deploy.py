@@ -141,16 +141,16 @@ def _wait(ps: Processes, cond, what: str, timeout: float) -> None:  # noqa: ANN0
         time.sleep(1)
 
 
-def deploy(tmp: Path, rounds: int) -> tuple[Path, Path]:
+def deploy(tmp: Path, rounds: int, preset: str = "fedavg-gmf-secagg") -> tuple[Path, Path]:
     """Partition, start the SuperLink and SuperNodes over TLS, `flwr run` the app; returns (flower, in-process) run dirs."""
     from experiments.cli import main as secagg
 
     certs = throwaway_ca(tmp / "certs")
     cfg = tmp / "config.toml"
     cfg.write_text(CONFIG.format(rounds=rounds))
-    assert secagg(["flower", "partition", "fedavg-gmf", "--config", str(cfg), "--out", str(tmp / "parts")]) == 0
+    assert secagg(["flower", "partition", preset, "--config", str(cfg), "--out", str(tmp / "parts")]) == 0
     n = len(json.loads((tmp / "parts" / "meta.json").read_text())["users"])
-    assert secagg(["run", "fedavg-gmf", "--config", str(cfg), "--out", str(tmp / "inproc"), "--quiet"]) == 0
+    assert secagg(["run", preset, "--config", str(cfg), "--out", str(tmp / "inproc"), "--quiet"]) == 0
     link, *node_ports = free_ports(1 + n)
     home = tmp / "flwr"
     home.mkdir()
@@ -170,7 +170,7 @@ def deploy(tmp: Path, rounds: int) -> tuple[Path, Path]:
                                        "--node-config", f"partition-id={i} partition-dir='{tmp / 'parts'}'"])
         _wait(ps, lambda: "Uvicorn running on https://" in ps.log("superlink")
               and ps.log("superlink").count("Activated node_id") >= n, "the SuperNodes' TLS connections", 300)
-        run_cfg = f"config='{cfg}' partition-dir='{tmp / 'parts'}' out='{tmp / 'flower'}' timeout=600.0"
+        run_cfg = f"preset='{preset}' config='{cfg}' partition-dir='{tmp / 'parts'}' out='{tmp / 'flower'}' timeout=600.0"
         tries = []
         for _ in range(3):  # the Control API call can time out on a loaded machine; nothing starts twice
             try:
@@ -205,15 +205,20 @@ def _check_same_model(flower_dir: Path, inproc_dir: Path) -> None:
     assert sa["runtime"]["engine"].startswith("flower deployment") and sa["runtime"]["nodes"] == sa["public_info"]["clients"]
     for k, v in sb["metrics_full"].items():
         assert sa["metrics_full"][k] == pytest.approx(v, abs=1e-9), k
+    # The same wire messages: for secure aggregation the client's vector has two more slots (its
+    # loss sum and example count, 8 bytes each in Z_2^64), otherwise the bytes are the in-process ones.
+    secure = "secagg" in sa["privacy"]["statement"]
     assert [json.loads(x)["bytes_per_client"] for x in (flower_dir / "costs.jsonl").read_text().splitlines()] == \
-        [json.loads(x)["bytes_per_client"] for x in (inproc_dir / "costs.jsonl").read_text().splitlines()]
+        [json.loads(x)["bytes_per_client"] + (16 if secure else 0)
+         for x in (inproc_dir / "costs.jsonl").read_text().splitlines()]
 
 
-def test_deployment_over_tls_gives_the_in_process_model(tmp_path):
-    """One round, three SuperNodes: the quick slice of the deployment in the default run."""
+def test_deployment_over_tls_with_secure_aggregation_gives_the_in_process_model(tmp_path):
+    """One round of fedavg-gmf-secagg (our SecAgg+ between the SuperNodes), three SuperNodes: the quick slice."""
     _check_same_model(*deploy(tmp_path, rounds=1))
 
 
 @pytest.mark.slow
-def test_deployment_over_tls_three_rounds(tmp_path):
-    _check_same_model(*deploy(tmp_path, rounds=3))
+@pytest.mark.parametrize("preset", ["fedavg-gmf", "fedavg-gmf-secagg"])
+def test_deployment_over_tls_three_rounds(tmp_path, preset):
+    _check_same_model(*deploy(tmp_path, rounds=3, preset=preset))

@@ -60,3 +60,21 @@ def test_flower_commands_fail_in_one_line_without_flower(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == ["secagg: error: Flower is not installed: pip install -e '.[flower]' "
                                                 "(the flower extra, flwr[simulation]==1.41.0)"]
+
+
+@pytest.mark.slow
+def test_secure_simulation_gives_the_in_process_secure_model(tmp_path):
+    """`fedavg-gmf-secagg` through Ray: our SecAgg+ between virtual nodes, the in-process secure model."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG)
+    assert secagg(["run", "fedavg-gmf-secagg", "--config", str(cfg), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
+    assert secagg(["flower", "simulate", "fedavg-gmf-secagg", "--config", str(cfg), "--cpus", "1", "--out",
+                   str(tmp_path / "sim"), "--quiet"]) == 0
+    a = RunDir.open_existing(tmp_path / "sim").load_checkpoint()["trainer"]
+    b = RunDir.open_existing(tmp_path / "inproc").load_checkpoint()["trainer"]
+    for name in ("item", "h", "b"):
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+    sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("sim", "inproc"))
+    assert sa["privacy"]["statement"] == sb["privacy"]["statement"] and "secagg+" in sa["privacy"]["statement"]
+    costs = [json.loads(x) for x in (tmp_path / "sim" / "costs.jsonl").read_text().splitlines()]
+    assert all(c["dropped"] == 0 and "aborted" not in c for c in costs)

@@ -384,8 +384,8 @@ class GridTrainer:
         self.flower_bytes["down"] += rep.bytes_to_clients
         n = len(sampled)
         per_client = srv.model_bytes + (rep.bytes_from_clients + rep.bytes_to_clients) / n
-        dropped = {str(user_of[nid]): f"{stage}: {why}" for nid, (stage, why) in rep.dropped.items()}
-        extra = {"dropped": len(rep.dropped), "drop_reasons": list(dropped.items())[:5], "secagg_k": rep.k,
+        reasons = [f"user {user_of[nid]}: {stage}: {why}" for nid, (stage, why) in rep.dropped.items()]
+        extra = {"dropped": len(rep.dropped), "drop_reasons": reasons[:5], "secagg_k": rep.k,
                  "secagg_t": rep.t, "flower_bytes_down": self.flower_bytes["down"],
                  "flower_bytes_up": self.flower_bytes["up"]}
         srv.round += 1

@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--timeout", type=float, default=900.0, metavar="S",
                      help="seconds a round waits for its replies; later ones are dropped (default 900)")
     sim.add_argument("--out", metavar="DIR", help="run directory (default runs/<preset>-<UTC timestamp>)")
+    sim.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue a killed simulation from its checkpoint (each virtual node continues from its "
+                     "own store in RUN_DIR/flower-nodes); only --rounds may be given with it")
     sim.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     sim.set_defaults(func=_simulate)
@@ -60,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset", help="preset name (a FedAvg-GMF preset, e.g. fedavg-gmf)")
+    p.add_argument("preset", nargs="?", help="preset name (a FedAvg-GMF preset, e.g. fedavg-gmf)")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file overriding the preset's keys")
     p.add_argument("--data", metavar="PATH", help="MovieLens file or folder, or CSV (default: the preset's data)")
     p.add_argument("--seed", type=int, metavar="S", help="seed of every simulation choice")
@@ -75,7 +78,14 @@ def _need_flower() -> None:
 def _config(args: argparse.Namespace):
     from experiments import cmd_run
 
-    ns = argparse.Namespace(resume=None, preset=args.preset, config=args.config, data=args.data, format=None,
+    resume = getattr(args, "resume", None)
+    if resume and (args.clients is not None or getattr(args, "clients_per_round", None) is not None
+                   or getattr(args, "out", None)):
+        raise UserError("--resume continues a run with its saved config; only --rounds (and the evaluation's "
+                        "--eval-users, give the original one) may be given")
+    if not resume and not args.preset:
+        raise UserError("give a preset (e.g. fedavg-gmf) or --resume RUN_DIR")
+    ns = argparse.Namespace(resume=resume, preset=args.preset, config=args.config, data=args.data, format=None,
                             columns=None, sep=None, rounds=getattr(args, "rounds", None), seed=args.seed,
                             eval_negatives=args.eval_negatives, out=None)
     preset, config = cmd_run._resolve(ns)
@@ -107,7 +117,8 @@ def _simulate(args: argparse.Namespace) -> int:
         raise UserError(f"--cpus must be >= 1 and --timeout > 0; found {args.cpus}, {args.timeout}")
     torch.set_num_threads(1)
     summary = simulate_run(RunRequest(preset=preset, config=config, out=Path(args.out) if args.out else None,
-                                      quiet=args.quiet), cpus=args.cpus, timeout=args.timeout, eval_users=args.eval_users)
+                                      resume=Path(args.resume) if args.resume else None, quiet=args.quiet),
+                           cpus=args.cpus, timeout=args.timeout, eval_users=args.eval_users)
     m = summary.get("metrics") or summary.get("metrics_full") or {}
     shown = "  ".join(f"{k} {v:.4f}" for k, v in m.items() if k.startswith(("HR@10", "NDCG@10")))
     rt = summary["runtime"]

@@ -6,7 +6,9 @@ summary) with the clients on the SuperNodes, each started with
 ``--node-config "partition-id=I partition-dir='DIR'"`` on partitions written by
 ``secagg flower partition`` (docs/flower.md). Run config keys (``[tool.flwr.app.config]``):
 ``preset``, ``config`` (a TOML file overriding the preset, or ""), ``partition-dir``, ``out`` (the
-run directory), ``seed`` and ``rounds`` (-1: the preset's), ``timeout`` (seconds per round).
+run directory), ``seed`` and ``rounds`` (-1: the preset's), ``timeout`` (seconds per round),
+``resume`` (a run directory to continue from its checkpoint, or ""; every SuperNode must have been
+started with a ``state-dir`` in its node config, where it keeps its user state between runs).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from experiments import config as cfgmod
 from experiments.errors import UserError
 from experiments.flower_run import check_protocol, execute_on_grid
 from experiments.prepare import prepare_data
+from experiments.rundir import RunDir
 from experiments.training import RunRequest
 from fedflower.adapter import partition_meta
 
@@ -32,12 +35,18 @@ server_app = ServerApp()
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
-    preset = str(rc.get("preset", "fedavg-gmf"))
-    config = cfgmod.load_preset(preset)
-    if str(rc.get("config", "")):
-        config = cfgmod.load_config_file(str(rc["config"]), base=config)
+    resume = str(rc.get("resume", "")) or None
+    if resume:  # the run's own saved config; only rounds may change (as secagg run --resume)
+        rd = RunDir.open_existing(Path(resume))
+        config = cfgmod.load_config_file(rd.file("config.toml"))
+        preset = str(rd.read_json("run.json").get("preset", "custom"))
+    else:
+        preset = str(rc.get("preset", "fedavg-gmf"))
+        config = cfgmod.load_preset(preset)
+        if str(rc.get("config", "")):
+            config = cfgmod.load_config_file(str(rc["config"]), base=config)
     over: dict = {}
-    if int(rc.get("seed", -1)) >= 0:
+    if int(rc.get("seed", -1)) >= 0 and not resume:
         over.setdefault("run", {})["seed"] = int(rc["seed"])
     if int(rc.get("rounds", -1)) >= 0:
         over.setdefault("run", {})["rounds"] = int(rc["rounds"])
@@ -50,6 +59,7 @@ def main(grid: Grid, context: Context) -> None:
         raise UserError(f"the partitions in {rc['partition-dir']} were written for another configuration "
                         f"({meta.n_users} users, {meta.n_items} items); rewrite them with secagg flower partition")
     out = str(rc.get("out", "")) or None
-    req = RunRequest(preset=preset, config=config, out=Path(out) if out else None, quiet=True)
+    req = RunRequest(preset=preset, config=config, out=None if resume or not out else Path(out),
+                     resume=Path(resume) if resume else None, quiet=True)
     execute_on_grid(req, prep, meta, grid, timeout=float(rc.get("timeout", 600.0)), assign=False,
                     runtime={"engine": "flower deployment (SuperLink + SuperNodes)", "flwr": metadata.version("flwr")})

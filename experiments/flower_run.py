@@ -25,13 +25,18 @@ import numpy as np
 from experiments import config as cfgmod
 from experiments.errors import UserError
 from experiments.prepare import Prepared, prepare_data
+from experiments.rundir import default_run_dir
 from experiments.training import RunRequest, _loop, _open
 from fedflower.adapter import SUPPORTED, PartitionMeta, build_server_trainer, write_partitions
 from fedflower.apps import GridTrainer
 from protocols.transport import InProcessTransport, Transcript
 from recmodels.sampling import EvalCandidates
 
-__all__ = ["check_protocol", "execute_on_grid", "prepare_for_flower", "simulate_run"]
+__all__ = ["NODE_STATE_DIR", "check_protocol", "execute_on_grid", "prepare_for_flower", "simulate_run"]
+
+#: In simulation, the virtual nodes' own stores of their user state (what lets a run resume) are
+#: kept in this folder of the run directory: the harness hosts every virtual node's disk.
+NODE_STATE_DIR = "flower-nodes"
 
 
 def check_protocol(config: cfgmod.RunConfig) -> None:
@@ -61,14 +66,14 @@ def prepare_for_flower(config: cfgmod.RunConfig, eval_users: int | None) -> Prep
 
 
 def execute_on_grid(req: RunRequest, prep: Prepared, meta: PartitionMeta, grid: Any, *, timeout: float,
-                    assign: bool, runtime: dict[str, Any]) -> dict[str, Any]:
+                    assign: bool, runtime: dict[str, Any], resumable: bool = False) -> dict[str, Any]:
     """The run loop of ``secagg run`` with a :class:`fedflower.apps.GridTrainer` as the trainer."""
     cfg = req.config
     server = build_server_trainer(cfg.spec, cfg.protocol_config, cfg.run.seed, meta,
                                   transport=InProcessTransport(Transcript()))
     t0 = time.perf_counter()
     trainer = GridTrainer(grid, server, protocol=cfg.run.protocol, seed=cfg.run.seed, meta=meta,
-                          timeout=timeout, assign=assign)
+                          timeout=timeout, assign=assign, resumable=resumable)
     runtime = {**runtime, "nodes": len(trainer.node_of), "connect_seconds": round(time.perf_counter() - t0, 3)}
     rd, run_id, elapsed = _open(req, prep, trainer)
     try:
@@ -89,6 +94,9 @@ def simulate_run(req: RunRequest, *, cpus: int, timeout: float, eval_users: int 
 
     cfg = req.config
     check_protocol(cfg)
+    if req.resume is None and req.out is None:  # fixed now: the virtual nodes' stores live inside it
+        req = dataclasses.replace(req, out=default_run_dir(req.preset))
+    state_dir = Path(req.resume or req.out) / NODE_STATE_DIR
     if eval_users is not None:
         cfg = cfgmod.merge(cfg, {"eval": {"full_ranking": False}}) if cfg.eval.negatives else cfg
         req = dataclasses.replace(req, config=cfg)
@@ -104,8 +112,10 @@ def simulate_run(req: RunRequest, *, cpus: int, timeout: float, eval_users: int 
                    "timeout": timeout, "partition_seconds": round(time.perf_counter() - t0, 3),
                    "eval_users": None if prep.candidates is None else len(prep.candidates)}
         return simulate(
-            lambda grid: execute_on_grid(req, prep, meta, grid, timeout=timeout, assign=True, runtime=runtime),
+            lambda grid: execute_on_grid(req, prep, meta, grid, timeout=timeout, assign=True, runtime=runtime,
+                                         resumable=True),
             partition_dir=partition_dir, nodes=meta.clients, cpus=cpus, object_store_mb=object_store_mb,
+            state_dir=state_dir,
         )
     finally:
         if tmp is not None:

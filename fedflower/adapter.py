@@ -67,8 +67,10 @@ __all__ = [
     "client_secure_vector",
     "decode_update",
     "encode_update",
+    "load_node_state",
     "load_partition",
     "partition_meta",
+    "save_node_state",
     "secure_width",
     "stack_updates",
     "write_partitions",
@@ -180,6 +182,44 @@ def load_partition(directory: str | Path, partition_id: int) -> Partition:
     with np.load(path, allow_pickle=False) as z:
         return Partition(partition_id=int(partition_id), user=int(z["user"]), n_users=int(z["n_users"]),
                          n_items=int(z["n_items"]), items=z["items"].copy(), excluded=z["excluded"].copy())
+
+
+# -- a node's own store of its user state (resume) ------------------------------------------------
+_NODE_STATE = "node-{:07d}.npz"
+
+
+def load_node_state(directory: str | Path, partition_id: int, before_round: int) -> np.ndarray | None:
+    """The client's user state after its latest round ``< before_round`` (``None``: never trained).
+
+    Entries from rounds at or after ``before_round`` belong to rounds the server never completed
+    (a run killed mid-round and resumed from its checkpoint) and are ignored.
+    """
+    path = Path(directory) / _NODE_STATE.format(int(partition_id))
+    if not path.is_file():
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        rounds, states = z["rounds"], z["p"]
+    if rounds.ndim != 1 or states.ndim != 2 or len(rounds) != len(states):
+        raise ValueError(f"{path} is not a node state file (rounds {rounds.shape}, p {states.shape})")
+    ok = np.flatnonzero(rounds < int(before_round))
+    return None if not len(ok) else states[ok[np.argmax(rounds[ok])]].copy()
+
+
+def save_node_state(directory: str | Path, partition_id: int, round_: int, state: np.ndarray) -> None:
+    """Record the client's user state after training in ``round_`` (atomically; later entries dropped)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / _NODE_STATE.format(int(partition_id))
+    rounds, states = np.zeros(0, np.int64), np.zeros((0, len(state)), np.float32)
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as z:
+            keep = z["rounds"] < int(round_)
+            rounds, states = z["rounds"][keep], z["p"][keep]
+    rounds = np.append(rounds, np.int64(round_))
+    states = np.concatenate([states, np.asarray(state, np.float32)[None, :]])
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, rounds=rounds, p=states)
+    tmp.replace(path)
 
 
 # -- building the two halves through the registry -----------------------------------------------

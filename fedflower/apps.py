@@ -50,7 +50,9 @@ from fedflower.adapter import (
     config_from_json,
     config_to_json,
     decode_update,
+    load_node_state,
     load_partition,
+    save_node_state,
     secure_width,
     stack_updates,
 )
@@ -114,7 +116,21 @@ def _requires_secure(context: Context, require_secure: bool) -> bool:
     return require_secure or str(context.node_config.get("require-secagg", "false")).lower() in ("true", "1", "yes")
 
 
-def make_client_app(partition_dir: str | Path | None = None, *, require_secure: bool = False) -> ClientApp:
+def _state_dir(context: Context, state_dir: str | None) -> str | None:
+    return state_dir or (str(context.node_config["state-dir"]) if context.node_config.get("state-dir") else None)
+
+
+def _user_state(context: Context, state_dir: str | None, pid: int, before_round: int) -> np.ndarray | None:
+    """The client's user state after its latest round before ``before_round``: from its store on
+    disk when it has one (so a resumed run continues from there), else from its Flower context."""
+    if state_dir is not None:
+        return load_node_state(state_dir, pid, before_round)
+    rec = context.state.array_records.get(_STATE_KEY)
+    return None if rec is None else rec["p"].numpy()
+
+
+def make_client_app(partition_dir: str | Path | None = None, *, require_secure: bool = False,
+                    state_dir: str | Path | None = None) -> ClientApp:
     """The ClientApp of every protocol the adapter runs (see the module docstring).
 
     ``train`` answers a plaintext round with the update itself, and a round of secure aggregation
@@ -125,12 +141,14 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
     """
     app = ClientApp(mods=[_secure_route])
     pdir = None if partition_dir is None else str(partition_dir)
+    sdir = None if state_dir is None else str(state_dir)
 
     @app.query("census")
     def census(msg: Message, context: Context) -> Message:
         part = load_partition(*_partition_of(context, pdir))
-        return Message(RecordDict({"census": ConfigRecord({"user": part.user, "partition": part.partition_id})}),
-                       reply_to=msg)
+        store = _state_dir(context, sdir) is not None  # whether this node keeps its state on disk (resume)
+        return Message(RecordDict({"census": ConfigRecord({"user": part.user, "partition": part.partition_id,
+                                                           "store": store})}), reply_to=msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -149,8 +167,8 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
                              f"({'the protocol config asks for it' if wants_secure else 'node setting'}); "
                              "refusing a plaintext round")
         trainer = build_client_trainer(spec, config, int(run["seed"]), part)
-        state = context.state.array_records.get(_STATE_KEY)
-        prev = None if state is None else state["p"].numpy()
+        store = _state_dir(context, sdir)
+        prev = _user_state(context, store, part.partition_id, int(run["round"]))
         model = _arrays(msg.content["model"])
         if secure:
             vector, new_state = client_secure_vector(trainer, part.user, int(run["round"]), model, prev)
@@ -159,6 +177,8 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
             upload, new_state = client_local_round(trainer, part.user, int(run["round"]), model, prev)
             reply = RecordDict({"update": ArrayRecord({k: _np_array(v) for k, v in upload.items()})})
         context.state[_STATE_KEY] = ArrayRecord({"p": _np_array(new_state)})
+        if store is not None:
+            save_node_state(store, part.partition_id, int(run["round"]), new_state)
         return Message(reply, reply_to=msg)
 
     @app.query("score")
@@ -171,9 +191,9 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
         with torch.no_grad():
             for name in GLOBAL_STATE:
                 setattr(trainer, name, torch.as_tensor(model[name]).clone())
-            state = context.state.array_records.get(_STATE_KEY)
+            state = _user_state(context, _state_dir(context, sdir), part.partition_id, int(run["round"]))
             if state is not None:
-                getattr(trainer, CLIENT_STATE)[part.user] = torch.as_tensor(state["p"].numpy())
+                getattr(trainer, CLIENT_STATE)[part.user] = torch.as_tensor(state)
         users = np.array([part.user])
         if bool(run["all"]):
             scores = trainer.score_all(users)[0]
@@ -207,12 +227,16 @@ class GridTrainer:
         seed: the run's seed (sent to the clients: it keys their streams and initialisation).
         meta: the partitioned dataset's public facts.
         timeout: seconds to wait for a round's replies; missing ones are dropped.
+        assign: simulation: assign partition ``i`` to the ``i``-th node instead of a census.
+        resumable: every node keeps its user state in a store on its own disk (``state-dir``), so
+            the run can be resumed from the server's checkpoint (:meth:`load_state_dict`).
     """
 
     def __init__(self, grid: Grid, server: Any, *, protocol: str, seed: int, meta: PartitionMeta,
-                 timeout: float = 600.0, assign: bool = False):
+                 timeout: float = 600.0, assign: bool = False, resumable: bool = False):
         self.grid, self.server, self.protocol, self.seed, self.meta = grid, server, protocol, int(seed), meta
         self.timeout = float(timeout)
+        self.resumable = bool(resumable)
         self.config_json = config_to_json(server.config)
         model_bytes = sum(getattr(server, n).numel() * getattr(server, n).element_size() for n in GLOBAL_STATE)
         if model_bytes > MAX_MESSAGE_BYTES:
@@ -228,7 +252,10 @@ class GridTrainer:
             self.node_of = {u: nodes[i] for i, u in enumerate(meta.users)}
             self.partition_of = {u: i for i, u in enumerate(meta.users)}
         else:
+            self.node_store: dict[int, bool] = {}
             self.node_of = self.census()
+            # A deployment is resumable when every node said it keeps its user state on disk.
+            self.resumable = self.resumable or (bool(self.node_store) and all(self.node_store.values()))
         self.flower_bytes = {"down": 0, "up": 0}
         self._secagg: SecAggWorkflow | None = None
 
@@ -259,6 +286,7 @@ class GridTrainer:
             if user in out:
                 raise ValueError(f"two nodes hold user {user}: give each SuperNode its own partition-id")
             out[user] = reply.metadata.src_node_id
+            self.node_store[user] = reply.content["census"].get("store", False) is True
         missing = sorted(set(self.meta.users) - set(out))
         if missing:
             raise ValueError(f"{len(missing)} of {self.meta.clients} partitions have no connected node "
@@ -439,7 +467,13 @@ class GridTrainer:
         return self.server.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise ValueError("a Flower run cannot be resumed: the clients' user states live on their nodes")
+        """Resume the server's half; the clients continue from their own stores (``state-dir``)."""
+        if not self.resumable:
+            lacking = sum(not v for v in getattr(self, "node_store", {}).values())
+            raise ValueError("this Flower run cannot be resumed: its clients kept their user states only in "
+                             "their Flower contexts (give every node a state-dir"
+                             f"{f'; {lacking} nodes have none' if lacking else ''})")
+        self.server.load_state_dict(state)
 
     def public_info(self) -> dict[str, Any]:
         info = dict(self.server.public_info())

@@ -56,6 +56,7 @@ class LoopbackGrid(Grid):
         drop: ``(stage_no, node_id) -> bool``: the node is silent from this stage on.
         tamper: ``(stage_no, node_id, reply) -> reply or list of replies`` (test attacks).
         run_id: the run id in every context.
+        node_config: ``node_id -> node config`` (what ``flower-supernode --node-config`` sets).
     """
 
     def __init__(
@@ -66,13 +67,15 @@ class LoopbackGrid(Grid):
         drop: Callable[[int, int], bool] | None = None,
         tamper: Callable[[int, int, Message], Message | list[Message]] | None = None,
         run_id: int = 1,
+        node_config: Callable[[int], dict] | None = None,
     ) -> None:
         self.app = app
         self.node_ids = list(node_ids)
         self.drop, self.tamper = drop, tamper
         self._contexts = {
-            nid: serde.context_to_proto(Context(run_id=run_id, node_id=nid, node_config={}, state=RecordDict(),
-                                                run_config={})).SerializeToString()
+            nid: serde.context_to_proto(Context(run_id=run_id, node_id=nid,
+                                                node_config=dict(node_config(nid)) if node_config else {},
+                                                state=RecordDict(), run_config={})).SerializeToString()
             for nid in self.node_ids
         }
         self.gone: set[int] = set()

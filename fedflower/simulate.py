@@ -54,8 +54,10 @@ def _start_ray(init_args: dict[str, Any]) -> None:
 
 
 def simulate(server_main: Callable[[Grid], Any], *, partition_dir: str | Path, nodes: int, cpus: int = 2,
-             object_store_mb: int = 256, verbose: bool = False) -> Any:
+             object_store_mb: int = 256, verbose: bool = False, state_dir: str | Path | None = None) -> Any:
     """Run ``server_main(grid)`` against ``nodes`` virtual clients; returns what it returned.
+
+    ``state_dir``: where each virtual node keeps its own store of its user state (resume).
 
     Raises whatever ``server_main`` raised (after the engine has shut down).
     """
@@ -85,7 +87,8 @@ def simulate(server_main: Callable[[Grid], Any], *, partition_dir: str | Path, n
     if not verbose:
         flwr_log.setLevel(logging.ERROR)
     try:
-        run_simulation(server_app=app, client_app=make_client_app(partition_dir), num_supernodes=int(nodes),
+        run_simulation(server_app=app, client_app=make_client_app(partition_dir, state_dir=state_dir),
+                       num_supernodes=int(nodes),
                        backend_config=backend)
     finally:
         flwr_log.setLevel(level)

@@ -208,3 +208,105 @@ def test_a_round_with_no_valid_reply_fails_cleanly_and_a_node_keeps_its_partitio
     gt2.server._sample_clients = lambda: np.array([u1])
     with pytest.raises(RoundFailed, match="refusing partition 1"):
         gt2.run_round()
+
+
+@pytest.mark.parametrize("secure", ["none", "secagg+"])
+def test_a_resumed_flower_run_equals_the_uninterrupted_one(tmp_path, secure):
+    """Run 4 rounds; or run 2, lose every node's Flower context (a new grid, as after a crash: the
+    nodes come back with nothing but their own disk) and resume the server from its checkpoint for
+    2 more. Each node continues from its store (``state-dir``), ignoring what it trained in a round
+    the server never completed."""
+    from fedflower.adapter import load_node_state, save_node_state
+
+    train, exclude = make_data(8, 20, 4)
+    cfg = FedAvgConfig(dim=3, clients_per_round=4, lr=0.05, init_std=0.3, secure_aggregation=secure)
+    meta = write_partitions(train, exclude, tmp_path / "parts")
+    nodes = [7000 + 13 * i for i in range(meta.clients)]
+
+    def trainer(state_dir, **kw):  # noqa: ANN001, ANN202
+        grid = LoopbackGrid(make_client_app(tmp_path / "parts", state_dir=state_dir), nodes, **kw)
+        server = build_server_trainer(get_protocol("fedavg"), cfg, 4, meta)
+        return GridTrainer(grid, server, protocol="fedavg", seed=4, meta=meta, timeout=30, assign=True, resumable=True)
+
+    straight = trainer(tmp_path / "a")
+    for _ in range(4):
+        straight.run_round()
+    first = trainer(tmp_path / "b")
+    for _ in range(2):
+        first.run_round()
+    checkpoint = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in first.state_dict().items()}
+    first.run_round()  # a third round the server never checkpointed: the nodes' stores hold it, it is ignored
+    stale = 0
+    for pid in range(meta.clients):  # (make its entries absurd: using one would show)
+        after, before = load_node_state(tmp_path / "b", pid, 3), load_node_state(tmp_path / "b", pid, 2)
+        if after is not None and (before is None or not np.array_equal(after, before)):
+            save_node_state(tmp_path / "b", pid, 2, after + 100.0)
+            stale += 1
+    assert stale == 4  # the four clients of round 2 stored it
+    resumed = trainer(tmp_path / "b")
+    resumed.load_state_dict(checkpoint)
+    assert resumed.round == 2
+    for _ in range(2):
+        resumed.run_round()
+    for name in ("item", "h", "b"):
+        torch.testing.assert_close(getattr(resumed.server, name), getattr(straight.server, name), rtol=1e-5, atol=1e-6)
+    users = np.array(meta.users)
+    np.testing.assert_allclose(resumed.score_all(users), straight.score_all(users), rtol=1e-5, atol=1e-5)
+    # Without node stores a resume is refused in words.
+    plain = GridTrainer(LoopbackGrid(make_client_app(tmp_path / "parts"), nodes),
+                        build_server_trainer(get_protocol("fedavg"), cfg, 4, meta), protocol="fedavg", seed=4,
+                        meta=meta, timeout=30, assign=True)
+    with pytest.raises(ValueError, match="give every node a state-dir"):
+        plain.load_state_dict(checkpoint)
+
+
+def test_a_node_state_file_keeps_the_latest_round_before_the_asked_one(tmp_path):
+    from fedflower.adapter import load_node_state, save_node_state
+
+    assert load_node_state(tmp_path, 3, 5) is None
+    for r in (0, 2, 4):
+        save_node_state(tmp_path, 3, r, np.full(2, float(r)))
+    assert load_node_state(tmp_path, 3, 0) is None
+    assert load_node_state(tmp_path, 3, 3).tolist() == [2.0, 2.0]
+    assert load_node_state(tmp_path, 3, 99).tolist() == [4.0, 4.0]
+    save_node_state(tmp_path, 3, 2, np.full(2, 7.0))  # a round trained again after a resume replaces the later ones
+    assert load_node_state(tmp_path, 3, 99).tolist() == [7.0, 7.0]
+
+
+def test_a_deployment_resumes_when_every_node_keeps_a_store(tmp_path):
+    """Deployment mode (a census, partitions from each node's config): the server learns from the census
+    whether every node keeps its state on disk (``state-dir``); only then may it resume."""
+    train, exclude = make_data(6, 18, 9)
+    cfg = FedAvgConfig(dim=3, clients_per_round=3, lr=0.05, init_std=0.3)
+    meta = write_partitions(train, exclude, tmp_path / "parts")
+    nodes = [8000 + 3 * i for i in range(meta.clients)]
+
+    def node_config(with_store, nid):  # noqa: ANN001, ANN202 - what flower-supernode --node-config sets
+        i = nodes.index(nid)
+        conf = {"partition-id": i, "partition-dir": str(tmp_path / "parts")}
+        if with_store(i):
+            conf["state-dir"] = str(tmp_path / f"node{i}")
+        return conf
+
+    def trainer(with_store):  # noqa: ANN001, ANN202
+        grid = LoopbackGrid(make_client_app(), nodes, node_config=lambda nid: node_config(with_store, nid))
+        return GridTrainer(grid, build_server_trainer(get_protocol("fedavg"), cfg, 9, meta), protocol="fedavg",
+                           seed=9, meta=meta, timeout=30)
+
+    straight = trainer(lambda i: False)
+    for _ in range(3):
+        straight.run_round()
+    first = trainer(lambda i: True)
+    assert first.resumable and all(first.node_store.values())
+    first.run_round()
+    checkpoint = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in first.state_dict().items()}
+    again = trainer(lambda i: True)  # the SuperNodes restarted: fresh contexts, their disks kept
+    again.load_state_dict(checkpoint)
+    for _ in range(2):
+        again.run_round()
+    for name in ("item", "h", "b"):
+        torch.testing.assert_close(getattr(again.server, name), getattr(straight.server, name), rtol=1e-5, atol=1e-6)
+    partial = trainer(lambda i: i != 2)  # one node without a store: refused in words
+    assert not partial.resumable
+    with pytest.raises(ValueError, match="1 nodes have none"):
+        partial.load_state_dict(checkpoint)

@@ -78,3 +78,22 @@ def test_secure_simulation_gives_the_in_process_secure_model(tmp_path):
     assert sa["privacy"]["statement"] == sb["privacy"]["statement"] and "secagg+" in sa["privacy"]["statement"]
     costs = [json.loads(x) for x in (tmp_path / "sim" / "costs.jsonl").read_text().splitlines()]
     assert all(c["dropped"] == 0 and "aborted" not in c for c in costs)
+
+
+@pytest.mark.slow
+def test_a_simulation_resumes_to_the_uninterrupted_model(tmp_path):
+    """`secagg flower simulate --resume RUN_DIR`: one round, then resumed to three, equals three straight."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG.replace("rounds = 2", "rounds = 3"))
+    common = ["--config", str(cfg), "--cpus", "1", "--quiet"]
+    assert secagg(["flower", "simulate", "fedavg-gmf", *common, "--out", str(tmp_path / "straight")]) == 0
+    assert secagg(["flower", "simulate", "fedavg-gmf", *common, "--rounds", "1", "--out", str(tmp_path / "cut")]) == 0
+    assert (tmp_path / "cut" / "flower-nodes").is_dir()
+    assert secagg(["flower", "simulate", "--resume", str(tmp_path / "cut"), "--rounds", "3", "--cpus", "1", "--quiet"]) == 0
+    a = RunDir.open_existing(tmp_path / "cut").load_checkpoint()["trainer"]
+    b = RunDir.open_existing(tmp_path / "straight").load_checkpoint()["trainer"]
+    assert a["round"] == b["round"] == 3
+    for name in ("item", "h", "b"):
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+    rows = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]

@@ -141,8 +141,28 @@ def _wait(ps: Processes, cond, what: str, timeout: float) -> None:  # noqa: ANN0
         time.sleep(1)
 
 
-def deploy(tmp: Path, rounds: int, preset: str = "fedavg-gmf-secagg") -> tuple[Path, Path]:
-    """Partition, start the SuperLink and SuperNodes over TLS, `flwr run` the app; returns (flower, in-process) run dirs."""
+def _flwr_run(env: dict, run_cfg: str) -> None:
+    tries = []
+    for _ in range(3):  # the Control API call can time out on a loaded machine; nothing starts twice
+        try:
+            done = subprocess.run([str(VENV_BIN / "flwr"), "run", "flower-app", "local-tls", "--run-config", run_cfg],
+                                  env=env, capture_output=True, text=True, timeout=150, cwd=ROOT)
+        except subprocess.TimeoutExpired as exc:
+            tries.append(f"timeout: {exc.stdout!r} {exc.stderr!r}")
+            continue
+        tries.append(done.stdout + done.stderr)
+        if done.returncode == 0 and "Successfully started run" in done.stdout:
+            break
+    assert "Successfully started run" in tries[-1], "\n".join(tries)
+
+
+def deploy(tmp: Path, rounds: int, preset: str = "fedavg-gmf-secagg", resume_to: int | None = None) -> tuple[Path, Path]:
+    """Partition, start the SuperLink and SuperNodes over TLS, `flwr run` the app; returns (flower, in-process) run dirs.
+
+    With ``resume_to``: every SuperNode keeps a ``state-dir``, and after the first run a second
+    `flwr run` resumes it (run config ``resume``) to ``resume_to`` rounds; the in-process reference
+    runs ``resume_to`` rounds straight.
+    """
     from experiments.cli import main as secagg
 
     certs = throwaway_ca(tmp / "certs")
@@ -150,7 +170,11 @@ def deploy(tmp: Path, rounds: int, preset: str = "fedavg-gmf-secagg") -> tuple[P
     cfg.write_text(CONFIG.format(rounds=rounds))
     assert secagg(["flower", "partition", preset, "--config", str(cfg), "--out", str(tmp / "parts")]) == 0
     n = len(json.loads((tmp / "parts" / "meta.json").read_text())["users"])
-    assert secagg(["run", preset, "--config", str(cfg), "--out", str(tmp / "inproc"), "--quiet"]) == 0
+    ref_cfg = cfg
+    if resume_to is not None:
+        ref_cfg = tmp / "reference.toml"
+        ref_cfg.write_text(CONFIG.format(rounds=resume_to))
+    assert secagg(["run", preset, "--config", str(ref_cfg), "--out", str(tmp / "inproc"), "--quiet"]) == 0
     link, *node_ports = free_ports(1 + n)
     home = tmp / "flwr"
     home.mkdir()
@@ -167,23 +191,31 @@ def deploy(tmp: Path, rounds: int, preset: str = "fedavg-gmf-secagg") -> tuple[P
         for i in range(n):
             ps.start(f"supernode{i}", [str(VENV_BIN / "flower-supernode"), "--root-certificates", str(certs["ca"]),
                                        "--superlink", f"127.0.0.1:{link}", "--port", str(node_ports[i]),
-                                       "--node-config", f"partition-id={i} partition-dir='{tmp / 'parts'}'"])
+                                       "--node-config", f"partition-id={i} partition-dir='{tmp / 'parts'}'"
+                                       + (f" state-dir='{tmp / f'node{i}'}'" if resume_to is not None else "")])
         _wait(ps, lambda: "Uvicorn running on https://" in ps.log("superlink")
               and ps.log("superlink").count("Activated node_id") >= n, "the SuperNodes' TLS connections", 300)
         run_cfg = f"preset='{preset}' config='{cfg}' partition-dir='{tmp / 'parts'}' out='{tmp / 'flower'}' timeout=600.0"
-        tries = []
-        for _ in range(3):  # the Control API call can time out on a loaded machine; nothing starts twice
-            try:
-                done = subprocess.run([str(VENV_BIN / "flwr"), "run", "flower-app", "local-tls", "--run-config", run_cfg],
-                                      env=env, capture_output=True, text=True, timeout=150, cwd=ROOT)
-            except subprocess.TimeoutExpired as exc:
-                tries.append(f"timeout: {exc.stdout!r} {exc.stderr!r}")
-                continue
-            tries.append(done.stdout + done.stderr)
-            if done.returncode == 0 and "Successfully started run" in done.stdout:
-                break
-        assert "Successfully started run" in tries[-1], "\n".join(tries)
-        _wait(ps, lambda: (tmp / "flower" / "summary.json").exists(), "the run's summary.json", 900)
+        _flwr_run(env, run_cfg)
+        def released() -> bool:  # the ServerApp let go of the run directory's lock (flock)
+            import fcntl
+
+            with open(tmp / "flower" / "run.lock", "a") as fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False
+                fcntl.flock(fh, fcntl.LOCK_UN)
+                return True
+
+        def finished(rows: int):  # noqa: ANN202 - the run wrote its summary and released its directory
+            return lambda: ((tmp / "flower" / "summary.json").exists() and released()
+                            and len((tmp / "flower" / "metrics.jsonl").read_text().splitlines()) >= rows)
+
+        _wait(ps, finished(1), "the run's summary.json", 900)
+        if resume_to is not None:  # a second run (fresh Flower contexts on every node) continues the first
+            _flwr_run(env, f"resume='{tmp / 'flower'}' rounds={resume_to} partition-dir='{tmp / 'parts'}' timeout=600.0")
+            _wait(ps, finished(resume_to), "the resumed run's summary.json", 900)
     finally:
         ps.close()
     leaked = [p.pid for _, p, _ in ps.procs if p.poll() is None]
@@ -216,6 +248,13 @@ def _check_same_model(flower_dir: Path, inproc_dir: Path) -> None:
 def test_deployment_over_tls_with_secure_aggregation_gives_the_in_process_model(tmp_path):
     """One round of fedavg-gmf-secagg (our SecAgg+ between the SuperNodes), three SuperNodes: the quick slice."""
     _check_same_model(*deploy(tmp_path, rounds=1))
+
+
+@pytest.mark.slow
+def test_a_deployment_resumes_to_the_in_process_model(tmp_path):
+    """One round, then a second `flwr run` with resume to three: the SuperNodes continue from their state-dir."""
+    flower, inproc = deploy(tmp_path, rounds=1, preset="fedavg-gmf", resume_to=3)
+    _check_same_model(flower, inproc)
 
 
 @pytest.mark.slow

@@ -37,13 +37,14 @@ import torch
 
 from protocols.fedavg import FedAvgConfig
 from protocols.fel_leaf import DpSettings, FelLeaf
+from protocols.fel_ncf import NcfLeaf
 from protocols.fel_overarch import OVER_ARCH_COHORT, OverArchDp, client_gradients, over_arch_release
 from protocols.registry import ProtocolSpec, register
 from protocols.base import Release, RoundStats
 from protocols.transport import SERVER, client
 from dp.events import NonPrivate
 from recmodels import clusters as clmod
-from recmodels.ensemble import COMBINERS, OverArch, ServerAdam, combine, fold_in, over_arch_gradient, train_over_arch
+from recmodels.ensemble import COMBINERS, OverArch, ServerAdam, combine, over_arch_gradient, train_over_arch
 from recmodels.sampling import sample_train_negatives
 
 __all__ = ["FelConfig", "FelTrainer", "fel_privacy_report"]
@@ -71,6 +72,8 @@ class FelConfig(FedAvgConfig):
             leaves' round, ``over_arch_clients`` clients each, server-side Adam; DP-FedSGD under
             ``dp``: :mod:`protocols.fel_overarch`).
         over_arch_clients, over_arch_steps: the FL over-arch's cohort size and steps per round.
+        leaf_model: ``"gmf"`` (FedAvg-GMF leaves) or ``"ncf"`` (NCF-style MLP leaves, one hidden
+            layer of width ``dim``: :mod:`protocols.fel_ncf`).
         over_arch_composition: ``"sequential"`` (the FL over-arch trains on the leaves' own users)
             or ``"parallel"`` (on ``over_arch_holdout`` held-out users who train no leaf).
         over_arch_holdout: fraction of the non-opt-in users held out of the leaves (parallel only).
@@ -113,6 +116,7 @@ class FelConfig(FedAvgConfig):
     over_arch_clip: float = 1.0
     over_arch_noise_multiplier: float = 1.0
     over_arch_target_epsilon: float = 1.0
+    leaf_model: str = "gmf"
     dim: int = 16
     dp: str = "none"
     clip: float = 1.0
@@ -136,7 +140,7 @@ class FelConfig(FedAvgConfig):
                              ("sampling", ("fixed", "poisson")), ("on_excess_dropout", ("refuse", "reaccount")),
                              ("combiner", ("over-arch",) + COMBINERS), ("attribute", clmod.ATTRIBUTES),
                              ("over_arch_training", ("opt-in", "fl")),
-                             ("over_arch_composition", ("sequential", "parallel"))):
+                             ("over_arch_composition", ("sequential", "parallel")), ("leaf_model", ("gmf", "ncf"))):
             if getattr(self, key) not in allowed:
                 raise bad(key, f"one of {allowed}")
         for key in ("n_clusters", "min_clients", "over_arch_hidden", "over_arch_epochs", "dp_rounds",
@@ -252,7 +256,8 @@ class FelTrainer:
                 dp = DpSettings(mode=config.dp, clip=config.clip, noise_multiplier=z, sampling=config.sampling,
                                 dropout_margin=config.dropout_margin, simulate_dropout=config.simulate_dropout,
                                 on_excess_dropout=config.on_excess_dropout, noise_tail=config.noise_tail)
-            self.leaves.append(FelLeaf(train, leaf_cfg, index=c, dp=dp, seed=self.seed * 1009 + c, transport=transport,
+            leaf_cls = NcfLeaf if config.leaf_model == "ncf" else FelLeaf
+            self.leaves.append(leaf_cls(train, leaf_cfg, index=c, dp=dp, seed=self.seed * 1009 + c, transport=transport,
                                        exclude=exclude, clients=members))
         self._cache: tuple[int, dict[str, Any]] | None = None
         self.fl_clients = fl_clients
@@ -328,7 +333,7 @@ class FelTrainer:
         p = leaf.user.clone()
         others = np.setdiff1d(np.flatnonzero(np.diff(self._pos_start) > 0), leaf._clients)
         if others.size:
-            p[torch.as_tensor(others)] = fold_in(leaf.item * leaf.h, self._pos_start, self._pos_items, others)
+            p[torch.as_tensor(others)] = leaf.fold_in_users(self._pos_start, self._pos_items, others)
         return p
 
     def _ensemble(self) -> dict[str, Any]:
@@ -346,8 +351,8 @@ class FelTrainer:
         """Leaf probabilities ``[C, ...]`` and the over-arch input ``[..., C (1 + d)]``."""
         probs, parts = [], []
         for leaf, p in zip(self.leaves, users_vecs):
-            hidden = p[users] * leaf.item[items] * leaf.h
-            pr = torch.sigmoid(hidden.sum(-1) + leaf.b)
+            hidden, logit = leaf.forward_hidden(p[users], items)
+            pr = torch.sigmoid(logit)
             probs.append(pr)
             parts += [pr.unsqueeze(-1), hidden]
         return torch.stack(probs), torch.cat(parts, dim=-1)

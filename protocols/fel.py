@@ -213,7 +213,7 @@ def _calibrate(cfg: FelConfig, q: float, *, over_arch: bool = False) -> float:
 
 
 class FelTrainer:
-    """FEL over GMF leaves (see the module docstring)."""
+    """FEL over GMF or NCF leaves (see the module docstring)."""
 
     def __init__(self, train, config: FelConfig, *, seed: int, transport, exclude=None, source: str = "synthetic",  # noqa: ANN001
                  assignment: np.ndarray | None = None) -> None:

@@ -8,13 +8,16 @@ import numpy as np
 import pytest
 import torch
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from experiments.cli import main
 from protocols.fedavg import FedAvgConfig
 from protocols.fel import FelConfig, FelTrainer
 from protocols.fel_ncf import NcfLeaf
 from protocols.transport import InProcessTransport
 from recmodels.data import Interactions
-from recmodels.ncf import ncf_forward
+from recmodels.ncf import init_ncf, ncf_forward
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +50,29 @@ def leaf(**kw) -> NcfLeaf:
     cfg = FedAvgConfig(**{"dim": 4, "clients_per_round": 5, **kw})
     return NcfLeaf(make_train(), cfg, index=0, dp=None, seed=5, transport=InProcessTransport(), exclude=None,
                    clients=np.arange(48))
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.integers(1, 5), k=st.integers(1, 5), n=st.integers(1, 12), seed=st.integers(0, 2**16))
+def test_ncf_forward_equals_direct_numpy(d, k, n, seed) -> None:
+    rng = np.random.default_rng(seed)
+    p, q = rng.normal(size=(n, d)), rng.normal(size=(n, d))
+    w, c, h = (x.double().numpy() for x in init_ncf(d, k, seed=seed))
+    b = 0.3
+    r = np.maximum(0, np.concatenate([p, q], 1) @ w.T + c)
+    want = r @ h + b
+    t = lambda x: torch.as_tensor(x)  # noqa: E731
+    _, hid, logit = ncf_forward(t(p), t(q), t(w), t(c), t(h), torch.tensor(b, dtype=torch.float64))
+    np.testing.assert_allclose(logit.numpy(), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(hid.numpy(), r, rtol=1e-10, atol=1e-12)
+    per_row = np.broadcast_to(w, (n, k, 2 * d)).copy()  # one weight copy per row (the batched clients' form)
+    _, _, logit2 = ncf_forward(t(p), t(q), t(per_row), t(c), t(h), torch.tensor(b, dtype=torch.float64))
+    np.testing.assert_allclose(logit2.numpy(), want, rtol=1e-10, atol=1e-12)
+
+
+def test_unknown_leaf_model_refused() -> None:
+    with pytest.raises(ValueError, match="fel.leaf_model"):
+        FelConfig(**{**BASE, "leaf_model": "mlp"})
 
 
 def test_batched_local_training_equals_each_client_alone() -> None:

@@ -117,14 +117,16 @@ def test_over_arch_distributed_noise_free_equals_central_plaintext() -> None:
     kw = dict(dp="central", noise_multiplier=0.0, over_arch_noise_multiplier=0.0, clip=0.5, over_arch_clip=0.05)
     central = build(seed=2, over_arch_steps=1, **kw)
     dist = build(seed=2, over_arch_steps=1, **{**kw, "dp": "distributed"}, secure_aggregation="secagg+", frac_bits=24)
+    central_secagg = build(seed=2, over_arch_steps=1, **kw, secure_aggregation="secagg", frac_bits=24)
     seen = []
-    for fel in (central, dist):  # the aggregate the server's Adam receives (Adam's sign-like first step
+    for fel in (central, dist, central_secagg):  # the aggregate the server's Adam receives (Adam's sign-like first step
         step = fel._adam.step     # would magnify a 2^-24 rounding of a near-zero coordinate)
         fel._adam.step = lambda params, grads, step=step: (seen.append(torch.cat([g.reshape(-1) for g in grads])),
                                                            step(params, grads))
         fel.run_round()
     assert seen[0].abs().max() > 1e-3
     torch.testing.assert_close(seen[1], seen[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(seen[2], seen[0], rtol=0, atol=1e-5)
     kinds = {r.kind for r in dist.transport.transcript}
     assert "over-arch-update" in kinds  # the masked uploads went through SecAgg+
 

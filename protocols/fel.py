@@ -279,7 +279,7 @@ class FelTrainer:
                     dropout_margin=config.dropout_margin, on_excess_dropout=config.on_excess_dropout,
                     noise_tail=config.noise_tail,
                     cohort=OVER_ARCH_COHORT if config.over_arch_composition == "parallel" else None)
-                self._oa_dp.check_budget()
+                self._oa_dp.check_budget(secagg_dropout=config.secagg_dropout, secagg_corrupt=config.secagg_corrupt)
 
     def _cluster(self, source: str) -> np.ndarray:
         cfg, ids = self.config, self.train.user_ids

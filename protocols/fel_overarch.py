@@ -52,6 +52,8 @@ from protocols.fel_leaf import ExcessDropoutError
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, client
 from recmodels.ensemble import OverArch
+from secagg.encoding import check_budget
+from secagg.params import choose as choose_secagg_plus
 
 __all__ = ["OVER_ARCH_COHORT", "OverArchDp", "client_gradients", "over_arch_release"]
 
@@ -154,13 +156,23 @@ class OverArchDp:
             return 0.0
         return self.z * self.sensitivity / math.sqrt(self.min_survivors)
 
-    def check_budget(self) -> None:
-        """Refuse a ``value_clip`` that cannot hold a clipped gradient plus the noise tail (before training)."""
+    def check_budget(self, *, secagg_dropout: float = 0.1, secagg_corrupt: float = 0.05) -> None:
+        """Refuse, before training, what the secure sums could not carry.
+
+        A ``value_clip`` below a clipped gradient plus the noise tail (distributed); a cohort whose
+        fixed-point sum could overflow the 64-bit ring; a SecAgg+ cohort too small for the
+        configured dropout and corruption fractions.
+        """
         need = self.clip + self.noise_tail * self.sigma_client
         if self.mode == "distributed" and self.value_clip < need:
             raise ValueError(f"fel.value_clip={self.value_clip:g} cannot hold a clipped over-arch gradient plus "
                              f"{self.noise_tail:g} noise standard deviations ({need:.4g}); raise fel.value_clip "
                              "or lower fel.over_arch_clip")
+        if self.secure != "none":
+            most = self.population if self.sampling == "poisson" else self.expected
+            check_budget(n_summands=most, clip=self.value_clip, frac_bits=self.frac_bits)
+        if self.secure == "secagg+":
+            choose_secagg_plus(self.expected, dropout=secagg_dropout, corrupt=secagg_corrupt)
 
     def event(self, z: float) -> DpEvent:
         if z <= 0:

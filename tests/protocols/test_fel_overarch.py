@@ -224,6 +224,7 @@ def test_fl_over_arch_without_dp_is_reported_infinite() -> None:
     (dict(dp="distributed", secure_aggregation="secagg+", clip=0.01, noise_multiplier=0.1, over_arch_clip=50.0,
           value_clip=60.0), "over-arch gradient"),
     (dict(over_arch_clip=0.0), "fel.over_arch_clip"),
+    (dict(dp="central", secure_aggregation="secagg+", over_arch_clients=2), "no SecAgg\\+ parameters for n = 2"),
     (dict(over_arch_composition="both"), "fel.over_arch_composition"),
 ])
 def test_bad_over_arch_input_refused_before_training(kw, match) -> None:

@@ -16,7 +16,9 @@ With ``dp = "central"`` or ``"distributed"`` each leaf is DP-FedAvg (:mod:`proto
 every released leaf model is ``(epsilon_c, delta)``-DP at the user level, and because the clusters
 are disjoint (a user is in exactly one leaf, by construction: :mod:`recmodels.clusters`) the
 ensemble is ``(max_c epsilon_c, delta)``-DP (parallel composition; FEL Theorem 2). The over-arch
-trained on opt-in users costs the leaves' users nothing (notes §2.6). Limits: the cluster
+trained on opt-in users costs the leaves' users nothing (notes §2.6); trained by FL under DP
+(:mod:`protocols.fel_overarch`) it adds its own ``epsilon_o``: sequentially for the leaves' users
+(``over_arch_composition = "sequential"``) or in parallel when it trains on held-out users only. Limits: the cluster
 assignment, the cluster sizes and everything derived from public features are public; the
 opt-in users' labels are disclosed to the server (they consented); with ``"central"`` noise the
 aggregator is trusted to add it (a TEE); Poisson amplification does not hold against the server
@@ -35,12 +37,14 @@ import torch
 
 from protocols.fedavg import FedAvgConfig
 from protocols.fel_leaf import DpSettings, FelLeaf
+from protocols.fel_ncf import NcfLeaf
+from protocols.fel_overarch import OVER_ARCH_COHORT, OverArchDp, client_gradients, over_arch_release
 from protocols.registry import ProtocolSpec, register
 from protocols.base import Release, RoundStats
 from protocols.transport import SERVER, client
 from dp.events import NonPrivate
 from recmodels import clusters as clmod
-from recmodels.ensemble import COMBINERS, OverArch, ServerAdam, combine, fold_in, over_arch_gradient, train_over_arch
+from recmodels.ensemble import COMBINERS, OverArch, ServerAdam, combine, over_arch_gradient, train_over_arch
 from recmodels.sampling import sample_train_negatives
 
 __all__ = ["FelConfig", "FelTrainer", "fel_privacy_report"]
@@ -65,9 +69,18 @@ class FelConfig(FedAvgConfig):
         over_arch_hidden, over_arch_epochs, over_arch_lr, over_arch_negatives: the over-arch MLP.
         over_arch_training: ``"opt-in"`` (refitted centrally on the opt-in users, leaves frozen) or
             ``"fl"`` (FedSGD over the leaves' clients: ``over_arch_steps`` steps per round after the
-            leaves' round, ``over_arch_clients`` clients each, server-side Adam; no DP: refused with
-            ``dp``, and accounted sequentially with the leaves, the same users).
+            leaves' round, ``over_arch_clients`` clients each, server-side Adam; DP-FedSGD under
+            ``dp``: :mod:`protocols.fel_overarch`).
         over_arch_clients, over_arch_steps: the FL over-arch's cohort size and steps per round.
+        leaf_model: ``"gmf"`` (FedAvg-GMF leaves) or ``"ncf"`` (NCF-style MLP leaves, one hidden
+            layer of width ``dim``: :mod:`protocols.fel_ncf`).
+        over_arch_composition: ``"sequential"`` (the FL over-arch trains on the leaves' own users)
+            or ``"parallel"`` (on ``over_arch_holdout`` held-out users who train no leaf).
+        over_arch_holdout: fraction of the non-opt-in users held out of the leaves (parallel only).
+        over_arch_clip: per-client L2 clip of the over-arch gradient (under ``dp``).
+        over_arch_noise_multiplier: its ``z`` (``calibration = "noise"``).
+        over_arch_target_epsilon: its own epsilon after ``dp_rounds * over_arch_steps`` steps
+            (``calibration = "epsilon"``); the total composes it with the leaves per the mode.
         dp: ``"none"``, ``"central"`` or ``"distributed"`` (DP-FedAvg per leaf).
         clip: per-client L2 clip of the leaf update.
         noise_multiplier: ``z`` (``calibration = "noise"``); 0 clips without noise (not private).
@@ -98,6 +111,12 @@ class FelConfig(FedAvgConfig):
     over_arch_training: str = "opt-in"
     over_arch_clients: int = 50
     over_arch_steps: int = 1
+    over_arch_composition: str = "sequential"
+    over_arch_holdout: float = 0.0
+    over_arch_clip: float = 1.0
+    over_arch_noise_multiplier: float = 1.0
+    over_arch_target_epsilon: float = 1.0
+    leaf_model: str = "gmf"
     dim: int = 16
     dp: str = "none"
     clip: float = 1.0
@@ -120,7 +139,8 @@ class FelConfig(FedAvgConfig):
         for key, allowed in (("clustering", _CLUSTERING), ("dp", _DP), ("calibration", ("noise", "epsilon")),
                              ("sampling", ("fixed", "poisson")), ("on_excess_dropout", ("refuse", "reaccount")),
                              ("combiner", ("over-arch",) + COMBINERS), ("attribute", clmod.ATTRIBUTES),
-                             ("over_arch_training", ("opt-in", "fl"))):
+                             ("over_arch_training", ("opt-in", "fl")),
+                             ("over_arch_composition", ("sequential", "parallel")), ("leaf_model", ("gmf", "ncf"))):
             if getattr(self, key) not in allowed:
                 raise bad(key, f"one of {allowed}")
         for key in ("n_clusters", "min_clients", "over_arch_hidden", "over_arch_epochs", "dp_rounds",
@@ -129,14 +149,16 @@ class FelConfig(FedAvgConfig):
                 raise bad(key, "an int >= 1")
         if self.over_arch_negatives < 0:
             raise bad("over_arch_negatives", ">= 0")
-        for key in ("opt_in_fraction", "dropout_margin", "simulate_dropout"):
+        for key in ("opt_in_fraction", "dropout_margin", "simulate_dropout", "over_arch_holdout"):
             if not (0 <= getattr(self, key) < 1):
                 raise bad(key, "in [0, 1)")
-        for key in ("clip", "over_arch_lr", "target_epsilon", "max_noise_multiplier", "noise_tail"):
+        for key in ("clip", "over_arch_lr", "target_epsilon", "max_noise_multiplier", "noise_tail", "over_arch_clip",
+                    "over_arch_target_epsilon"):
             if not (getattr(self, key) > 0 and math.isfinite(getattr(self, key))):
                 raise bad(key, "positive and finite")
-        if not (self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier)):
-            raise bad("noise_multiplier", ">= 0 and finite")
+        for key in ("noise_multiplier", "over_arch_noise_multiplier"):
+            if not (getattr(self, key) >= 0 and math.isfinite(getattr(self, key))):
+                raise bad(key, ">= 0 and finite")
         if not (0 < self.delta < 1):
             raise bad("delta", "in (0, 1)")
         if self.combiner == "over-arch" and self.over_arch_training == "opt-in" and self.opt_in_fraction == 0:
@@ -145,10 +167,16 @@ class FelConfig(FedAvgConfig):
         if self.over_arch_training == "fl" and self.combiner != "over-arch":
             raise ValueError(f"fel.over_arch_training = \"fl\" trains the over-arch; fel.combiner is {self.combiner!r}: "
                              "set fel.combiner = \"over-arch\"")
-        if self.over_arch_training == "fl" and self.dp != "none":
-            raise ValueError("fel.over_arch_training = \"fl\" is not implemented under DP (its gradients would need "
-                             "their own clipping and noise, composed sequentially with the leaves): use "
-                             "fel.over_arch_training = \"opt-in\" with fel.dp")
+        if self.over_arch_composition == "parallel" and self.over_arch_training != "fl":
+            raise ValueError("fel.over_arch_composition = \"parallel\" trains the over-arch by FL on held-out users: "
+                             "set fel.over_arch_training = \"fl\" (the opt-in over-arch costs the leaves nothing)")
+        if self.over_arch_composition == "parallel" and self.over_arch_holdout == 0:
+            raise ValueError("fel.over_arch_composition = \"parallel\" needs users disjoint from the leaves': set "
+                             "fel.over_arch_holdout > 0 (the fraction of users held out of the leaves), or use "
+                             "\"sequential\" (the over-arch trains on the leaves' own users)")
+        if self.over_arch_holdout > 0 and self.over_arch_composition != "parallel":
+            raise ValueError(f"fel.over_arch_holdout={self.over_arch_holdout:g} holds users out for the parallel "
+                             "over-arch: set fel.over_arch_composition = \"parallel\" or fel.over_arch_holdout = 0")
         if self.dp == "distributed" and self.secure_aggregation == "none":
             raise ValueError("fel.dp = \"distributed\" needs fel.secure_aggregation = \"secagg\" or \"secagg+\": "
                              "without it every client's lightly-noised update is in the clear")
@@ -162,22 +190,30 @@ class FelConfig(FedAvgConfig):
         return FedAvgConfig(**{f.name: getattr(self, f.name) for f in fields(FedAvgConfig)})
 
 
-def _calibrate(cfg: FelConfig, q: float) -> float:
-    """Noise multiplier meeting ``target_epsilon`` after ``dp_rounds`` rounds of one leaf (RDP)."""
+def _calibrate(cfg: FelConfig, q: float, *, over_arch: bool = False) -> float:
+    """Noise multiplier meeting the target after the planned releases (RDP).
+
+    A leaf: ``target_epsilon`` after ``dp_rounds`` rounds. The FL over-arch (``over_arch``):
+    ``over_arch_target_epsilon`` after ``dp_rounds * over_arch_steps`` steps.
+    """
     from dp.calibration import calibrate_gaussian_noise_multiplier
 
+    key, target = ("over_arch_target_epsilon", cfg.over_arch_target_epsilon) if over_arch \
+        else ("target_epsilon", cfg.target_epsilon)
+    steps = cfg.dp_rounds * (cfg.over_arch_steps if over_arch else 1)
     qq = q if cfg.sampling == "poisson" else 1.0  # fixed: every round a full (unamplified) Gaussian
-    z = calibrate_gaussian_noise_multiplier(target_epsilon=cfg.target_epsilon, delta=cfg.delta, q=qq,
-                                            steps=cfg.dp_rounds, sampling="poisson", use_pld=False)
+    z = calibrate_gaussian_noise_multiplier(target_epsilon=target, delta=cfg.delta, q=qq,
+                                            steps=steps, sampling="poisson", use_pld=False)
     if z > cfg.max_noise_multiplier:
-        raise ValueError(f"fel.target_epsilon={cfg.target_epsilon:g} over fel.dp_rounds={cfg.dp_rounds} needs a noise "
-                         f"multiplier of {z:.4g}, above fel.max_noise_multiplier={cfg.max_noise_multiplier:g}; "
-                         "raise the target, plan fewer rounds or raise the cap")
+        raise ValueError(f"fel.{key}={target:g} over {steps} {'over-arch steps' if over_arch else 'rounds'} "
+                         f"(fel.dp_rounds={cfg.dp_rounds}) needs a noise multiplier of {z:.4g}, above "
+                         f"fel.max_noise_multiplier={cfg.max_noise_multiplier:g}; raise the target, plan fewer "
+                         "rounds or steps, or raise the cap")
     return z
 
 
 class FelTrainer:
-    """FEL over GMF leaves (see the module docstring)."""
+    """FEL over GMF or NCF leaves (see the module docstring)."""
 
     def __init__(self, train, config: FelConfig, *, seed: int, transport, exclude=None, source: str = "synthetic",  # noqa: ANN001
                  assignment: np.ndarray | None = None) -> None:
@@ -196,6 +232,16 @@ class FelTrainer:
         n_opt = int(round(config.opt_in_fraction * len(with_data)))
         self.opt_in = np.sort(pick.choice(with_data, size=n_opt, replace=False)) if n_opt else np.zeros(0, np.int64)
         fl_clients = np.setdiff1d(with_data, self.opt_in)
+        self.held_out = np.zeros(0, np.int64)  # parallel FL over-arch: users who train no leaf
+        if config.over_arch_composition == "parallel":
+            n_held = int(round(config.over_arch_holdout * len(fl_clients)))
+            if n_held < config.min_clients:
+                raise ValueError(f"fel.over_arch_holdout={config.over_arch_holdout:g} holds out {n_held} of "
+                                 f"{len(fl_clients)} users, below fel.min_clients={config.min_clients}: the parallel "
+                                 "over-arch cannot be trained on them; raise fel.over_arch_holdout")
+            held = np.random.default_rng([self.seed, 13, 4]).choice(fl_clients, size=n_held, replace=False)
+            self.held_out = np.sort(held)
+            fl_clients = np.setdiff1d(fl_clients, self.held_out)
         clmod.check_sizes(self.assignment, config.n_clusters, fl_clients, config.min_clients, "fel.min_clients")
         leaf_cfg = config.leaf_config()
         self.leaves: list[FelLeaf] = []
@@ -210,14 +256,30 @@ class FelTrainer:
                 dp = DpSettings(mode=config.dp, clip=config.clip, noise_multiplier=z, sampling=config.sampling,
                                 dropout_margin=config.dropout_margin, simulate_dropout=config.simulate_dropout,
                                 on_excess_dropout=config.on_excess_dropout, noise_tail=config.noise_tail)
-            self.leaves.append(FelLeaf(train, leaf_cfg, index=c, dp=dp, seed=self.seed * 1009 + c, transport=transport,
+            leaf_cls = NcfLeaf if config.leaf_model == "ncf" else FelLeaf
+            self.leaves.append(leaf_cls(train, leaf_cfg, index=c, dp=dp, seed=self.seed * 1009 + c, transport=transport,
                                        exclude=exclude, clients=members))
         self._cache: tuple[int, dict[str, Any]] | None = None
         self.fl_clients = fl_clients
         self.over_arch: OverArch | None = None
+        self._oa_dp: OverArchDp | None = None
         if config.over_arch_training == "fl":  # trained by FedSGD across rounds; its state is checkpointed
             self.over_arch = OverArch(config.n_clusters * (1 + config.dim), config.over_arch_hidden, seed=self.seed * 7)
             self._adam = ServerAdam(list(self.over_arch.parameters()), config.over_arch_lr)
+            self.over_arch_population = self.held_out if config.over_arch_composition == "parallel" else fl_clients
+            if config.dp != "none":
+                n_pop = len(self.over_arch_population)
+                m = min(config.over_arch_clients, n_pop)
+                z = (_calibrate(config, m / n_pop, over_arch=True) if config.calibration == "epsilon"
+                     else config.over_arch_noise_multiplier)
+                self._oa_dp = OverArchDp(
+                    mode=config.dp, clip=config.over_arch_clip, z=z, sampling=config.sampling, population=n_pop,
+                    expected=m, width=sum(p.numel() for p in self.over_arch.parameters()), frac_bits=config.frac_bits,
+                    value_clip=config.value_clip, secure=config.secure_aggregation,
+                    dropout_margin=config.dropout_margin, on_excess_dropout=config.on_excess_dropout,
+                    noise_tail=config.noise_tail,
+                    cohort=OVER_ARCH_COHORT if config.over_arch_composition == "parallel" else None)
+                self._oa_dp.check_budget(secagg_dropout=config.secagg_dropout, secagg_corrupt=config.secagg_corrupt)
 
     def _cluster(self, source: str) -> np.ndarray:
         cfg, ids = self.config, self.train.user_ids
@@ -271,7 +333,7 @@ class FelTrainer:
         p = leaf.user.clone()
         others = np.setdiff1d(np.flatnonzero(np.diff(self._pos_start) > 0), leaf._clients)
         if others.size:
-            p[torch.as_tensor(others)] = fold_in(leaf.item * leaf.h, self._pos_start, self._pos_items, others)
+            p[torch.as_tensor(others)] = leaf.fold_in_users(self._pos_start, self._pos_items, others)
         return p
 
     def _ensemble(self) -> dict[str, Any]:
@@ -289,40 +351,63 @@ class FelTrainer:
         """Leaf probabilities ``[C, ...]`` and the over-arch input ``[..., C (1 + d)]``."""
         probs, parts = [], []
         for leaf, p in zip(self.leaves, users_vecs):
-            hidden = p[users] * leaf.item[items] * leaf.h
-            pr = torch.sigmoid(hidden.sum(-1) + leaf.b)
+            hidden, logit = leaf.forward_hidden(p[users], items)
+            pr = torch.sigmoid(logit)
             probs.append(pr)
             parts += [pr.unsqueeze(-1), hidden]
         return torch.stack(probs), torch.cat(parts, dim=-1)
 
     def _over_arch_fl_round(self, t: int) -> tuple[float, tuple[Release, ...]]:
-        """``over_arch_steps`` FedSGD steps of the over-arch over sampled leaf clients (no DP).
+        """``over_arch_steps`` FedSGD steps of the over-arch over its population (DP-FedSGD under ``dp``).
 
         Each sampled client computes its features on the device (its own leaf's vector, folded-in
-        vectors for the other leaves; its positives plus sampled negatives) and uploads the gradient
-        of its summed loss; the server divides the cohort's sum by its example count and steps Adam.
+        vectors for the other leaves; its positives plus sampled negatives) and uploads one gradient.
+        Without DP: the gradient of its summed loss, in plaintext; the server divides the cohort's
+        sum by its example count and steps Adam. Under DP: :mod:`protocols.fel_overarch`.
         """
-        cfg, model = self.config, self.over_arch
+        cfg, model, dp = self.config, self.over_arch, self._oa_dp
         users_vecs = [self._leaf_users(leaf) for leaf in self.leaves]
         rng = np.random.default_rng([self.seed, 13, 3, t])
         nbytes = 4 * sum(p.numel() for p in model.parameters())
-        losses, m = [], min(cfg.over_arch_clients, len(self.fl_clients))
+        pop = self.over_arch_population
+        losses, m = [], min(cfg.over_arch_clients, len(pop))
+        releases: list[Release] = []
+        mode, cohort_label = cfg.over_arch_composition, (OVER_ARCH_COHORT if cfg.over_arch_composition == "parallel"
+                                                         else None)
         for step in range(cfg.over_arch_steps):
-            cohort = np.sort(rng.choice(self.fl_clients, size=m, replace=False))
-            users, items, labels = self._examples(cohort, rng)
+            cohort = dp.sample(pop, rng) if dp is not None else np.sort(rng.choice(pop, size=m, replace=False))
+            for u in cohort:  # the model down
+                self.transport.send(SERVER, client(u), t, "over-arch", None, nbytes)
+            users, items, labels = self._examples(cohort, rng) if len(cohort) else (np.zeros(0, np.int64),) * 3
             with torch.no_grad():
                 _, z = self._features(users_vecs, torch.as_tensor(users), torch.as_tensor(items))
             y = torch.as_tensor(labels, dtype=torch.float32)
-            for u in cohort:  # the model down, one gradient (the sum over the client's examples) up
-                self.transport.send(SERVER, client(u), t, "over-arch", None, nbytes)
-                self.transport.send(client(u), SERVER, t, "over-arch-update", None, nbytes + 4)
-            grads = over_arch_gradient(model, z, y)  # = the sum of the clients' uploads
-            self._adam.step(list(model.parameters()), [g / len(y) for g in grads])
-            losses.append(float(torch.nn.functional.binary_cross_entropy_with_logits(model(z), y).detach()))
-        rel = Release(NonPrivate(), who="clients", what="over-arch gradients (FedSGD) of the leaves' clients, each "
-                      "in plaintext; the same users as the leaves, so composed sequentially",
-                      params={"clients": m, "steps": cfg.over_arch_steps, "over_arch": "fl"})
-        return float(np.mean(losses)), (rel,)
+            if dp is None:
+                for u in cohort:  # one gradient (the sum over the client's examples) up, in plaintext
+                    self.transport.send(client(u), SERVER, t, "over-arch-update", None, nbytes + 4)
+                grads = over_arch_gradient(model, z, y)  # = the sum of the clients' uploads
+                self._adam.step(list(model.parameters()), [g / len(y) for g in grads])
+                releases.append(over_arch_release(NonPrivate(), composition=mode, cohort=cohort_label,
+                                                  params={"clients": len(cohort), "step": step}))
+            else:
+                slot = np.searchsorted(cohort, users)
+                per_client = client_gradients(model, z, y, slot, len(cohort), reduction="mean").numpy()
+                total, z_eff, extra = dp.noisy_sum(per_client, cohort, t=t, transport=self.transport,
+                                                   secagg_dropout=cfg.secagg_dropout, secagg_corrupt=cfg.secagg_corrupt)
+                flat = torch.as_tensor(total / dp.expected, dtype=torch.float32)
+                grads, lo = [], 0
+                for p in model.parameters():
+                    grads.append(flat[lo:lo + p.numel()].reshape(p.shape))
+                    lo += p.numel()
+                self._adam.step(list(model.parameters()), grads)
+                params = {"clients": len(cohort), "step": step, "clip": dp.clip, "noise_multiplier": z_eff,
+                          "noise": dp.mode, "sampling": dp.sampling, "denominator": dp.expected,
+                          "population": dp.population, "q": dp.q, **extra}
+                releases.append(over_arch_release(dp.event(z_eff), composition=mode, cohort=cohort_label,
+                                                  params=params))
+            if len(y):
+                losses.append(float(torch.nn.functional.binary_cross_entropy_with_logits(model(z), y).detach()))
+        return float(np.mean(losses)) if losses else 0.0, tuple(releases)
 
     def _examples(self, who: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``who``'s training positives plus ``over_arch_negatives`` sampled negatives each: users, items, labels."""
@@ -383,6 +468,7 @@ class FelTrainer:
         return {"protocol": "fel", "n_users": self.train.n_users, "n_items": self.train.n_items,
                 "assignment": self.assignment.tolist(), "opt_in": self.opt_in.tolist(),
                 "leaves": [leaf.dp_info() for leaf in self.leaves], "noise_multipliers": self.noise_multipliers,
+                "held_out": self.held_out.tolist(), "over_arch_dp": self._oa_dp.info() if self._oa_dp else None,
                 "config": asdict(self.config)}
 
     def state_dict(self) -> dict[str, Any]:
@@ -408,22 +494,48 @@ class FelTrainer:
 
 
 def fel_privacy_report(ledger, delta: float) -> dict[str, Any]:  # noqa: ANN001
-    """FEL's keys for ``secagg privacy report --json``: per-leaf epsilon and their parallel composition."""
+    """FEL's keys for ``secagg privacy report --json``: per-leaf epsilon, the over-arch's, and their composition.
+
+    ``per_leaf[c].epsilon`` and ``over_arch.epsilon`` are each part alone (RDP over its own
+    releases). ``epsilon`` is what the worst-off user spent: every user is in exactly one ledger
+    cohort (``leaf:<c>``, or ``over-arch`` in parallel mode) and also in every release without a
+    cohort (the sequential FL over-arch), so it is the max over cohorts of the cohort's releases
+    composed with the common ones (:meth:`dp.ledger.PrivacyLedger.spent_by_cohort`): opt-in
+    ``max_c eps_c``; sequential ``max_c eps(leaf_c + over-arch)``; parallel
+    ``max(max_c eps_c, eps_over-arch)``.
+    """
+    from dp.accountant import RdpAccountant
+
+    entries = ledger.entries()
     clients: dict[str, int] = {}
-    for e in ledger.entries():
-        if e.cohort and e.cohort.startswith("leaf:"):
+    alone: dict[str, RdpAccountant] = {}
+    over_events, over_mode = [], None
+    for e in entries:
+        if e.params.get("over_arch") == "fl":
+            over_events.append(e.event)
+            over_mode = e.params.get("composition", "sequential")
+        elif e.cohort and e.cohort.startswith("leaf:"):
             clients[e.cohort] = max(clients.get(e.cohort, 0), int(e.params.get("population", e.params.get("clients", 0))))
-    per = ledger.spent_by_cohort(delta)
-    per_leaf = [{"cluster": int(c.split(":")[1]), "clients": clients.get(c, 0), "epsilon": rep.epsilon}
-                for c, rep in per.items() if c.startswith("leaf:")]
+            alone.setdefault(e.cohort, RdpAccountant()).compose(e.event)
+
+    def eps(acc: RdpAccountant) -> float:
+        return float(acc.get_epsilon(delta))
+
+    per_leaf = [{"cluster": int(c.split(":")[1]), "clients": clients.get(c, 0), "epsilon": eps(acc)}
+                for c, acc in alone.items()]
     per_leaf.sort(key=lambda d: d["cluster"])
-    total = ledger.spent(delta, use_pld=False)
-    fl = any(e.params.get("over_arch") == "fl" for e in ledger.entries())
-    # FL over-arch: the leaves' own users, sequential; its releases are in the ledger without a cohort
-    # (plaintext gradients: infinite epsilon, which the total then shows)
-    over = {"mode": "sequential (fl)", "epsilon": math.inf} if fl else {"mode": "opt-in", "epsilon": 0.0}
-    return {"epsilon": total.epsilon, "delta": delta, "per_leaf": per_leaf, "composition": "parallel",
-            "over_arch": over, "accountant": total.accountant}
+    by_cohort = ledger.spent_by_cohort(delta)
+    worst = max(by_cohort.values(), key=lambda r: r.epsilon) if by_cohort else ledger.spent(delta, use_pld=False)
+    total, accountant = worst.epsilon, worst.accountant
+    if over_mode is None:
+        over = {"mode": "opt-in", "epsilon": 0.0}
+    else:
+        acc = RdpAccountant()
+        for ev in over_events:
+            acc.compose(ev)
+        over = {"mode": over_mode, "epsilon": eps(acc), "releases": len(over_events)}
+    return {"epsilon": total, "delta": delta, "per_leaf": per_leaf, "composition": "parallel",
+            "over_arch": over, "accountant": accountant}
 
 
 register(ProtocolSpec(

@@ -50,6 +50,7 @@ from protocols.base import Release
 from protocols.fedavg import FedAvgConfig, FedAvgGMF
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, Record, client
+from recmodels.ensemble import fold_in
 
 __all__ = ["LEAF_MODEL_KIND", "DpSettings", "ExcessDropoutError", "FelLeaf", "LeafModel"]
 
@@ -101,7 +102,7 @@ class FelLeaf(FedAvgGMF):
                  transport, exclude, clients: np.ndarray) -> None:  # noqa: ANN001
         super().__init__(train, config, seed=seed, transport=transport, exclude=exclude, clients=clients)
         self.index, self.dp = index, dp
-        self.width = train.n_items * config.dim + config.dim + 1
+        self.width = train.n_items * config.dim + config.dim + 1 + self.extra_width(config.dim)
         self.expected = config.clients_in_round(len(self._clients))  # the fixed denominator m
         self.q = self.expected / max(len(self._clients), 1)
         if dp is not None and dp.mode == "distributed":
@@ -116,6 +117,20 @@ class FelLeaf(FedAvgGMF):
         else:
             self.min_survivors, self.sigma_client = 0, 0.0
         self._presampled: np.ndarray | None = None
+
+    @classmethod
+    def extra_width(cls, dim: int) -> int:
+        """Parameters a subclass's update carries after ``dQ | dh | db`` (0 for GMF)."""
+        return 0
+
+    def forward_hidden(self, p: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(last hidden layer p * q_i * h, logit)`` of user vectors ``p`` with ``items`` (GMF)."""
+        hidden = p * self.item[items] * self.h
+        return hidden, hidden.sum(-1) + self.b
+
+    def fold_in_users(self, pos_start: np.ndarray, pos_items: np.ndarray, users: np.ndarray) -> torch.Tensor:
+        """Vectors for ``users`` outside the cluster, fitted to this frozen leaf (:func:`recmodels.ensemble.fold_in`)."""
+        return fold_in(self.item * self.h, pos_start, pos_items, users)
 
     @property
     def cohort(self) -> str:
@@ -178,7 +193,7 @@ class FelLeaf(FedAvgGMF):
     def client_vectors(self, sampled, pair_slot, pair_item, dQ, dH, dB) -> np.ndarray:  # noqa: ANN001
         """Each client's unweighted update ``dQ | dh | db`` as one dense row."""
         n_items, d, m = self.train.n_items, self.config.dim, len(sampled)
-        out = np.zeros((m, self.width))
+        out = np.zeros((m, n_items * d + d + 1))
         out[:, : n_items * d].reshape(m, n_items, d)[pair_slot, pair_item] = dQ.numpy()
         out[:, n_items * d : n_items * d + d] = dH.numpy()
         out[:, -1] = dB.numpy()

@@ -280,7 +280,7 @@ def test_fl_over_arch_learns_and_is_reported_sequential(tmp_path, capsys) -> Non
     cfg.write_text(TINY.format(rounds=2) + "combiner = \"over-arch\"\nover_arch_training = \"fl\"\nopt_in_fraction = 0.0\n")
     _run(capsys, "run", "fel", "--config", str(cfg), "--out", str(tmp_path / "fl"), "--json", "--quiet")
     rep = _run(capsys, "privacy", "report", str(tmp_path / "fl"), "--json")
-    assert rep["over_arch"]["mode"] == "sequential (fl)"
+    assert rep["over_arch"]["mode"] == "sequential" and rep["over_arch"]["epsilon"] == float("inf")
 
 
 def test_fl_over_arch_resume_equals_uninterrupted_run(tmp_path, capsys) -> None:
@@ -294,7 +294,6 @@ def test_fl_over_arch_resume_equals_uninterrupted_run(tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize("kw, match", [
     (dict(over_arch_training="fl", combiner="mean"), "fel.combiner"),
-    (dict(over_arch_training="fl", combiner="over-arch", dp="central"), "not implemented under DP"),
     (dict(over_arch_training="federated"), "fel.over_arch_training"),
     (dict(over_arch_training="fl", combiner="over-arch", over_arch_clients=0), "fel.over_arch_clients"),
 ])

@@ -1,0 +1,200 @@
+"""FEL's NCF-style MLP leaf: FedAvg of :mod:`recmodels.ncf` on one cluster (``fel.leaf_model = "ncf"``).
+
+Parties, adversary and promise are the GMF leaf's (:mod:`protocols.fel_leaf`): the user embedding
+``p_u`` stays on its client; the server holds the item table ``Q`` and the MLP (``W``, ``c``, and
+the output layer ``h``, ``b``, of width ``k = dim``); every sampled client trains locally and
+uploads the change of ``(Q, h, b, W, c)``. Without DP the server applies the ``n_k``-weighted
+FedAvg aggregate (items per ``item_aggregation``; ``h, b, W, c`` weighted by ``n_k``), from the
+plaintext uploads or through SecAgg/SecAgg+ (it then learns only the sum; fixed-point
+quantisation only). Under DP the leaf is :class:`protocols.fel_leaf.FelLeaf`'s DP-FedAvg on the
+unweighted update ``dQ | dh | db | dW | dc`` (clip, noise, fixed denominator), unchanged.
+
+Simulation: all sampled clients train at once. Every client owns its user row, its own copy of
+each item row it touches and its own copy of ``(W, c, h, b)`` (tensors ``[m, ...]``); the
+forward pass gathers each example's client's weights and the gradients (in closed form) are
+accumulated per client with ``index_add_``, so the batch equals each client training alone (the
+same lazy Adam as GMF's local training, the same per-client streams for negatives and shuffles).
+There is no Python loop per client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from protocols.base import Release
+from protocols.fedavg import _LazyAdam
+from protocols.fel_leaf import FelLeaf
+from protocols.secure_sum import secure_sum
+from protocols.transport import SERVER, client
+from dp.events import NonPrivate
+from recmodels.ncf import fold_in_ncf, init_ncf, ncf_forward
+
+__all__ = ["NcfLeaf"]
+
+
+class NcfLeaf(FelLeaf):
+    """One cluster's NCF-MLP leaf (see the module docstring); arguments as :class:`FelLeaf`."""
+
+    def __init__(self, train, config, **kw) -> None:  # noqa: ANN001
+        super().__init__(train, config, **kw)
+        d = config.dim
+        self.W, self.c, self.h = init_ncf(d, d, seed=self.seed * 31 + 7)
+        self.W = self.W.reshape(-1)  # [k * 2d], k = d
+        self._deltas: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def extra_width(cls, dim: int) -> int:
+        return dim * 2 * dim + dim
+
+    @property
+    def model_bytes(self) -> int:
+        d = self.config.dim
+        return 4 * (self.train.n_items * d + d + 1 + self.extra_width(d))
+
+    def _mats(self) -> torch.Tensor:
+        d = self.config.dim
+        return self.W.reshape(d, 2 * d)
+
+    # -- local training (batched over the sampled clients) -------------------------------------
+    def _train_locally(self, sampled, epochs, pair_slot, pair_item, pair_of_example):  # noqa: ANN001, ANN202
+        cfg, m = self.config, len(sampled)
+        P = self.user[torch.as_tensor(sampled)].clone()
+        Q = self.item[torch.as_tensor(pair_item)].clone()
+        H = self.h.expand(m, -1).clone()
+        B = self.b.expand(m).clone().unsqueeze(1)
+        W = self.W.expand(m, -1).clone()
+        C = self.c.expand(m, -1).clone()
+        opts = [_LazyAdam(x, cfg.lr, cfg.optimizer, sparse=x is P or x is Q) for x in (P, Q, H, B, W, C)]
+        client_steps = torch.zeros(m, dtype=torch.float32)
+        pair_slot_t = torch.as_tensor(pair_slot)
+        total_loss, total_examples, offset = 0.0, 0, 0
+        for epoch, (slots, _, labels) in enumerate(epochs):
+            ex_pair = pair_of_example[offset: offset + len(slots)]
+            offset += len(slots)
+            steps = self._local_steps(slots, sampled, epoch)
+            order = np.argsort(steps, kind="stable")
+            bounds = np.searchsorted(steps[order], np.arange(steps.max() + 2))
+            slots_t = torch.as_tensor(slots)
+            labels_t = torch.as_tensor(labels, dtype=torch.float32)
+            for s in range(len(bounds) - 1):
+                idx = torch.as_tensor(order[bounds[s]: bounds[s + 1]])
+                if len(idx):
+                    total_loss += self._ncf_step(P, Q, H, B, W, C, opts, slots_t[idx], ex_pair[idx], labels_t[idx],
+                                                 client_steps, pair_slot_t)
+                    total_examples += len(idx)
+        self._deltas = (W - self.W, C - self.c)
+        return P, Q, H, B, total_loss, total_examples
+
+    def _ncf_step(self, P, Q, H, B, W, C, opts, slot, pair, label, client_steps, pair_slot) -> float:  # noqa: ANN001
+        """One local mini-batch step of every active client (closed-form NCF gradients per client)."""
+        m, d = P.shape
+        p, q = P[slot], Q[pair]
+        w = W[slot].reshape(-1, d, 2 * d)
+        a, r, logits = ncf_forward(p, q, w, C[slot], H[slot], B[slot, 0])
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, label, reduction="none")
+        n_in_batch = torch.zeros(m).index_add_(0, slot, torch.ones_like(label))
+        active = torch.nonzero(n_in_batch).squeeze(1)
+        client_steps[active] += 1
+        g = ((torch.sigmoid(logits) - label) / n_in_batch[slot]).unsqueeze(1)
+        delta = g * H[slot] * (a > 0)  # d loss / d pre-activation, [e, k]
+        gx = (delta.unsqueeze(1) @ w).squeeze(1)  # d loss / d [p ; q]
+        x = torch.cat([p, q], dim=-1)
+        g_w = (delta.unsqueeze(2) * x.unsqueeze(1)).reshape(len(slot), -1)
+        for opt, grad in ((opts[0], gx[:, :d]), (opts[2], g * r), (opts[3], g), (opts[4], g_w), (opts[5], delta)):
+            acc = torch.zeros(m, grad.shape[1]).index_add_(0, slot, grad)
+            opt.step(active, acc[active], client_steps[active])
+        uniq, inv = torch.unique(pair, return_inverse=True)
+        acc = torch.zeros(len(uniq), d).index_add_(0, inv, gx[:, d:])
+        opts[1].step(uniq, acc, client_steps[pair_slot[uniq]])
+        return float(loss.sum())
+
+    # -- aggregation ---------------------------------------------------------------------------
+    def client_vectors(self, sampled, pair_slot, pair_item, dQ, dH, dB) -> np.ndarray:  # noqa: ANN001
+        """Each client's unweighted update ``dQ | dh | db | dW | dc`` (DP-FedAvg's rows)."""
+        dW, dC = self._deltas
+        return np.concatenate([super().client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB),
+                               dW.numpy(), dC.numpy()], axis=1)
+
+    def _apply_dp(self, total: np.ndarray) -> None:
+        k = self.extra_width(self.config.dim)
+        super()._apply_dp(total[:-k])
+        scale = self.config.server_lr / max(self.expected, 1)
+        self._apply_extra(torch.as_tensor(total[-k:], dtype=torch.float32) * scale)
+
+    def _apply_extra(self, change: torch.Tensor) -> None:
+        nw = self.W.numel()
+        self.W = self.W + change[:nw]
+        self.c = self.c + change[nw:]
+
+    def _aggregate(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):  # noqa: ANN001, ANN202
+        if self.dp is not None:
+            return super()._aggregate(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
+        cfg, m, k = self.config, len(sampled), self.extra_width(self.config.dim)
+        dW, dC = self._deltas
+        w = weight.numpy().astype(np.float64)[:, None]
+        vectors = np.concatenate([self._client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB, weight),
+                                  dW.numpy() * w, dC.numpy() * w], axis=1)
+        if cfg.secure_aggregation == "none":
+            for u in sampled:  # each client's dense update, in plaintext
+                self.transport.send(client(u), SERVER, t, "update", None, self.model_bytes + 4)
+            total, upload = vectors.sum(0), self.model_bytes + 4.0
+        else:
+            res = secure_sum(vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
+                             value_clip=cfg.value_clip, round=t, transport=self.transport,
+                             senders=[client(u) for u in sampled], where="fel.value_clip",
+                             dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
+            total, upload = res.total, res.bytes_per_client
+        self._apply_sums(total[:-k], total[-k:])
+        what = "item/MLP updates, each in plaintext" if cfg.secure_aggregation == "none" else (
+            f"the sum of item/MLP updates through {cfg.secure_aggregation} (no DP noise)")
+        return upload, (Release(NonPrivate(), who="clients", what=what, params={"clients": m}),), {}
+
+    def _apply_sums(self, base: np.ndarray, extra: np.ndarray) -> None:
+        """FedAvg's server update from the summed vectors (GMF's layout, then ``n_k dW | n_k dc``)."""
+        n_items, d = self.train.n_items, self.config.dim
+        f = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
+        off, touched = n_items * d, None
+        if self.config.item_aggregation == "touched":
+            touched = f(base[off: off + n_items])
+            off += n_items
+        w_sum = torch.tensor(float(base[off + d + 1]))
+        self._apply(f(base[: n_items * d]).reshape(n_items, d), touched, f(base[off: off + d]),
+                    torch.tensor(float(base[off + d])), w_sum)
+        self._apply_extra(self.config.server_lr * f(extra) / w_sum)
+
+    # -- the model as the ensemble and the checkpoints see it ----------------------------------
+    def forward_hidden(self, p: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(last hidden layer, logit)`` of users ``p`` (vectors) with ``items``."""
+        _, r, logit = ncf_forward(p, self.item[items], self._mats(), self.c, self.h, self.b)
+        return r, logit
+
+    def fold_in_users(self, pos_start: np.ndarray, pos_items: np.ndarray, users: np.ndarray) -> torch.Tensor:
+        return fold_in_ncf(self.item, self._mats(), self.c, self.h, self.b, pos_start, pos_items, users,
+                           seed=self.seed)
+
+    @torch.no_grad()
+    def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        u = torch.as_tensor(np.asarray(users))
+        it = torch.as_tensor(np.asarray(items))
+        if it.ndim == u.ndim + 1:
+            u = u.unsqueeze(-1).expand_as(it)
+        return self.forward_hidden(self.user[u], it)[1].numpy()
+
+    @torch.no_grad()
+    def score_all(self, users: np.ndarray) -> np.ndarray:
+        users = np.asarray(users)
+        items = np.arange(self.train.n_items)
+        return self.score(users, np.broadcast_to(items, (len(users), len(items))))
+
+    def flat_model(self) -> np.ndarray:
+        return np.concatenate([super().flat_model(), self.W.numpy(), self.c.numpy()])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "ncf_W": self.W.clone(), "ncf_c": self.c.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.W, self.c = state["ncf_W"].clone(), state["ncf_c"].clone()

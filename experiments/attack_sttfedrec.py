@@ -43,7 +43,7 @@ import numpy as np
 
 from experiments.errors import UserError
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "run_chain_collusion"]
 
 ATTACKS = ("request-intersection", "item-gradient", "chain-collusion")
 SWEEP_RHOS = (0.5, 0.9)

@@ -21,19 +21,31 @@ Adversary: the honest-but-curious RS. Input: RS's view only (the records it rece
   notes G1) this reads every request; against the SecAgg sum RS can only apply it to the ids
   that exactly one client requested in that round (the stated limit of G1), and attributes the
   sign to that client.
+* ``chain-collusion``: the adversary is SAS together with some clients (notes section 1, "What
+  leaks"). Its view: the chain uploads and the pads it opened at ``UNLOCK`` (its own view of
+  step 4), the completed ring, and the ring seeds its colluders sent or received
+  (:meth:`secagg.chain.ChainClient.known_seeds`). It strips from the victim's upload the opened
+  pad and every seed a colluder shares with the victim (:func:`secagg.chain.remove_masks`): with
+  all ``2s`` ring neighbours of the victim in the coalition that is the victim's user-tower
+  gradient and loss exactly (the chain's stated limit, docs/chain.md); with any one missing the
+  result is masked by a uniform ``PRG`` stream and carries nothing.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from attacks.registry import AttackSpec, register_attack
 from protocols.transport import Record
+from secagg.chain import remove_masks
 
-__all__ = ["item_gradient_attack", "request_intersection_attack", "requests_by_client"]
+__all__ = ["ChainView", "chain_collusion_attack", "item_gradient_attack", "request_intersection_attack",
+           "requests_by_client", "ring_neighbours"]
 
 
 def _user(party: str) -> int:
@@ -117,6 +129,59 @@ def item_gradient_attack(view: list[Record], public: dict[str, Any]) -> dict[int
     return {u: np.array(sorted(s), dtype=np.int64) for u, s in out.items()}
 
 
+@dataclass(frozen=True)
+class ChainView:
+    """SAS's view of one completed chain aggregation plus what its colluders hand over.
+
+    Attributes:
+        uploads: each ring member's upload (``uint64 [dim]``) of the completed attempt.
+        pads: the pad seed SAS opened at ``UNLOCK`` for each ring member.
+        ring: the ring order SAS drew (it sends each client its neighbours, so it knows it).
+        successors: ``s`` of the ring.
+        attempt: the completed attempt (seeds of other attempts are ignored).
+        seeds: ``(attempt, sender, receiver) -> seed`` from every colluding client.
+    """
+
+    uploads: Mapping[int, np.ndarray]
+    pads: Mapping[int, bytes]
+    ring: tuple[int, ...]
+    successors: int
+    attempt: int
+    seeds: Mapping[tuple[int, int, int], bytes]
+
+
+def ring_neighbours(ring: tuple[int, ...], target: int, s: int) -> list[int]:
+    """The ``2s`` ring neighbours of ``target``, nearest first (successor 1, predecessor 1, ...)."""
+    n, pos = len(ring), ring.index(target)
+    out: list[int] = []
+    for j in range(1, s + 1):
+        for c in (ring[(pos + j) % n], ring[(pos - j) % n]):
+            if c != target and c not in out:
+                out.append(c)
+    return out
+
+
+def chain_collusion_attack(view: ChainView, public: dict[str, Any], *, target: int,
+                           colluders: Iterable[int]) -> np.ndarray:
+    """SAS's best reconstruction of ``target``'s chain input (``uint64``) from ``view`` (module docstring).
+
+    ``colluders`` are the clients whose seeds SAS uses (their entries of ``view.seeds``); the
+    target's own seeds are never used. Exact when ``colluders`` holds all ``2s`` neighbours.
+    """
+    if target not in view.uploads:
+        raise ValueError(f"client {target} has no upload in the completed attempt; ring members: {sorted(view.uploads)}")
+    coalition = set(colluders) - {target}
+    sent, received = [], []
+    for (att, snd, rcv), seed in view.seeds.items():
+        if att != view.attempt:
+            continue
+        if snd == target and rcv in coalition:
+            sent.append(seed)
+        elif rcv == target and snd in coalition:
+            received.append(seed)
+    return remove_masks(view.uploads[target], sent=sent, received=received, pad=view.pads[target])
+
+
 register_attack(AttackSpec(
     protocol="sttfedrec", name="request-intersection", view="rs", run=request_intersection_attack,
     summary="clicks recur across a client's obfuscated requests while fresh decoys do not",
@@ -124,4 +189,8 @@ register_attack(AttackSpec(
 register_attack(AttackSpec(
     protocol="sttfedrec", name="item-gradient", view="rs", run=item_gradient_attack,
     summary="the sign of an item-embedding gradient along the user direction marks the clicks",
+))
+register_attack(AttackSpec(
+    protocol="sttfedrec", name="chain-collusion", view="sas", run=chain_collusion_attack,
+    summary="SAS plus a client's 2s ring neighbours strip the chain masks off its user-tower gradient",
 ))

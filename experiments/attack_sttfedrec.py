@@ -1,7 +1,7 @@
 """``secagg attack sttfedrec``: train STTFedRec, attack what RS saw, score against the truth.
 
-``secagg attack sttfedrec --attack request-intersection|item-gradient --defense DEFENSE [--rounds R]
-[--rho P] [--clients K] [--data PATH] [--json] [--sweep OUT_DIR]``
+``secagg attack sttfedrec --attack request-intersection|item-gradient|chain-collusion --defense DEFENSE
+[--rounds R] [--rho P] [--clients K] [--data PATH] [--successors S] [--colluders C] [--json] [--sweep OUT_DIR]``
 
 Defenses: ``request-intersection``: ``none`` (fresh decoys, the paper), ``fixed-pool`` (a
 per-user popularity-matched decoy pool drawn once) or ``download-all`` (every sampled client
@@ -11,7 +11,20 @@ receives all ``M`` embeddings and sends no item id; its gradients are summed ove
 a client is scored against is its clicks among the items it trained on (its request, or under
 ``download-all`` the ``T`` items it picked on the device), in the rounds it took part in. ``--json`` prints one object on the last line:
 ``attack.{f1, precision, recall, random_f1, status}`` plus ``requested_f1`` (guessing every
-requested id) and the model's sampled HR@10 under the defense. ``--sweep OUT_DIR`` runs the
+requested id) and the model's sampled HR@10 under the defense.
+
+``chain-collusion`` (SAS plus ring neighbours of a victim, on step 4's chain): trains ``R`` rounds
+with ``chain_successors = S`` and attacks the last round's user-tower gradients. The chain runner
+inside ``protocols.secure_sum`` keeps no view, so the CLI runs that round's chain aggregation
+again on the same gradient vectors (the same encoding and ``secagg.chain`` code, a fresh ring),
+this time keeping SAS's view, and checks that its sum equals the plaintext sum. The victim is the
+round's first sampled client; the coalition is its ``C`` nearest ring neighbours (default ``2S``,
+all of them). Gradient recovery is not a set inference, so the result shape is
+``attack.{exact, coords_exact, max_abs_error, rel_error, baseline_rel_error, status}``:
+``exact`` is true when every value of the victim's gradient and loss is recovered to the fixed
+point (``|error| <= 2^-frac_bits``), ``rel_error`` is ``|guess - g| / |g|``, and the baseline is
+what SAS learns without colluders, the survivors' mean (``|mean - g| / |g|``); ``by_colluders``
+repeats it for every coalition size ``0 .. 2S``. ``--sweep OUT_DIR`` runs the
 request-intersection attack over rho and rounds, with and without the defense, and writes
 ``sweep.csv`` and ``sweep.png``.
 """
@@ -30,13 +43,14 @@ import numpy as np
 
 from experiments.errors import UserError
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "run_chain_collusion"]
 
-ATTACKS = ("request-intersection", "item-gradient")
+ATTACKS = ("request-intersection", "item-gradient", "chain-collusion")
 SWEEP_RHOS = (0.5, 0.9)
 SWEEP_ROUNDS = (5, 10, 20)
 DEFENSES = {"request-intersection": ("none", "fixed-pool", "download-all"),
-            "item-gradient": ("none", "secagg", "download-all")}
+            "item-gradient": ("none", "secagg", "download-all"),
+            "chain-collusion": ("none",)}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train STTFedRec under a defense, run an attack on RS's view, report it beside random guessing.")
     p.add_argument("--attack", choices=ATTACKS, default="request-intersection")
     p.add_argument("--defense", default="none",
-                   help="request-intersection: none|fixed-pool|download-all; item-gradient: none|secagg|download-all")
+                   help="request-intersection: none|fixed-pool|download-all; item-gradient: none|secagg|download-all; "
+                        "chain-collusion: none (raise --successors instead)")
     p.add_argument("--rounds", type=int, default=20, help="training rounds (default 20)")
     p.add_argument("--rho", type=float, default=0.9, help="fraction of non-clicked ids per request (default 0.9)")
     p.add_argument("--request-size", type=int, default=10, help="T, ids per request (default 10)")
@@ -54,6 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--users", type=int, default=100, help="synthetic users (default 100)")
     p.add_argument("--items", type=int, default=400, help="synthetic items (default 400)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--successors", type=int, default=1,
+                   help="chain-collusion: s, ring successors each client shares with (default 1, the paper's chain)")
+    p.add_argument("--colluders", type=int, default=None,
+                   help="chain-collusion: how many of the victim's nearest ring neighbours collude with SAS (default 2s)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--sweep", type=Path, default=None, metavar="OUT_DIR",
                    help="sweep rho and rounds for request-intersection with and without the defense")
@@ -141,9 +160,101 @@ def run_many(args: argparse.Namespace, *, defense: str, rho: float, rounds: tupl
     return out
 
 
+def run_chain_collusion(args: argparse.Namespace) -> dict[str, Any]:
+    """Train, re-run the last round's chain keeping SAS's view, attack the victim; a JSON-ready dict."""
+    import os
+
+    from attacks.sttfedrec import ChainView, chain_collusion_attack, ring_neighbours
+    from protocols.sttfedrec import STTFedRec
+    from protocols.twotower_data import TwoTowerConfig
+    from secagg.chain import ChainConfig, Kind, effective_successors
+    from secagg.chain_sim import simulate
+    from secagg.chain_wire import ChainUpload
+    from secagg.encoding import FixedPoint
+    from secagg.messages import INSTANCE_BYTES
+
+    if args.defense != "none":
+        raise UserError(f"--defense {args.defense!r} does not apply to --attack chain-collusion; raise --successors")
+    if args.rounds < 1 or args.successors < 1:
+        raise UserError(f"--rounds and --successors must be >= 1; found {args.rounds} and {args.successors}")
+    split, source = _split(args)
+    try:
+        cfg = TwoTowerConfig(hash_dim=256, dim=32, clients_per_round=args.clients, request_size=args.request_size,
+                             rho=args.rho, temperature=0.1, chain_successors=args.successors)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    model = STTFedRec(split.train, cfg, seed=args.seed, source=source)
+    model.record_chain_inputs = True
+    t0 = time.perf_counter()
+    for _ in range(args.rounds):
+        model.run_round()
+    names, vec = model.last_chain_inputs
+    users = [int(n.split(":", 1)[1]) for n in names]
+    n, dim = vec.shape
+    s = effective_successors(args.successors, n)
+    want = 2 * s if args.colluders is None else args.colluders
+    if not 0 <= want <= n - 1:
+        raise UserError(f"--colluders must be in 0..{n - 1} (the other clients of the round); found {want}")
+    codec = FixedPoint(cfg.frac_bits, cfg.value_clip)
+    enc = codec.encode(vec, rounding="nearest")  # exactly what protocols.secure_sum hands the chain
+    config = ChainConfig(instance=os.urandom(INSTANCE_BYTES), round=model.round - 1, dim=dim, successors=s)
+    run = simulate(config, {u: enc[i] for i, u in enumerate(users)})
+    if run.result is None:
+        raise UserError(f"the chain aborted: {run.abort}")
+    att = run.server.attempt
+    uploads = {c: ChainUpload.from_bytes(d).vector for k, c, a, d in run.server_view if k is Kind.UPLOAD and a == att}
+    pads = {c: run.server.revealed[(att, c)] for c in uploads}
+    target, row = users[0], 0
+    truth = vec[row]
+    neighbours = ring_neighbours(run.server.ring, target, s)
+    others = [c for c in run.server.ring if c != target and c not in neighbours]
+    order = neighbours + others  # nearest neighbours first, then the rest of the ring
+    mean = codec.decode(run.result) / len(run.survivors)
+    norm = float(np.linalg.norm(truth)) or 1.0
+    tol = 2.0 ** -cfg.frac_bits
+
+    def attack(coalition: list[int]) -> dict[str, Any]:
+        seeds: dict = {}
+        for c in coalition:
+            seeds.update(run.clients[c].known_seeds())
+        view = ChainView(uploads, pads, run.server.ring, s, att, seeds)
+        guess = codec.decode(chain_collusion_attack(view, model.public_info(), target=target, colluders=coalition))
+        err = np.abs(guess - truth)
+        exact = bool(err.max() <= tol)
+        return {"colluders": len(coalition), "exact": exact, "coords_exact": float(np.mean(err <= tol)),
+                "max_abs_error": float(err.max()), "rel_error": float(np.linalg.norm(guess - truth) / norm),
+                "status": "recovered exactly" if exact else "not recovered (a uniform mask remains)"}
+
+    main = attack(order[:want])
+    by = [attack(order[:c]) for c in range(0, min(2 * s, n - 1) + 1)]
+    return {
+        "attack_name": "chain-collusion", "defense": "none", "successors": s, "rounds": args.rounds,
+        "clients": n, "dim": dim, "frac_bits": cfg.frac_bits, "data": source, "target": target,
+        "colluders": order[:want], "needed": min(2 * s, n - 1),
+        "attack": {**{k: v for k, v in main.items() if k != "colluders"},
+                   "baseline_rel_error": float(np.linalg.norm(mean - truth) / norm)},
+        "by_colluders": by,
+        "chain_sum_matches_plaintext": bool(np.max(np.abs(codec.decode(run.result) - vec.sum(0))) <= n * tol),
+        "train_seconds": time.perf_counter() - t0,
+    }
+
+
 def _main(args: argparse.Namespace) -> int:
     if args.sweep is not None:
         return _sweep(args)
+    if args.attack == "chain-collusion":
+        out = run_chain_collusion(args)
+        a = out["attack"]
+        print(f"STTFedRec chain-collusion (s = {out['successors']}, {out['clients']} clients, {out['dim']} values): "
+              f"SAS + {len(out['colluders'])} of the victim's ring neighbours: {a['status']}")
+        print(f"  relative error {a['rel_error']:.3g} (SAS alone, the survivors' mean: {a['baseline_rel_error']:.3g}); "
+              f"{out['needed']} colluders needed")
+        for r in out["by_colluders"]:
+            print(f"    {r['colluders']} colluders: exact {r['exact']}, {r['coords_exact']:.3f} of values exact, "
+                  f"relative error {r['rel_error']:.3g}")
+        if args.json:
+            print(json.dumps(out))
+        return 0
     out = run(args, defense=args.defense, rho=args.rho, rounds=args.rounds)
     a = out["attack"]
     print(f"STTFedRec {out['attack_name']} / defense {out['defense']} (rho {out['rho']}, {out['rounds']} rounds): "

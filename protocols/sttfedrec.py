@@ -138,6 +138,10 @@ class STTFedRec:
         self._dropouts: dict[str, dict[str, frozenset[int]]] = {}  # test hook: "user"/"item" -> stage -> rows
         self._device_seconds: list[float] = []
         self._train_bytes: list[float] = []
+        #: simulation ground truth for the chain-collusion attack's scoring (never sent): when set,
+        #: each split round keeps its chain inputs as ``last_chain_inputs = (senders, [K, dim] float64)``
+        self.record_chain_inputs = False
+        self.last_chain_inputs: tuple[list[str], np.ndarray] | None = None
         self.n_user_params = sum(p.numel() for p in self.user_params.values())
         self.n_item_id_params = train.n_items * config.dim if config.item_id_embedding else 0
         k = min(config.clients_per_round, len(self._clients))
@@ -283,6 +287,8 @@ class STTFedRec:
         gu, gi, loss = self._per_client(user_x, user_masks, returned, torch.as_tensor(labels))
         # Step 4: user-tower gradient and loss through the circular chain to SAS.
         vec = np.concatenate([numpy_flat(gu), loss.double().numpy()[:, None]], axis=1)
+        if self.record_chain_inputs:
+            self.last_chain_inputs = (list(names), vec)
         res_u = secure_sum(vec, protocol="chain", frac_bits=cfg.frac_bits, value_clip=cfg.value_clip, round=t,
                            transport=self.transport, senders=names, kind="user-gradient", receiver=SAS,
                            k=cfg.chain_successors, dropouts=self._dropouts.get("user"), where="sttfedrec.value_clip")

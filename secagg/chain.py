@@ -149,6 +149,7 @@ __all__ = [
     "Kind",
     "effective_successors",
     "message_size",
+    "remove_masks",
 ]
 
 _MAX_ENTRIES = 2**15
@@ -289,6 +290,26 @@ def _mask(
     masks += [(seed, _MASK_LABEL, False) for seed in received]
     if pad is not None:
         masks.append((pad, _PAD_LABEL, False))
+    accumulate(y, masks)
+    return y
+
+
+def remove_masks(
+    upload: np.ndarray, *, sent: Iterable[bytes] = (), received: Iterable[bytes] = (), pad: bytes | None = None,
+) -> np.ndarray:
+    """The inverse of :func:`_mask` for the seeds given: ``upload + sum PRG(sent) - sum PRG(received) - PRG(pad)``.
+
+    What a server holding a client's upload, that client's opened pad and the ring seeds a
+    coalition hands over (the seeds the client sent to, and received from, colluding ring
+    neighbours; :meth:`ChainClient.known_seeds`) can compute about the client's input: with all
+    ``2s`` neighbours' seeds it is the input exactly (the stated limit); with any one missing it
+    is the input plus a uniform ``PRG`` mask (attacks/sttfedrec.py, ``chain-collusion``).
+    """
+    y = np.array(upload, dtype=np.uint64, copy=True)
+    masks = [(seed, _MASK_LABEL, False) for seed in sent]
+    masks += [(seed, _MASK_LABEL, True) for seed in received]
+    if pad is not None:
+        masks.append((pad, _PAD_LABEL, True))
     accumulate(y, masks)
     return y
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attacks.registry import get_attack
 from attacks.scoring import score_sets
-from attacks.sttfedrec import requests_by_client
+from attacks.sttfedrec import ChainView, requests_by_client, ring_neighbours
 from experiments.cli import main
 from protocols.sttfedrec import RS, STTFedRec
 from protocols.transport import InProcessTransport, Record, Transcript
@@ -17,6 +20,9 @@ from protocols.twotower_data import TwoTowerConfig
 from recmodels.data import binarize
 from recmodels.splits import leave_one_out
 from recmodels.synthetic import generate_synthetic
+from secagg.chain import ChainConfig, Kind
+from secagg.chain_sim import simulate
+from secagg.chain_wire import ChainUpload
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +96,56 @@ def test_cli_request_intersection_json_and_defense(capsys):
 def test_cli_refuses_a_defense_that_does_not_apply(capsys):
     code = main(["attack", "sttfedrec", "--attack", "item-gradient", "--defense", "fixed-pool", "--rounds", "1"])
     assert code == 2 and "does not apply" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- chain collusion (SAS's view)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(3, 9), st.integers(1, 3), st.integers(1, 6), st.data())
+def test_chain_collusion_recovers_with_all_2s_neighbours_and_never_with_fewer(n, s, dim, data):
+    """The attack function on a real chain run: exact with the victim's 2s ring neighbours, masked
+    by a uniform stream as soon as one neighbour is honest (the limit of docs/chain.md)."""
+    inputs = {c: np.array(data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=dim, max_size=dim)), dtype=np.uint64)
+              for c in range(n)}
+    run = simulate(ChainConfig(instance=os.urandom(16), round=1, dim=dim, successors=s), inputs)
+    att, ring, s_eff = run.server.attempt, run.server.ring, run.server.successors
+    uploads = {c: ChainUpload.from_bytes(d).vector for k, c, a, d in run.server_view if k is Kind.UPLOAD and a == att}
+    pads = {c: run.server.revealed[(att, c)] for c in uploads}
+    target = ring[data.draw(st.integers(0, n - 1))]
+    neighbours = ring_neighbours(ring, target, s_eff)
+    assert len(neighbours) == min(2 * s_eff, n - 1)
+
+    def guess(coalition):
+        seeds = {}
+        for c in set(coalition) | {target}:  # the target's own seeds are in the dict but never used
+            seeds.update(run.clients[c].known_seeds())
+        view = ChainView(uploads, pads, ring, s_eff, att, seeds)
+        return get_attack("sttfedrec", "chain-collusion").run(view, {}, target=target, colluders=coalition)
+
+    assert np.array_equal(guess(neighbours), inputs[target])
+    others = [c for c in ring if c != target and c not in neighbours]
+    assert np.array_equal(guess(neighbours + others), inputs[target])  # extra colluders do not hurt
+    if n > 2 * s_eff + 1:  # otherwise every other client is a neighbour and the sum gives the rest away
+        missing = data.draw(st.sampled_from(neighbours))
+        assert not np.array_equal(guess([c for c in neighbours + others if c != missing]), inputs[target])
+
+
+def test_cli_chain_collusion_needs_2s_neighbours(capsys):
+    out = {}
+    for s in (1, 2):
+        code = main(["attack", "sttfedrec", "--attack", "chain-collusion", "--successors", str(s), "--rounds", "1",
+                     "--users", "30", "--items", "300", "--clients", "8", "--json"])
+        assert code == 0
+        out[s] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for s, r in out.items():
+        a = r["attack"]
+        assert set(a) >= {"exact", "coords_exact", "max_abs_error", "rel_error", "baseline_rel_error", "status"}
+        assert r["needed"] == 2 * s and len(r["colluders"]) == 2 * s and r["chain_sum_matches_plaintext"]
+        assert a["exact"] and a["max_abs_error"] <= 2.0 ** -r["frac_bits"] and a["baseline_rel_error"] > 0.1
+        assert [x["exact"] for x in r["by_colluders"]] == [False] * (2 * s) + [True]
+    # the two ring neighbours that suffice against s = 1 recover nothing against s = 2
+    assert out[2]["by_colluders"][2]["coords_exact"] < 0.01
+    code = main(["attack", "sttfedrec", "--attack", "chain-collusion", "--rounds", "1", "--users", "30", "--items",
+                 "300", "--clients", "8", "--colluders", "8"])
+    assert code == 2 and "--colluders" in capsys.readouterr().err

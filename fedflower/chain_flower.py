@@ -50,15 +50,13 @@ from typing import cast
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
-from flwr.server.compat.legacy_context import LegacyContext
-from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
-from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp.grid import Grid
 
-from fedflower.records import RecordError, make_record
+from fedflower.records import RecordError, check_record, make_record
 from fedflower.secagg_mod import encode_update
+from fedflower.secagg_workflow import begin_fit, finish_fit
 from secagg.chain import ChainClient, ChainConfig, ClientStage
 from secagg.chain_server import ChainServer
 from secagg.encoding import FixedPoint, check_budget
@@ -85,28 +83,7 @@ _TO_SERVER = {"setup": {"stage": str, "msg": bytes}, "relay": {"stage": str, "ms
 def _read(content: RecordDict, stage: str, direction: str, where: str) -> dict[str, object]:
     """Our record of ``stage`` with exactly its keys and types; raises :class:`RecordError`."""
     spec = (_TO_CLIENT if direction == "to_client" else _TO_SERVER)[stage]
-    head = f"chain stage {stage.upper()} at {where}"
-    try:
-        rec = content.config_records.get(CHAIN_KEY)
-    except AttributeError as exc:
-        raise RecordError(f"{head}: content is {type(content).__name__}, not a RecordDict") from exc
-    if rec is None:
-        raise RecordError(f"{head}: the message carries no '{CHAIN_KEY}' ConfigRecord")
-    keys = set(rec.keys())
-    if keys != set(spec):
-        raise RecordError(f"{head}: record keys differ: missing {sorted(set(spec) - keys)}, "
-                          f"unexpected {sorted(keys - set(spec))}")
-    if rec["stage"] != stage:
-        raise RecordError(f"{head}: record is for stage {rec['stage']!r} (out of order or replayed)")
-    out: dict[str, object] = {}
-    for key, typ in spec.items():
-        value = rec[key]
-        if typ is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-            raise RecordError(f"{head}: '{key}' must be {typ.__name__}; found {type(value).__name__}")
-        out[key] = value
-    return out
+    return check_record(content, CHAIN_KEY, spec, stage, f"chain stage {stage.upper()} at {where}")
 
 
 @dataclass(frozen=True)
@@ -278,53 +255,28 @@ class ChainWorkflow:
 
     def __call__(self, grid: Grid, context: Context) -> None:
         """Run one round of the chain (the fit stage of ``DefaultWorkflow``)."""
-        if not isinstance(context, LegacyContext):
-            raise TypeError(f"Expect a LegacyContext, but get {type(context).__name__}.")
-        cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
-        rnd = cast(int, cfg[WorkflowKey.CURRENT_ROUND])
-        parameters = compat.arrayrecord_to_parameters(context.state.array_records[MAIN_PARAMS_RECORD], keep_input=True)
-        proxy_fitins = context.strategy.configure_fit(rnd, parameters, context.client_manager)
-        if not proxy_fitins:
-            log.info("configure_fit: no clients selected, cancel")
+        fit = begin_fit(context)
+        if fit is None:
             return
-        template = parameters_to_ndarrays(parameters)
-        node_ids = sorted(p.node_id for p, _ in proxy_fitins)
+        node_ids = sorted(fit.fitins)
         if len(node_ids) < self.min_survivors:
             log.error("the chain needs at least min_survivors = %d sampled clients; found %d", self.min_survivors,
                       len(node_ids))
             return
-        fitins = {p.node_id: compat.fitins_to_recorddict(f, True) for p, f in proxy_fitins}
-        proxies = {p.node_id: p for p, _ in proxy_fitins}
-        dim = 1 + sum(int(np.asarray(a).size) for a in template)
-        results = self._aggregate(grid, rnd, node_ids, fitins, dim)
+        results = self._aggregate(grid, fit.round, node_ids, fit.fitins, fit.dim)
         rep = self.last_report
         assert rep is not None
         if rep.total is None:
-            log.warning("chain aggregation aborted in round %d: %s", rnd, rep.abort)
+            log.warning("chain aggregation aborted in round %d: %s", fit.round, rep.abort)
             return
         t0 = time.perf_counter()
         vec = FixedPoint(self.frac_bits, max(self.clip, 1.0)).decode(rep.total)
-        if not vec[0] > 0:
-            rep.abort, rep.total = "the survivors' weights sum to zero; nothing to average", None
-            return
-        mean = vec[1:] / vec[0]
-        arrays, pos = [], 0
-        for a in template:
-            a = np.asarray(a)
-            arrays.append(mean[pos : pos + a.size].reshape(a.shape).astype(a.dtype, copy=False))
-            pos += a.size
-        agg = ndarrays_to_parameters(arrays)
-        fit_results = []
-        for nid, content in results:
-            fitres = compat.recorddict_to_fitres(content, keep_input=True)
-            fitres.parameters = agg
-            fit_results.append((proxies[nid], fitres))
-        rep.server_s += time.perf_counter() - t0
+        fit_results = [(fit.proxies[nid], compat.recorddict_to_fitres(content, keep_input=True))
+                       for nid, content in results]
         failures = [RuntimeError(f"node {nid}: {why}") for nid, why in rep.dropped.items()]
-        params_agg, metrics = context.strategy.aggregate_fit(rnd, fit_results, failures)  # type: ignore[arg-type]
-        if params_agg:
-            context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(params_agg, True)
-            context.history.add_metrics_distributed_fit(server_round=rnd, metrics=metrics)
+        if not finish_fit(context, fit, vec, fit_results, failures):
+            rep.abort, rep.total = "the survivors' weights sum to zero; nothing to average", None
+        rep.server_s += time.perf_counter() - t0
 
     def _aggregate(self, grid: Grid, rnd: int, node_ids: list[int], fitins: dict[int, RecordDict],
                    dim: int) -> list[tuple[int, RecordDict]]:

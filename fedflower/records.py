@@ -40,6 +40,7 @@ __all__ = [
     "TO_CLIENT",
     "TO_SERVER",
     "RecordError",
+    "check_record",
     "SetupConfig",
     "make_record",
     "read_record",
@@ -103,6 +104,40 @@ def make_record(values: Mapping[str, object]) -> ConfigRecord:
     return ConfigRecord(dict(values))
 
 
+def check_record(content: RecordDict, key: str, spec: Mapping[str, type], stage: str, head: str) -> dict[str, object]:
+    """The ConfigRecord ``key`` of ``content`` with exactly ``spec``'s keys and types, for ``stage``.
+
+    Raises:
+        RecordError: no such record, a missing or extra key, a value of another type (an int is
+            accepted for a float, a bool never for an int), or a ``"stage"`` other than ``stage``.
+    """
+    try:
+        rec = content.config_records.get(key)
+    except AttributeError as exc:
+        raise RecordError(f"{head}: content is {type(content).__name__}, not a RecordDict") from exc
+    if rec is None:
+        raise RecordError(f"{head}: the message carries no '{key}' ConfigRecord")
+    keys = set(rec.keys())
+    missing, extra = sorted(set(spec) - keys), sorted(keys - set(spec))
+    if missing or extra:
+        raise RecordError(
+            f"{head}: record keys differ from the stage's: missing {missing}, unexpected {extra}"
+        )
+    got = rec.get("stage")
+    if got != stage:
+        raise RecordError(f"{head}: record is for stage {got!r}, expected {stage!r} (out-of-order or replayed)")
+    out: dict[str, object] = {}
+    for name, typ in spec.items():
+        value = rec[name]
+        ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise RecordError(f"{head}: '{name}' must be {typ.__name__}; found {type(value).__name__}")
+        out[name] = value
+    return out
+
+
 def read_record(
     content: RecordDict, *, stage: str, direction: str, where: str = ""
 ) -> dict[str, object]:
@@ -119,30 +154,7 @@ def read_record(
     """
     spec = (TO_CLIENT if direction == "to_client" else TO_SERVER)[stage]
     head = f"stage {stage.upper()}{' at ' + where if where else ''}"
-    try:
-        rec = content.config_records.get(RECORD_KEY)
-    except AttributeError as exc:
-        raise RecordError(f"{head}: content is {type(content).__name__}, not a RecordDict") from exc
-    if rec is None:
-        raise RecordError(f"{head}: the message carries no '{RECORD_KEY}' ConfigRecord")
-    keys = set(rec.keys())
-    missing, extra = sorted(set(spec) - keys), sorted(keys - set(spec))
-    if missing or extra:
-        raise RecordError(
-            f"{head}: record keys differ from the stage's: missing {missing}, unexpected {extra}"
-        )
-    got = rec.get("stage")
-    if got != stage:
-        raise RecordError(f"{head}: record is for stage {got!r}, expected {stage!r} (out-of-order or replayed)")
-    out: dict[str, object] = {}
-    for key, typ in spec.items():
-        value = rec[key]
-        ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
-        if typ is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
-        if not ok:
-            raise RecordError(f"{head}: '{key}' must be {typ.__name__}; found {type(value).__name__}")
-        out[key] = value
+    out = check_record(content, RECORD_KEY, spec, stage, head)
     if direction == "to_server" and stage == "setup" and len(out["identity"]) != IDENTITY_BYTES:  # type: ignore[arg-type]
         raise RecordError(
             f"{head}: 'identity' must be a {IDENTITY_BYTES}-byte Ed25519 key; found {len(out['identity'])} bytes"  # type: ignore[arg-type]

@@ -51,8 +51,22 @@ from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.common import parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 
-from fedflower.client_state import ClientView, dump_client, identity_bytes, load_client, load_identity
-from fedflower.records import IDENTITY_KEY, RECORD_KEY, STATE_KEY, RecordError, SetupConfig, make_record, read_record
+from fedflower.client_state import (
+    ClientView,
+    dump_client,
+    identity_bytes,
+    load_client,
+    load_identity,
+)
+from fedflower.records import (
+    IDENTITY_KEY,
+    RECORD_KEY,
+    STATE_KEY,
+    RecordError,
+    SetupConfig,
+    make_record,
+    read_record,
+)
 from secagg.bonawitz import ClientStage, MaskingClient, SigningKey
 from secagg.encoding import FixedPoint, check_budget
 from secagg.errors import BudgetError, MessageError

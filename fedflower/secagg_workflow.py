@@ -47,14 +47,20 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp.grid import Grid
 
-from fedflower.records import RECORD_KEY, RecordError, SetupConfig, make_record, read_record
+from fedflower.records import (
+    RECORD_KEY,
+    RecordError,
+    SetupConfig,
+    make_record,
+    read_record,
+)
 from secagg import params
 from secagg.bonawitz import MaskingConfig, MaskingServer
 from secagg.encoding import FixedPoint, check_budget
 from secagg.errors import AbortError, SecAggError
 from secagg.messages import decode
 
-__all__ = ["ClientFailed", "SecAggReport", "SecAggWorkflow"]
+__all__ = ["ClientFailed", "FitRound", "SecAggReport", "SecAggWorkflow", "begin_fit", "finish_fit"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +104,59 @@ class SecAggReport:
     wait_s: float = 0.0
     bytes_to_clients: int = 0
     bytes_from_clients: int = 0
+
+
+@dataclass
+class FitRound:
+    """What a fit workflow needs from Flower's strategy before its round (:func:`begin_fit`)."""
+
+    round: int
+    template: list[np.ndarray]  #: the global parameters (shapes and dtypes of the mean)
+    fitins: dict[int, RecordDict]  #: node id -> its FitIns content
+    proxies: dict  #: node id -> its client proxy
+    dim: int  #: ``1 + number of parameters`` (the weight slot first)
+
+
+def begin_fit(context: Context) -> FitRound | None:
+    """The strategy's ``configure_fit`` for this round (``None``: no client was selected)."""
+    if not isinstance(context, LegacyContext):
+        raise TypeError(f"Expect a LegacyContext, but get {type(context).__name__}.")
+    cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
+    rnd = cast(int, cfg[WorkflowKey.CURRENT_ROUND])
+    parameters = compat.arrayrecord_to_parameters(context.state.array_records[MAIN_PARAMS_RECORD], keep_input=True)
+    proxy_fitins = context.strategy.configure_fit(rnd, parameters, context.client_manager)
+    if not proxy_fitins:
+        log.info("configure_fit: no clients selected, cancel")
+        return None
+    template = parameters_to_ndarrays(parameters)
+    return FitRound(rnd, template, {p.node_id: compat.fitins_to_recorddict(f, True) for p, f in proxy_fitins},
+                    {p.node_id: p for p, _ in proxy_fitins}, 1 + sum(int(np.asarray(a).size) for a in template))
+
+
+def finish_fit(context: Context, fit: FitRound, vec: np.ndarray, results: list, failures: list) -> bool:
+    """Hand the survivors' weighted mean to the strategy, as Flower's workflow does.
+
+    ``vec`` is the decoded sum of ``[w, w * parameters]``; every survivor's FitRes (``results``:
+    ``(proxy, FitRes)``) carries the mean. Returns ``False`` (nothing changed) when the weights sum
+    to zero.
+    """
+    wsum = float(vec[0])
+    if not wsum > 0:
+        return False
+    mean = vec[1:] / wsum
+    arrays, pos = [], 0
+    for a in fit.template:
+        a = np.asarray(a)
+        arrays.append(mean[pos : pos + a.size].reshape(a.shape).astype(a.dtype, copy=False))
+        pos += a.size
+    agg = ndarrays_to_parameters(arrays)
+    for _, fitres in results:
+        fitres.parameters = agg
+    params_agg, metrics = context.strategy.aggregate_fit(fit.round, results, failures)  # type: ignore[arg-type]
+    if params_agg:
+        context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(params_agg, True)
+        context.history.add_metrics_distributed_fit(server_round=fit.round, metrics=metrics)
+    return True
 
 
 class SecAggWorkflow:
@@ -182,57 +241,30 @@ class SecAggWorkflow:
 
     def __call__(self, grid: Grid, context: Context) -> None:
         """Run one secure aggregation round (the fit stage of ``DefaultWorkflow``)."""
-        if not isinstance(context, LegacyContext):
-            raise TypeError(f"Expect a LegacyContext, but get {type(context).__name__}.")
-        cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
-        rnd = cast(int, cfg[WorkflowKey.CURRENT_ROUND])
-        parameters = compat.arrayrecord_to_parameters(context.state.array_records[MAIN_PARAMS_RECORD], keep_input=True)
-        proxy_fitins = context.strategy.configure_fit(rnd, parameters, context.client_manager)
-        if not proxy_fitins:
-            log.info("configure_fit: no clients selected, cancel")
+        fit = begin_fit(context)
+        if fit is None:
             return
-        template = parameters_to_ndarrays(parameters)
-        fitins = {p.node_id: compat.fitins_to_recorddict(f, True) for p, f in proxy_fitins}
-        proxies = {p.node_id: p for p, _ in proxy_fitins}
-        node_ids = sorted(fitins)
+        node_ids = sorted(fit.fitins)
         n = len(node_ids)
         if n < 2:
             log.error("secure aggregation needs at least 2 sampled clients; found %d", n)
             return
-        dim = 1 + sum(int(np.asarray(a).size) for a in template)
         t0 = time.perf_counter()
-        mcfg = self._config(n, dim, rnd)
-        rep = SecAggReport(rnd, self.protocol, n, dim, mcfg.k, mcfg.t, node_ids)
+        mcfg = self._config(n, fit.dim, fit.round)
+        rep = SecAggReport(fit.round, self.protocol, n, fit.dim, mcfg.k, mcfg.t, node_ids)
         self.last_report = rep
-        run = _Round(self, grid, rep, mcfg, node_ids, fitins, proxies)
+        run = _Round(self, grid, rep, mcfg, node_ids, fit.fitins, fit.proxies)
         rep.server_s += time.perf_counter() - t0
         total = run.run()
         if total is None:
-            log.warning("secure aggregation aborted in round %d: %s", rnd, rep.abort)
+            log.warning("secure aggregation aborted in round %d: %s", fit.round, rep.abort)
             return
         t0 = time.perf_counter()
         vec = FixedPoint(self.frac_bits, max(self.clip, 1.0)).decode(total)
-        wsum = float(vec[0])
-        if not wsum > 0:
+        if not finish_fit(context, fit, vec, run.results, run.failures):
             rep.abort, rep.total, rep.survivors = "the survivors' weights sum to zero; nothing to average", None, []
-            log.warning("secure aggregation in round %d: %s", rnd, rep.abort)
-            rep.server_s += time.perf_counter() - t0
-            return
-        mean = vec[1:] / wsum
-        arrays, pos = [], 0
-        for a in template:
-            a = np.asarray(a)
-            arrays.append(mean[pos : pos + a.size].reshape(a.shape).astype(a.dtype, copy=False))
-            pos += a.size
-        agg = ndarrays_to_parameters(arrays)
-        for _, fitres in run.results:
-            fitres.parameters = agg
+            log.warning("secure aggregation in round %d: %s", fit.round, rep.abort)
         rep.server_s += time.perf_counter() - t0
-        params_agg, metrics = context.strategy.aggregate_fit(rnd, run.results, run.failures)  # type: ignore[arg-type]
-        if params_agg:
-            context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(params_agg, True)
-            context.history.add_metrics_distributed_fit(server_round=rnd, metrics=metrics)
-
 
     def aggregate_vectors(self, grid: Grid, rnd: int, contents: Mapping[int, RecordDict], dim: int, *,
                           keep_masked: bool = False) -> tuple[SecAggReport, _Round]:

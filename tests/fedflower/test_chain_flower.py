@@ -112,7 +112,7 @@ def test_a_node_impersonating_another_is_refused():
 @pytest.mark.parametrize("corrupt, reason", [
     (lambda rec: ConfigRecord({"stage": "relay"}), "record keys differ"),
     (lambda rec: ConfigRecord({**dict(rec), "extra": 1}), "record keys differ"),
-    (lambda rec: ConfigRecord({"stage": "setup", "msg": rec["msg"]}), "out of order or replayed"),
+    (lambda rec: ConfigRecord({"stage": "setup", "msg": rec["msg"]}), "out-of-order or replayed"),
     (lambda rec: ConfigRecord({"stage": "relay", "msg": rec["msg"][:-3]}), "Error"),
     (lambda rec: ConfigRecord({"stage": "relay", "msg": 7}), "must be bytes"),
 ])

@@ -340,3 +340,15 @@ def test_ward_on_more_clients_than_fit_is_refused_at_build_time(monkeypatch):
     with pytest.raises(ValueError, match='fedcl.clustering = "kmeans"'):
         make()
     assert make({"clustering": "kmeans"}).round == 0 and make({"semi_hard": 0}).round == 0
+
+
+def test_logq_offsets_are_the_public_sampling_probabilities():
+    """logQ subtracts log(K / n_items) from the local negatives and log(T / |top R%|) from the semi-hard
+    ones (public numbers, no item counts); off, Eq. (1) is the paper's."""
+    fc = make({"logq": True, "local_negatives": 3, "semi_hard": 6, "hard_percent": 25.0})
+    n = fc.train.n_items
+    got = fc._log_q()
+    assert got["local_log_q"] == pytest.approx(np.log(3 / n))
+    assert got["hard_log_q"] == pytest.approx(np.log(6 / np.ceil(0.25 * n)))
+    assert make()._log_q() == {}
+    assert make({"logq": True, "semi_hard": 0})._log_q().keys() == {"local_log_q"}

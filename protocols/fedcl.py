@@ -60,12 +60,13 @@ from protocols.registry import ProtocolSpec, register
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions, pair_keys
+from recmodels.sasrec import SelfAttnEncoder
 from recmodels.seqrec import SeqEncoder, client_sequences, contrastive_loss
 from secagg.params import check_fraction
 
 __all__ = ["CentralSeqRec", "FedCL", "FedCLConfig"]
 
-_ENCODERS = ("gru", "id")
+_ENCODERS = ("gru", "id", "sasrec")
 _SECURE = ("none", "secagg", "secagg+")
 _HARD_MODES = ("sample", "hardest")
 
@@ -83,8 +84,14 @@ class FedCLConfig:
     """Hyper-parameters of FedCL (the ``[fedcl]`` section); paper values as defaults.
 
     Attributes:
-        encoder: ``"gru"`` (GRU4Rec-style sequence encoder) or ``"id"`` (NCF/GMF variant with a
-            private local user embedding; in-batch negatives are never used with it).
+        encoder: ``"gru"`` (GRU4Rec-style sequence encoder), ``"sasrec"`` (SASRec-style causal
+            self-attention, :class:`recmodels.sasrec.SelfAttnEncoder`) or ``"id"`` (NCF/GMF
+            variant with a private local user embedding; in-batch negatives are never used with it).
+        blocks: self-attention blocks of ``"sasrec"`` (2).
+        heads: attention heads of ``"sasrec"`` (1; must divide ``dim``).
+        dropout: training-time dropout of the sequence encoders (``"gru"``: its input embeddings;
+            ``"sasrec"``: embeddings, attention and feed-forward outputs); the masks are drawn
+            from a torch generator seeded by the run's numpy Generator, so resume is exact.
         dim: embedding and hidden size (64).
         max_len: most recent training items a client encodes and trains on.
         clients_per_round: clients per round (|U'| = 16).
@@ -102,6 +109,12 @@ class FedCLConfig:
         local_pool: items stored on each client as local negatives (100, never its own items).
         local_negatives: local negatives per positive, drawn from the pool every round (10).
         in_batch: use the client's other positives as negatives (ignored for ``"id"``).
+        logq: correct the sampled softmax for its sampling (logQ): the local negatives' logits
+            minus ``log(local_negatives / n_items)`` and the semi-hard ones' minus
+            ``log(semi_hard / (hard_percent% of n_items))``, so that the sampled sum estimates the
+            full softmax's (docs/fedcl.md, "The base model"). In-batch negatives stay uncorrected.
+        full_softmax: the softmax over all items instead of the sampled one (every client holds
+            the whole item table); ignores the negatives of every kind.
         upload_every: a client uploads a fresh embedding at most once per this many rounds and
             otherwise reuses its cached one (1: whenever it is sampled).
         initial_upload: in round 0 every client uploads, so the cache starts full (notes 8.1 b).
@@ -119,6 +132,9 @@ class FedCLConfig:
     lr: float = 1e-3
     user_lr: float = 1e-2
     init_std: float = 0.05
+    blocks: int = 2
+    heads: int = 1
+    dropout: float = 0.0
     epsilon: float = 4.0
     clip: float = 1.0
     clusters: int = 25
@@ -129,6 +145,8 @@ class FedCLConfig:
     local_pool: int = 100
     local_negatives: int = 10
     in_batch: bool = True
+    logq: bool = False
+    full_softmax: bool = False
     upload_every: int = 1
     initial_upload: bool = True
     user_budget: float = 0.0
@@ -141,7 +159,7 @@ class FedCLConfig:
     def __post_init__(self) -> None:
         if self.encoder not in _ENCODERS:
             raise ValueError(f"fedcl.encoder must be one of {_ENCODERS}; found {self.encoder!r}")
-        for name in ("dim", "max_len", "clients_per_round", "clusters", "upload_every"):
+        for name in ("dim", "max_len", "clients_per_round", "clusters", "upload_every", "blocks", "heads"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"fedcl.{name} must be an int >= 1; found {v!r}")
@@ -149,6 +167,13 @@ class FedCLConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"fedcl.{name} must be an int >= 0; found {v!r}")
+        for name in ("in_batch", "logq", "full_softmax", "initial_upload"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"fedcl.{name} must be true or false; found {getattr(self, name)!r}")
+        if self.dim % self.heads:
+            raise ValueError(f"fedcl.heads must divide fedcl.dim; found heads={self.heads}, dim={self.dim}")
+        if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
+            raise ValueError(f"fedcl.dropout must be in [0, 1); found {self.dropout!r}")
         if self.local_negatives and not self.local_pool:
             raise ValueError("fedcl.local_negatives > 0 needs fedcl.local_pool > 0 (the items they are drawn from)")
         for name in ("lr", "user_lr", "init_std", "epsilon", "clip"):
@@ -181,7 +206,7 @@ class FedCLConfig:
 
     @property
     def uses_in_batch(self) -> bool:
-        return self.in_batch and self.encoder == "gru"
+        return self.in_batch and self.encoder != "id"
 
 
 class FedCL:
@@ -213,7 +238,11 @@ class FedCL:
         self._own = np.unique(np.concatenate(keys))  # what each client knows it has interacted with
         self._pool = self._local_pools(np.random.default_rng([seed, 15]))
         gen = torch.Generator().manual_seed(int(seed))
-        self.model = SeqEncoder(n_items, cfg.dim, generator=gen, init_std=cfg.init_std)
+        if cfg.encoder == "sasrec":
+            self.model = SelfAttnEncoder(n_items, cfg.dim, cfg.max_len, blocks=cfg.blocks, heads=cfg.heads,
+                                         generator=gen, init_std=cfg.init_std)
+        else:
+            self.model = SeqEncoder(n_items, cfg.dim, generator=gen, init_std=cfg.init_std)
         if cfg.encoder == "id":
             self.model.gru.requires_grad_(False)
             self.user = torch.randn(n_users, cfg.dim, generator=gen) * cfg.init_std
@@ -296,7 +325,7 @@ class FedCL:
 
     def _names(self) -> tuple[str, ...]:
         """The shared parameters (the order of :attr:`params` and of the upload vector)."""
-        return ("item",) if self.config.encoder == "id" else ("item", "weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        return ("item",) if self.config.encoder == "id" else tuple(self.model.shared_weights())
 
     def client_losses(self, sampled: np.ndarray, neg: np.ndarray | None, kept: np.ndarray | None, *,
                       per_client: bool = True):
@@ -309,11 +338,12 @@ class FedCL:
         cfg, m = self.config, len(sampled)
         w = self.model.per_row_weights(m, self._names()) if per_client else self.model.shared_weights()
         local = None
-        if cfg.encoder == "gru":
+        if cfg.encoder != "id":
             seqs, lengths = self._seq
             s = torch.as_tensor(seqs[sampled])
             n_pos = torch.as_tensor(lengths[sampled] - 1)
-            user_emb = self.model.states(s[:, :-1], n_pos, w)
+            gen = (torch.Generator().manual_seed(int(self.rng.integers(2**62))) if cfg.dropout else None)
+            user_emb = self.model.states(s[:, :-1], n_pos, w, dropout=cfg.dropout, generator=gen)
             pos = s[:, 1:].clamp_min(0)
             pos_mask = torch.arange(cfg.max_len).unsqueeze(0) < n_pos.unsqueeze(1)
             rows = None
@@ -330,8 +360,20 @@ class FedCL:
             user_emb, pos, pos_mask, w["item"], local_neg=local,
             hard_neg=None if neg is None else torch.as_tensor(neg),
             hard_mask=None if kept is None else torch.as_tensor(kept), in_batch=cfg.uses_in_batch,
+            full_softmax=cfg.full_softmax, **self._log_q(),
         )
         return losses, rows, w
+
+    def _log_q(self) -> dict[str, float]:
+        """The logQ corrections of :func:`recmodels.seqrec.contrastive_loss` (``logq``); public numbers only."""
+        cfg, n = self.config, self.train.n_items
+        if not cfg.logq:
+            return {}
+        out = {"local_log_q": math.log(cfg.local_negatives / n)} if cfg.local_negatives else {}
+        if cfg.semi_hard:
+            pool = max(1, math.ceil(cfg.hard_percent / 100.0 * n - 1e-9))  # as hard_candidates
+            out["hard_log_q"] = math.log(min(cfg.semi_hard, pool) / pool)
+        return out
 
     def client_gradients(self, losses: torch.Tensor, rows: torch.Tensor | None,
                          w: dict[str, torch.Tensor]) -> tuple[np.ndarray, torch.Tensor | None]:

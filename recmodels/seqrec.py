@@ -54,7 +54,8 @@ class SeqEncoder(nn.Module):
             for p in self.gru.parameters():
                 p.copy_(torch.rand(p.shape, generator=generator) * 2 * bound - bound)
 
-    def states(self, seqs: torch.Tensor, lengths: torch.Tensor, weights: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    def states(self, seqs: torch.Tensor, lengths: torch.Tensor, weights: dict[str, torch.Tensor] | None = None,
+               *, dropout: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
         """Hidden state after every prefix: ``[b, L, dim]`` for right-padded ``seqs[b, L]``.
 
         Position ``j`` holds the user embedding after items ``0..j``; positions at or beyond a
@@ -63,10 +64,13 @@ class SeqEncoder(nn.Module):
         ``weights`` (from :meth:`per_row_weights`) gives every row its own copy of the parameters,
         so that one backward pass yields each row's gradient separately; the recurrence is
         torch's GRU (gates r, z, n in that order), written out so that it runs batched over rows.
+        ``dropout`` (with ``generator``) drops input embedding entries (training only).
         """
         w = weights if weights is not None else self.shared_weights()
         b, length = seqs.shape
         x = gather_rows(w["item"], seqs.clamp_min(0))  # [b, L, d]
+        if dropout > 0 and generator is not None:
+            x = x * (torch.rand(x.shape, generator=generator, dtype=x.dtype) >= dropout) / (1.0 - dropout)
         gi = x @ w["weight_ih"].transpose(-1, -2) + w["bias_ih"].unsqueeze(-2)  # [b, L, 3d]
         h = x.new_zeros(b, self.dim)
         out = []
@@ -138,6 +142,9 @@ def contrastive_loss(
     hard_neg: torch.Tensor | None = None,
     hard_mask: torch.Tensor | None = None,
     in_batch: bool = True,
+    local_log_q: float | None = None,
+    hard_log_q: float | None = None,
+    full_softmax: bool = False,
 ) -> torch.Tensor:
     """Eq. (1) for ``m`` clients at once; returns each client's mean loss over its positives ``[m]``.
 
@@ -151,7 +158,20 @@ def contrastive_loss(
         hard_mask: ``[m, T]`` bool, which semi-hard negatives the client kept.
         in_batch: use the client's other positives as negatives (an identical item id is never
             its own negative: repeats are masked, notes 8.9).
+        local_log_q: the logQ correction of the local negatives: ``log`` of the expected number
+            of times an item is among a positive's local negatives (``log(K / n_items)`` for K
+            uniform draws). Their logits become ``s - local_log_q``, so that the sampled sum
+            estimates the full softmax's sum over all items (sampled softmax with importance
+            weights; the positive is counted exactly). None: uncorrected (the paper's Eq. 1).
+        hard_log_q: the same for the semi-hard negatives (``log(T / (R% of n_items))``).
+        full_softmax: ignore every negative and take the softmax over all items (the ceiling of
+            the sampled losses; ``item`` must then be the whole table).
     """
+    if full_softmax:
+        logits_all = user_emb @ item.transpose(-1, -2)  # [m, P, n_items]
+        per_pos = torch.logsumexp(logits_all, dim=-1) - logits_all.gather(-1, pos.unsqueeze(-1)).squeeze(-1)
+        per_pos = per_pos * pos_mask
+        return per_pos.sum(1) / pos_mask.sum(1).clamp_min(1)
     neg_inf = torch.finfo(user_emb.dtype).min
     q_pos = gather_rows(item, pos)  # [m, P, d]
     pos_logit = (user_emb * q_pos).sum(-1, keepdim=True)  # [m, P, 1]
@@ -161,9 +181,12 @@ def contrastive_loss(
         ok = pos_mask.unsqueeze(1) & (pos.unsqueeze(1) != pos.unsqueeze(2))
         parts.append(ib.masked_fill(~ok, neg_inf))
     if local_neg is not None and local_neg.shape[-1]:
-        parts.append((user_emb.unsqueeze(2) * gather_rows(item, local_neg)).sum(-1))
+        ll = (user_emb.unsqueeze(2) * gather_rows(item, local_neg)).sum(-1)
+        parts.append(ll if local_log_q is None else ll - local_log_q)
     if hard_neg is not None and hard_neg.shape[-1]:
         hl = user_emb @ gather_rows(item, hard_neg).transpose(1, 2)  # [m, P, T]
+        if hard_log_q is not None:
+            hl = hl - hard_log_q
         if hard_mask is not None:
             hl = hl.masked_fill(~hard_mask.unsqueeze(1), neg_inf)
         parts.append(hl)

@@ -64,7 +64,8 @@ def test_fed_baseline_resume_equals_the_uninterrupted_run(tmp_path, capsys):
 
 
 FEDCL_PRESETS = ["fedcl", "fedcl-ncf", "fed-local-negatives", "centralized-gru", "fedcl-no-semihard", "fedcl-no-inbatch",
-                 "fedcl-no-local", "fedcl-no-cluster", "fedcl-kmeans", "fedcl-hardest"]
+                 "fedcl-no-local", "fedcl-no-cluster", "fedcl-kmeans", "fedcl-hardest", "centralized-sasrec", "fedcl-sasrec",
+                 "fed-logq"]
 
 
 def test_every_fedcl_preset_runs_a_round(tmp_path, capsys):

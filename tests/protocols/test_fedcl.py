@@ -238,6 +238,8 @@ def test_fed_baseline_uploads_nothing():
     ({"epsilon": 0}, "fedcl.epsilon"), ({"hard_percent": 0}, "fedcl.hard_percent"),
     ({"user_budget": 1.0}, "fedcl.user_budget"), ({"local_pool": 0}, "fedcl.local_pool"),
     ({"secure_aggregation": "he"}, "fedcl.secure_aggregation"),
+    ({"heads": 3}, "fedcl.heads"), ({"dropout": 1.0}, "fedcl.dropout"), ({"logq": 1}, "fedcl.logq"),
+    ({"blocks": 0}, "fedcl.blocks"),
 ])
 def test_bad_config_names_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -245,10 +247,11 @@ def test_bad_config_names_the_key(kwargs, message):
 
 
 # -- secure aggregation and resume -----------------------------------------------------------------
-@pytest.mark.parametrize("encoder", ["gru", "id"])
+@pytest.mark.parametrize("encoder", ["gru", "id", "sasrec"])
 def test_secure_aggregate_equals_the_plaintext_one(encoder):
-    plain = make({"encoder": encoder}, source=7)
-    sec = make({"encoder": encoder, "secure_aggregation": "secagg+"}, source=7)
+    extra = {"dropout": 0.2, "logq": True} if encoder == "sasrec" else {}
+    plain = make({"encoder": encoder, **extra}, source=7)
+    sec = make({"encoder": encoder, "secure_aggregation": "secagg+", **extra}, source=7)
     for _ in range(2):
         plain.run_round(), sec.run_round()
         tol = 8 * 2.0**-25 + 1e-12  # each of the 8 summands rounded to 2^-24, then divided by 8
@@ -258,15 +261,16 @@ def test_secure_aggregate_equals_the_plaintext_one(encoder):
     assert len(masked) == 16 and all(r.payload is None for r in masked)
 
 
-@pytest.mark.parametrize("encoder", ["gru", "id"])
+@pytest.mark.parametrize("encoder", ["gru", "id", "sasrec"])
 def test_resume_from_state_equals_the_uninterrupted_run(encoder):
-    whole = make({"encoder": encoder}, source=3)
+    cfg = {"encoder": encoder, **({"dropout": 0.2} if encoder != "id" else {})}  # dropout masks come from the state
+    whole = make(cfg, source=3)
     for _ in range(4):
         whole.run_round()
-    part = make({"encoder": encoder}, source=3)
+    part = make(cfg, source=3)
     part.run_round(), part.run_round()
     state = state_from_bytes(state_to_bytes(part.state_dict()))
-    resumed = make({"encoder": encoder})
+    resumed = make(cfg)
     resumed._test_source = part._test_source  # the test noise stream continues (real noise never repeats)
     resumed.load_state_dict(state)
     resumed.run_round(), resumed.run_round()
@@ -312,7 +316,7 @@ def test_batched_gru_equals_torch_gru_and_per_row_weights_give_each_rows_gradien
     assert ours_sum.shape == (b,)
 
 
-@pytest.mark.parametrize("encoder", ["gru", "id"])
+@pytest.mark.parametrize("encoder", ["gru", "id", "sasrec"])
 def test_plaintext_fast_path_equals_the_sum_of_per_client_gradients(encoder):
     """Plaintext aggregation without kept payloads takes the gradient of the summed losses; with kept
     payloads every client's own gradient is computed and sent. Same aggregate, same model after."""
@@ -336,3 +340,15 @@ def test_ward_on_more_clients_than_fit_is_refused_at_build_time(monkeypatch):
     with pytest.raises(ValueError, match='fedcl.clustering = "kmeans"'):
         make()
     assert make({"clustering": "kmeans"}).round == 0 and make({"semi_hard": 0}).round == 0
+
+
+def test_logq_offsets_are_the_public_sampling_probabilities():
+    """logQ subtracts log(K / n_items) from the local negatives and log(T / |top R%|) from the semi-hard
+    ones (public numbers, no item counts); off, Eq. (1) is the paper's."""
+    fc = make({"logq": True, "local_negatives": 3, "semi_hard": 6, "hard_percent": 25.0})
+    n = fc.train.n_items
+    got = fc._log_q()
+    assert got["local_log_q"] == pytest.approx(np.log(3 / n))
+    assert got["hard_log_q"] == pytest.approx(np.log(6 / np.ceil(0.25 * n)))
+    assert make()._log_q() == {}
+    assert make({"logq": True, "semi_hard": 0})._log_q().keys() == {"local_log_q"}

@@ -435,6 +435,16 @@ class FedAvgGMF:
         opts = [_LazyAdam(x, cfg.lr, cfg.optimizer, sparse=x is P or x is Q) for x in (P, Q, H, B)]
         client_steps = torch.zeros(m, dtype=torch.float32)  # local steps taken by each client
         pair_slot_t = torch.as_tensor(pair_slot)
+        total_loss, total_examples = self._minibatches(
+            sampled, epochs, pair_of_example,
+            lambda slot, pair, label: self._step(P, Q, H, B, opts, slot, pair, label, client_steps, pair_slot_t),
+        )
+        return P, Q, H, B, total_loss, total_examples
+
+    def _minibatches(self, sampled, epochs, pair_of_example, step) -> tuple[float, int]:
+        """Call ``step(slots, pairs, labels)`` on every local mini-batch step of every epoch, all
+        active clients at once (step ``s`` holds each client's ``s``-th batch); returns the summed
+        loss and the example count. Leaf models (FEL's NCF) pass their own ``step``."""
         total_loss, total_examples, offset = 0.0, 0, 0
         for epoch, (slots, _, labels) in enumerate(epochs):
             ex_pair = pair_of_example[offset : offset + len(slots)]
@@ -447,11 +457,9 @@ class FedAvgGMF:
             for s in range(len(bounds) - 1):
                 idx = torch.as_tensor(order[bounds[s] : bounds[s + 1]])
                 if len(idx):
-                    total_loss += self._step(
-                        P, Q, H, B, opts, slots_t[idx], ex_pair[idx], labels_t[idx], client_steps, pair_slot_t
-                    )
+                    total_loss += step(slots_t[idx], ex_pair[idx], labels_t[idx])
                     total_examples += len(idx)
-        return P, Q, H, B, total_loss, total_examples
+        return total_loss, total_examples
 
     def _plain_sums(self, pair_slot, pair_item, dQ, dH, dB, weight):
         """The sums the server needs, from plaintext uploads.

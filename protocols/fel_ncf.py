@@ -70,21 +70,11 @@ class NcfLeaf(FelLeaf):
         opts = [_LazyAdam(x, cfg.lr, cfg.optimizer, sparse=x is P or x is Q) for x in (P, Q, H, B, W, C)]
         client_steps = torch.zeros(m, dtype=torch.float32)
         pair_slot_t = torch.as_tensor(pair_slot)
-        total_loss, total_examples, offset = 0.0, 0, 0
-        for epoch, (slots, _, labels) in enumerate(epochs):
-            ex_pair = pair_of_example[offset: offset + len(slots)]
-            offset += len(slots)
-            steps = self._local_steps(slots, sampled, epoch)
-            order = np.argsort(steps, kind="stable")
-            bounds = np.searchsorted(steps[order], np.arange(steps.max() + 2))
-            slots_t = torch.as_tensor(slots)
-            labels_t = torch.as_tensor(labels, dtype=torch.float32)
-            for s in range(len(bounds) - 1):
-                idx = torch.as_tensor(order[bounds[s]: bounds[s + 1]])
-                if len(idx):
-                    total_loss += self._ncf_step(P, Q, H, B, W, C, opts, slots_t[idx], ex_pair[idx], labels_t[idx],
-                                                 client_steps, pair_slot_t)
-                    total_examples += len(idx)
+        total_loss, total_examples = self._minibatches(
+            sampled, epochs, pair_of_example,
+            lambda slot, pair, label: self._ncf_step(P, Q, H, B, W, C, opts, slot, pair, label, client_steps,
+                                                     pair_slot_t),
+        )
         self._deltas = (W - self.W, C - self.c)
         return P, Q, H, B, total_loss, total_examples
 

@@ -28,6 +28,25 @@ masks). Without ``--k``/``--t``, both come from :func:`secagg.params.choose` for
 * ``ratio_server``/``ratio_client``: Flower's seconds over ours.
 
 Times are wall-clock; on a shared machine rerun to check noise.
+
+``--flower-floor`` adds a lower bound on Flower's side without running it, for cells where the full
+run takes hours (dropout 0.3 at n >= 500: Flower's pure-Python GF(2^128) Shamir costs O(t (k + 1))
+per split and O(t^2) per reconstruction). It times Flower's own primitives one call at a time, at
+the cell's ``k``, ``t`` and ``d`` (``create_shares`` of the 32-byte seed and of the serialised
+private key, ``combine_shares`` of each from ``t`` shares, one pairwise mask = key agreement +
+``pseudo_rand_gen`` + ``parameters_addition``, one private mask), and multiplies by the counts
+Flower's code performs (``SecAggPlusWorkflow.unmask_stage`` and ``secaggplus_mod``, Flower 1.x):
+
+* server: every survivor's seed rebuilt and its private mask removed, every dropped node's key
+  rebuilt and its ``k`` pairwise masks regenerated (Flower regenerates all ``k``, also those with
+  other dropped nodes, which cancel);
+* client: every node splits its two secrets into ``k + 1`` shares; a survivor adds ``k`` pairwise
+  masks and its private mask.
+
+Everything else Flower does (key generation, share encryption, quantisation, messages, FedAvg) is
+left out, so ``flower_server_floor_s`` and ``flower_client_floor_s`` (mean per surviving node)
+are lower bounds on ``flower_server_s`` and ``flower_client_s`` measured under the same load; with
+``--only ours`` the result adds ``ratio_server_floor`` (a lower bound on Flower / ours).
 """
 
 from __future__ import annotations
@@ -72,6 +91,9 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
                    help="let ours accept a t at or below half of a client's holders (demonstrations only)")
     p.add_argument("--only", choices=("both", "flower", "ours"), default="both", help="run one side only")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated updates and dropout set")
+    p.add_argument("--flower-floor", action="store_true",
+                   help="add a lower bound on Flower's server and client seconds from its own primitives, timed "
+                        "one call at a time (for cells too slow to run; see the description)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=_main)
 
@@ -148,10 +170,74 @@ def _run_side(side: str, n: int, dim: int, k: int, t: int, dropped: set[int], se
     return out
 
 
+def _best_of(fn, reps: int) -> float:  # noqa: ANN001
+    """The fastest of ``reps`` calls of ``fn`` in seconds (the least disturbed by other load: a floor)."""
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def flower_floor(n: int, dim: int, k: int, t: int, dropped: int, *, reps: int = 3) -> dict:
+    """Lower bounds on Flower's SecAgg+ server and client seconds (see the module docstring).
+
+    Returns the unit timings (best of ``reps``), the operation counts and the two floors.
+    """
+    import os
+
+    from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
+    from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
+    from flwr.common.secure_aggregation.ndarrays_arithmetic import parameters_addition
+    from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
+    from flwr.supercore.primitives.asymmetric import (
+        bytes_to_private_key,
+        bytes_to_public_key,
+        generate_key_pairs,
+        private_key_to_bytes,
+        public_key_to_bytes,
+    )
+
+    mod_range = 1 << 32  # SecAggPlusWorkflow's default modulus_range
+    sk, _ = generate_key_pairs()
+    _, pk = generate_key_pairs()
+    sk_bytes, pk_bytes = private_key_to_bytes(sk), public_key_to_bytes(pk)
+    seed = os.urandom(32)  # the size of secaggplus_mod's rd_seed
+    vec = [np.zeros(dim, np.int64)]
+
+    def pairwise() -> None:
+        key = generate_shared_key(bytes_to_private_key(sk_bytes), bytes_to_public_key(pk_bytes))
+        parameters_addition(vec, pseudo_rand_gen(key, mod_range, [(dim,)]))
+
+    def private() -> None:
+        parameters_addition(vec, pseudo_rand_gen(seed, mod_range, [(dim,)]))
+
+    seed_shares = create_shares(seed, t, k + 1)
+    sk_shares = create_shares(sk_bytes, t, k + 1)
+    unit = {
+        "split_seed_s": _best_of(lambda: create_shares(seed, t, k + 1), reps),
+        "split_key_s": _best_of(lambda: create_shares(sk_bytes, t, k + 1), reps),
+        "combine_seed_s": _best_of(lambda: combine_shares(seed_shares[:t]), reps),
+        "combine_key_s": _best_of(lambda: combine_shares(sk_shares[:t]), reps),
+        "pairwise_mask_s": _best_of(pairwise, reps),
+        "private_mask_s": _best_of(private, reps),
+    }
+    survivors = n - dropped
+    counts = {"seed_rebuilds": survivors, "key_rebuilds": dropped, "server_pairwise_masks": dropped * k,
+              "server_private_masks": survivors, "client_splits": 2 * n, "client_pairwise_masks": survivors * k}
+    server = (survivors * (unit["combine_seed_s"] + unit["private_mask_s"])
+              + dropped * (unit["combine_key_s"] + k * unit["pairwise_mask_s"]))
+    client_total = (n * (unit["split_seed_s"] + unit["split_key_s"])
+                    + survivors * (k * unit["pairwise_mask_s"] + unit["private_mask_s"]))
+    return {"unit": unit, "counts": counts, "server_floor_s": server,
+            "client_floor_s": client_total / max(survivors, 1)}
+
+
 def bench_flower(
     n: int, dim: int, dropout: float, *, k: int | None = None, t: int | None = None, seed: int = 0,
     corrupt: float = DEFAULT_CORRUPT, unsafe_threshold: bool = False, only: str = "both",
-    plan_dropout: float | None = None,
+    plan_dropout: float | None = None, floor: bool = False,
 ) -> dict:
     """Run the side-by-side benchmark and return the JSON-able result (see the module docstring)."""
     try:
@@ -182,6 +268,15 @@ def bench_flower(
         if only in ("both", side):
             for key, val in _run_side(side, n, dim, k, t, dropped, seed, unsafe_threshold).items():
                 out[f"{side}_{key}"] = val
+    if floor:
+        print(f"timing Flower's primitives for the floor: k={k} t={t} d={dim}", file=sys.stderr)
+        fl = flower_floor(n, dim, k, t, len(dropped))
+        out["flower_server_floor_s"] = fl["server_floor_s"]
+        out["flower_client_floor_s"] = fl["client_floor_s"]
+        out["flower_floor_unit"] = fl["unit"]
+        out["flower_floor_counts"] = fl["counts"]
+        if "ours_server_s" in out and out["ours_server_s"] > 0:
+            out["ratio_server_floor"] = fl["server_floor_s"] / out["ours_server_s"]
     if only == "both":
         out["ratio_server"] = out["flower_server_s"] / out["ours_server_s"] if out["ours_server_s"] > 0 else None
         out["ratio_client"] = out["flower_client_s"] / out["ours_client_s"] if out["ours_client_s"] > 0 else None
@@ -192,7 +287,7 @@ def bench_flower(
 def _main(args: argparse.Namespace) -> int:
     out = bench_flower(args.clients, args.dim, args.dropout, k=args.k, t=args.t, seed=args.seed,
                        corrupt=args.corrupt, unsafe_threshold=args.unsafe_threshold, only=args.only,
-                       plan_dropout=args.plan_dropout)
+                       plan_dropout=args.plan_dropout, floor=args.flower_floor)
     width = max(len(key) for key in out)
     for key, val in out.items():
         print(f"{key:<{width}}  {f'{val:.6g}' if isinstance(val, float) else val}")

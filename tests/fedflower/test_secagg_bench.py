@@ -30,3 +30,25 @@ def test_one_side_and_user_errors(capsys):
     assert main(["bench", "flower", "--clients", "8", "--k", "4", "--t", "9"]) == 2
     err = capsys.readouterr().err
     assert "at least 3" in err and "t < num_shares" in err
+
+
+def test_flower_floor_counts_flowers_work_and_stays_below_the_measured_run():
+    n, dim, k, t = 12, 2000, 6, 4
+    res = bench_flower(n, dim, 0.25, k=k, t=t, floor=True)
+    counts, unit = res["flower_floor_counts"], res["flower_floor_unit"]
+    survivors, dropped = n - 3, 3
+    assert res["dropped"] == dropped
+    assert counts == {"seed_rebuilds": survivors, "key_rebuilds": dropped, "server_pairwise_masks": dropped * k,
+                      "server_private_masks": survivors, "client_splits": 2 * n,
+                      "client_pairwise_masks": survivors * k}
+    server = (survivors * (unit["combine_seed_s"] + unit["private_mask_s"])
+              + dropped * (unit["combine_key_s"] + k * unit["pairwise_mask_s"]))
+    assert res["flower_server_floor_s"] == server > 0
+    # Rebuilding the serialised private key (hundreds of bytes) costs more than the 32-byte seed.
+    assert unit["combine_key_s"] > unit["combine_seed_s"]
+    # A floor: everything it counts is part of the measured run, which does more besides.
+    assert res["flower_server_floor_s"] <= 1.2 * res["flower_server_s"] + 0.05
+    assert res["flower_client_floor_s"] <= 1.2 * res["flower_client_s"] + 0.05
+    ours = bench_flower(n, dim, 0.25, k=k, t=t, only="ours", floor=True)
+    assert ours["ratio_server_floor"] == ours["flower_server_floor_s"] / ours["ours_server_s"]
+    assert "flower_server_s" not in ours

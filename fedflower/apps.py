@@ -311,7 +311,7 @@ class GridTrainer:
     # -- plumbing ------------------------------------------------------------------------------
     def _run_record(self, user: int, **extra: Any) -> ConfigRecord:
         if self.split and "all" not in extra:  # a training request names the unit the client trains
-            extra["unit"] = self.unit_of[int(user)]
+            extra.setdefault("unit", self.unit_of[int(user)])
         if self.assign:
             extra["partition"] = self.partition_of[int(user)]
         return ConfigRecord({"protocol": self.protocol, "config": self.config_json, "seed": self.seed,

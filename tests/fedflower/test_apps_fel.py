@@ -237,6 +237,26 @@ def test_a_client_trains_only_its_own_leaf(tmp_path):
     assert all(re.search(r"refusing a request to train unit", r.error.reason) for r in replies)
 
 
+def test_a_deployment_census_runs_fel_to_the_in_process_model(tmp_path):
+    """Deployment mode: each node holds the partition its node config names, the server asks (a census)."""
+    train, exclude = make_data(20, 24, 13)
+    cfg = FelConfig(**{**BASE, "n_clusters": 2})
+    meta = write_partitions(train, exclude, tmp_path / "parts", units=public_units(SPEC, cfg, 13, train, "synthetic"))
+    nodes = [8000 + 3 * i for i in range(meta.clients)]
+    grid = LoopbackGrid(make_client_app(), nodes, node_config=lambda nid: {
+        "partition-id": nodes.index(nid), "partition-dir": str(tmp_path / "parts")})
+    server = build_server_trainer(SPEC, cfg, 13, meta, user_ids=train.user_ids, source="synthetic")
+    gt = GridTrainer(grid, server, protocol="fel", seed=13, meta=meta, timeout=30)
+    ref = in_process(train, exclude, cfg, 13)
+    for _ in range(2):
+        ref.run_round()
+        gt.run_round()
+    for a, b in zip(gt.server.leaves, ref.leaves):
+        torch.testing.assert_close(a.item, b.item, rtol=1e-5, atol=1e-6)
+    users = np.array(meta.users)
+    np.testing.assert_allclose(gt.score_all(users), ref.score_all(users), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("preset, reason", [
     ("fel", "over-arch"),
     ("fel-ncf", "NCF"),

@@ -25,8 +25,8 @@ is dropped raises :class:`RoundFailed`. Flower limits: replies wait at most ``ti
 
 from __future__ import annotations
 
-import time
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -315,7 +315,7 @@ class GridTrainer:
         if self.assign:
             extra["partition"] = self.partition_of[int(user)]
         return ConfigRecord({"protocol": self.protocol, "config": self.config_json, "seed": self.seed,
-                             "round": int(self.server.round), **extra})
+                             "round": int(self.server.round), **extra})  # (a unit's exchange gives its own round)
 
     def _model_record(self, unit: Any = None) -> ArrayRecord:
         unit = self.server if unit is None else unit
@@ -408,7 +408,7 @@ class GridTrainer:
         msgs = []
         for u in sampled:
             unit.transport.send(SERVER, client(int(u)), t, "model", None, unit.model_bytes)
-            msgs.append(Message(RecordDict({"model": model, "run": self._run_record(u, **record)}),
+            msgs.append(Message(RecordDict({"model": model, "run": self._run_record(u, round=int(t), **record)}),
                                 dst_node_id=self.node_of[int(u)], message_type="train", group_id=str(t)))
         self.flower_bytes["down"] += len(msgs) * model.count_bytes()
         replies: dict[int, Message] = {}
@@ -457,7 +457,7 @@ class GridTrainer:
             unit.transport.send(SERVER, client(int(u)), t, "model", None, unit.model_bytes)
             nid = self.node_of[int(u)]
             user_of[nid] = int(u)
-            contents[nid] = RecordDict({"model": model, "run": self._run_record(u, secure=True, **record)})
+            contents[nid] = RecordDict({"model": model, "run": self._run_record(u, secure=True, round=int(t), **record)})
         self.flower_bytes["down"] += len(contents) * model.count_bytes()
         width = secure_width(unit)
         keep = bool(unit.transport.transcript.keep_payloads)

@@ -257,6 +257,36 @@ def test_a_deployment_census_runs_fel_to_the_in_process_model(tmp_path):
     np.testing.assert_allclose(gt.score_all(users), ref.score_all(users), rtol=1e-5, atol=1e-6)
 
 
+def test_a_resumed_fel_run_equals_the_uninterrupted_one(tmp_path):
+    """Two rounds; or one, every node's Flower context lost (a new grid), the server resumed from its
+    checkpoint and each node from its own store (``state-dir``) for one more."""
+    train, exclude = make_data(20, 24, 14)
+    cfg = FelConfig(**{**BASE, "n_clusters": 2, "clients_per_round": 5})
+    meta = write_partitions(train, exclude, tmp_path / "parts", units=public_units(SPEC, cfg, 14, train, "synthetic"))
+    nodes = [7000 + 13 * i for i in range(meta.clients)]
+
+    def trainer(state_dir):  # noqa: ANN001, ANN202
+        grid = LoopbackGrid(make_client_app(tmp_path / "parts", state_dir=state_dir), nodes)
+        server = build_server_trainer(SPEC, cfg, 14, meta, user_ids=train.user_ids, source="synthetic")
+        return GridTrainer(grid, server, protocol="fel", seed=14, meta=meta, timeout=30, assign=True, resumable=True)
+
+    straight = trainer(tmp_path / "a")
+    for _ in range(2):
+        straight.run_round()
+    first = trainer(tmp_path / "b")
+    first.run_round()
+    checkpoint = first.state_dict()
+    resumed = trainer(tmp_path / "b")
+    resumed.load_state_dict(checkpoint)
+    assert resumed.round == 1 and all(leaf.round == 1 for leaf in resumed.server.leaves)
+    resumed.run_round()
+    for a, b in zip(resumed.server.leaves, straight.server.leaves):
+        for name in ("item", "h", "b"):
+            torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=1e-5, atol=1e-6)
+    users = np.array(meta.users)
+    np.testing.assert_allclose(resumed.score_all(users), straight.score_all(users), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("preset, reason", [
     ("fel", "over-arch"),
     ("fel-ncf", "NCF"),

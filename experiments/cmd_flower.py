@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="virtual clients: the synthetic dataset's users (data.synthetic_users); with --data, the "
                      "data's users (then --clients must be omitted)")
     sim.add_argument("--rounds", type=int, metavar="R", help="rounds")
-    sim.add_argument("--clients-per-round", type=int, metavar="M", help="fedavg.clients_per_round")
+    sim.add_argument("--clients-per-round", type=int, metavar="M", help="clients_per_round of the preset's section (FEL: per leaf)")
     sim.add_argument("--eval-users", type=int, metavar="K",
                      help="evaluate (sampled metrics) on K seeded users only, no full ranking (each evaluated user "
                      "is one more Flower message); default: every user, as secagg run")

@@ -303,6 +303,8 @@ def test_fel_configurations_that_need_more_than_units_are_refused_in_words(prese
         check_runs_on_flower(SPEC, FelConfig(dp="central", secure_aggregation="secagg+", combiner="mean"))
     for ok in ("fel-mean", "fel-median", "fel-max", "fl-baseline"):
         check_protocol(cfgmod.load_preset(ok))
+    with pytest.raises(UserError, match="'fedfast' does not run on Flower yet"):  # not units (docs/flower.md)
+        check_protocol(cfgmod.load_preset("fedfast"))
 
 
 RAY_CONFIG = """[data]

@@ -263,7 +263,7 @@ def check_runs_on_flower(spec: ProtocolSpec, config: Any) -> None:
     """Raise ``ValueError`` (in words) if the adapter cannot run ``spec`` with ``config``."""
     if spec.name not in SUPPORTED and spec.split is None:
         raise ValueError(f"protocol {spec.name!r} does not run on Flower yet: the adapter runs FedAvg-GMF and the "
-                         "protocols made of FedAvg-GMF units (FEL with GMF leaves); see docs/flower.md")
+                         "protocols made of FedAvg-GMF units (FEL with GMF leaves)")
     if spec.split is not None:
         spec.split.check(config)
 

@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Message, MessageType, RecordDict
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from experiments import config as cfgmod
 from experiments.errors import UserError
@@ -103,6 +105,35 @@ def test_flower_fel_rounds_give_the_in_process_model_and_ensemble(tmp_path, seed
     users = np.array(partition_meta(tmp_path / "parts").users)
     items = np.tile(np.arange(6), (len(users), 1))
     np.testing.assert_allclose(gt.score(users, items), ref.score(users, items), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gt.score_all(users), ref.score_all(users), rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), combiner=st.sampled_from(["mean", "median", "max"]), n_clusters=st.integers(1, 3),
+       per_round=st.integers(1, 5), aggregation=st.sampled_from(["sum", "mean", "touched"]),
+       negatives=st.integers(0, 3), opt_in=st.sampled_from([0.0, 0.2]))
+def test_flower_fel_rounds_match_in_process_for_any_plaintext_config(tmp_path_factory, seed, combiner, n_clusters,
+                                                                      per_round, aggregation, negatives, opt_in):
+    train, exclude = make_data(24, 30, seed, low_ratings=True)
+    cfg = FelConfig(**{**BASE, "combiner": combiner, "n_clusters": n_clusters, "clients_per_round": per_round,
+                       "item_aggregation": aggregation, "train_negatives": negatives, "opt_in_fraction": opt_in})
+    try:
+        ref = in_process(train, exclude, cfg, seed)
+    except ValueError as exc:  # a hash clustering that leaves a cluster below min_clients: refused alike
+        assert "min_clients" in str(exc)
+        with pytest.raises(ValueError, match="min_clients"):
+            public_units(SPEC, cfg, seed, train, "synthetic")
+        return
+    gt, _ = fel_grid(tmp_path_factory.mktemp("run"), train, exclude, cfg, seed)
+    for _ in range(2):
+        want, got = ref.run_round(), gt.run_round()
+        assert got.extra["leaf_clients"] == want.extra["leaf_clients"] and got.extra["dropped"] == 0
+        assert got.loss == pytest.approx(want.loss, rel=1e-6, abs=1e-7)
+    for a, b in zip(gt.server.leaves, ref.leaves):
+        for name in ("item", "h", "b"):
+            torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=1e-5, atol=1e-6)
+    assert view(gt.server.transport) == view(ref.transport)
+    users = np.array(gt.meta.users)
     np.testing.assert_allclose(gt.score_all(users), ref.score_all(users), rtol=1e-5, atol=1e-6)
 
 

@@ -26,7 +26,7 @@ __all__ = ["register"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("flower", help="run a preset on Flower: simulation engine or a SuperLink deployment",
-                              description="Run FedAvg-GMF presets as Flower apps (needs the flower extra: "
+                              description="Run FedAvg-GMF and FEL (GMF leaves) presets as Flower apps (needs the flower extra: "
                               "pip install -e '.[flower]'). See docs/flower.md.")
     sub = p.add_subparsers(dest="flower_command", metavar="COMMAND")
     sim = sub.add_parser("simulate", help="a preset through Flower's simulation engine (Ray), one virtual node per user",
@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="virtual clients: the synthetic dataset's users (data.synthetic_users); with --data, the "
                      "data's users (then --clients must be omitted)")
     sim.add_argument("--rounds", type=int, metavar="R", help="rounds")
-    sim.add_argument("--clients-per-round", type=int, metavar="M", help="fedavg.clients_per_round")
+    sim.add_argument("--clients-per-round", type=int, metavar="M", help="clients_per_round of the preset's section (FEL: per leaf)")
     sim.add_argument("--eval-users", type=int, metavar="K",
                      help="evaluate (sampled metrics) on K seeded users only, no full ranking (each evaluated user "
                      "is one more Flower message); default: every user, as secagg run")
@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset", nargs="?", help="preset name (a FedAvg-GMF preset, e.g. fedavg-gmf)")
+    p.add_argument("preset", nargs="?", help="preset name (a FedAvg-GMF or FEL preset, e.g. fedavg-gmf, fel-mean)")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file overriding the preset's keys")
     p.add_argument("--data", metavar="PATH", help="MovieLens file or folder, or CSV (default: the preset's data)")
     p.add_argument("--seed", type=int, metavar="S", help="seed of every simulation choice")
@@ -138,12 +138,12 @@ def _partition(args: argparse.Namespace) -> int:
     from experiments.flower_run import check_protocol
 
     check_protocol(config)
-    from fedflower.adapter import write_partitions  # no flwr import: partitions are plain numpy files
+    from experiments.flower_run import write_run_partitions  # no flwr import: partitions are plain numpy files
 
     prep = prepare_data(config)
-    meta = write_partitions(prep.split.train, prep.exclude, args.out)
+    meta = write_run_partitions(config, prep, args.out)
     out = {"preset": preset, "out": str(Path(args.out).resolve()), "clients": meta.clients, "n_users": meta.n_users,
-           "n_items": meta.n_items}
+           "n_items": meta.n_items, **({} if meta.units is None else {"units": len(set(meta.units) - {-1})})}
     print(f"wrote {meta.clients} partitions ({meta.n_users} users, {meta.n_items} items) to {out['out']}", file=sys.stderr)
     if args.json:
         print(json.dumps(out, sort_keys=True))

@@ -27,12 +27,19 @@ from experiments.errors import UserError
 from experiments.prepare import Prepared, prepare_data
 from experiments.rundir import default_run_dir
 from experiments.training import RunRequest, _loop, _open
-from fedflower.adapter import SUPPORTED, PartitionMeta, build_server_trainer, write_partitions
+from fedflower.adapter import (
+    PartitionMeta,
+    build_server_trainer,
+    check_runs_on_flower,
+    public_units,
+    write_partitions,
+)
 from fedflower.apps import GridTrainer
 from protocols.transport import InProcessTransport, Transcript
 from recmodels.sampling import EvalCandidates
 
-__all__ = ["NODE_STATE_DIR", "check_protocol", "execute_on_grid", "prepare_for_flower", "simulate_run"]
+__all__ = ["NODE_STATE_DIR", "check_protocol", "execute_on_grid", "prepare_for_flower", "simulate_run",
+           "write_run_partitions"]
 
 #: In simulation, the virtual nodes' own stores of their user state (what lets a run resume) are
 #: kept in this folder of the run directory: the harness hosts every virtual node's disk.
@@ -42,16 +49,22 @@ NODE_STATE_DIR = "flower-nodes"
 def check_protocol(config: cfgmod.RunConfig) -> None:
     """Refuse a protocol the adapter cannot run, in words, before anything starts."""
     spec = config.spec
-    if spec.name not in SUPPORTED:
-        raise UserError(
-            f"protocol {spec.name!r} does not run on Flower yet: the adapter runs FedAvg-GMF presets "
-            "(run.protocol = \"fedavg\", e.g. fedavg-gmf); see docs/flower.md"
-        )
+    try:
+        check_runs_on_flower(spec, config.protocol_config)
+    except ValueError as exc:
+        raise UserError(f"{exc} (see docs/flower.md)") from None
     if config.protocol_config.secure_aggregation not in ("none", "secagg", "secagg+"):
         raise UserError(
-            f"fedavg.secure_aggregation = {config.protocol_config.secure_aggregation!r} does not run on Flower yet; "
-            "use 'secagg+' (preset fedavg-gmf-secagg), 'secagg' or 'none' (see docs/flower.md)"
+            f"{spec.section}.secure_aggregation = {config.protocol_config.secure_aggregation!r} does not run on Flower "
+            "yet; use 'secagg+' (preset fedavg-gmf-secagg), 'secagg' or 'none' (see docs/flower.md)"
         )
+
+
+def write_run_partitions(config: cfgmod.RunConfig, prep: Prepared, directory: str | Path) -> PartitionMeta:
+    """Each client's partition file; for a protocol made of units (FEL), with each client's public unit."""
+    train = prep.split.train
+    units = public_units(config.spec, config.protocol_config, config.run.seed, train, config.data.source)
+    return write_partitions(train, prep.exclude, directory, units=units)
 
 
 def prepare_for_flower(config: cfgmod.RunConfig, eval_users: int | None) -> Prepared:
@@ -70,7 +83,8 @@ def execute_on_grid(req: RunRequest, prep: Prepared, meta: PartitionMeta, grid: 
     """The run loop of ``secagg run`` with a :class:`fedflower.apps.GridTrainer` as the trainer."""
     cfg = req.config
     server = build_server_trainer(cfg.spec, cfg.protocol_config, cfg.run.seed, meta,
-                                  transport=InProcessTransport(Transcript()))
+                                  transport=InProcessTransport(Transcript()), user_ids=prep.split.train.user_ids,
+                                  source=cfg.data.source)
     t0 = time.perf_counter()
     trainer = GridTrainer(grid, server, protocol=cfg.run.protocol, seed=cfg.run.seed, meta=meta,
                           timeout=timeout, assign=assign, resumable=resumable)
@@ -107,7 +121,7 @@ def simulate_run(req: RunRequest, *, cpus: int, timeout: float, eval_users: int 
         partition_dir = tmp
     try:
         t0 = time.perf_counter()
-        meta = write_partitions(prep.split.train, prep.exclude, partition_dir)
+        meta = write_run_partitions(cfg, prep, partition_dir)
         runtime = {"engine": "flower simulation (ray)", "flwr": metadata.version("flwr"), "cpus": cpus,
                    "timeout": timeout, "partition_seconds": round(time.perf_counter() - t0, 3),
                    "eval_users": None if prep.candidates is None else len(prep.candidates)}

@@ -9,6 +9,17 @@ three hooks (FedAvg-GMF, :class:`protocols.fedavg.FedAvgGMF`, and the protocols 
   one client here),
 * ``_aggregate(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)`` (the server's update).
 
+A protocol whose round is several such sub-rounds (*units*: FEL's leaves, one per cluster) says so
+through the registry (:class:`protocols.registry.DeviceSplit`): its trainer lists its units
+(``round_units()``) and each user's public unit (``unit_of_users()``), and it builds a client's
+half on the client's own data (``split.build_client``). The server then runs the protocol's own
+``run_round`` with every unit's client-facing hooks (``_sample_clients``, ``_local_round``, and
+``_secure_sums`` for a secure unit) bound to Flower (:class:`fedflower.apps.GridTrainer`); the unit
+aggregates with its own ``_aggregate``, so whatever the protocol does around its units (FEL: labelling each leaf's releases, recording the
+leaf models, combining the round's statistics) is the in-process code; each client trains only its
+own unit. The partition files and the census then carry each client's public unit and nothing else
+about the others.
+
 This module drives those hooks over Flower messages without any Flower code in the protocol:
 
 * **each client** builds the protocol through the registry on *its own user's data only* (a
@@ -63,6 +74,7 @@ __all__ = [
     "PartitionMeta",
     "build_client_trainer",
     "build_server_trainer",
+    "check_runs_on_flower",
     "client_local_round",
     "client_secure_vector",
     "decode_update",
@@ -70,6 +82,7 @@ __all__ = [
     "load_node_state",
     "load_partition",
     "partition_meta",
+    "public_units",
     "save_node_state",
     "secure_width",
     "stack_updates",
@@ -77,7 +90,8 @@ __all__ = [
 ]
 
 PARTITION_FORMAT = 1
-#: Registered protocols whose hooks match :meth:`FedAvgGMF._aggregate`'s (tested end to end on Flower).
+#: Registered protocols whose trainer is itself one unit with :meth:`FedAvgGMF._aggregate`'s hooks
+#: (tested end to end on Flower); protocols with a :class:`protocols.registry.DeviceSplit` run too.
 SUPPORTED = ("fedavg",)
 _PART_NAME = "client-{:07d}.npz"
 #: Arrays the server broadcasts each round (the protocol's global model).
@@ -100,6 +114,7 @@ class PartitionMeta:
     n_items: int
     clients: int
     users: tuple[int, ...]  # partition id -> dense user index (public: the server addresses them)
+    units: tuple[int, ...] | None = None  # partition id -> its public unit (FEL: leaf; -1 none), split protocols
 
 
 @dataclass(frozen=True)
@@ -112,6 +127,7 @@ class Partition:
     n_items: int
     items: np.ndarray
     excluded: np.ndarray
+    unit: int | None = None  # the client's public unit (split protocols), else None
 
     def train(self) -> Interactions:
         """The client's training interactions on the global id space (only its own rows)."""
@@ -133,12 +149,15 @@ class Partition:
         )
 
 
-def write_partitions(train: Interactions, exclude: Interactions | None, directory: str | Path) -> PartitionMeta:
+def write_partitions(train: Interactions, exclude: Interactions | None, directory: str | Path,
+                     units: np.ndarray | None = None) -> PartitionMeta:
     """Write one file per user with training data (partition ``i`` is the ``i``-th such user).
 
     Each ``client-NNNNNNN.npz`` holds only that user's positives (in the training data's order,
     which its local training follows) and excluded items; ``meta.json`` the public sizes and the
     partition -> user map. Files are plain ``.npz`` read with ``allow_pickle=False``.
+    ``units`` (per dense user; split protocols, :func:`public_units`): each file also holds its
+    user's public unit, and ``meta.json`` every partition's (FEL: the public cluster assignment).
     """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -151,14 +170,21 @@ def write_partitions(train: Interactions, exclude: Interactions | None, director
         ex_items = exclude.items[ex_order]
         ex_start = np.concatenate([[0], np.cumsum(np.bincount(exclude.users, minlength=train.n_users))])
     users = np.flatnonzero(np.diff(start) > 0)
+    if units is not None and np.asarray(units).shape != (train.n_users,):
+        raise ValueError(f"units must give each of {train.n_users} users one unit; found shape {np.shape(units)}")
     for pid, u in enumerate(users):
         excluded = np.zeros(0, np.int64) if ex_items is None else ex_items[ex_start[u] : ex_start[u + 1]]
+        own_unit = {} if units is None else {"unit": np.int64(units[u])}
         np.savez(out / _PART_NAME.format(pid), user=np.int64(u), n_users=np.int64(train.n_users),
                  n_items=np.int64(train.n_items), items=items[start[u] : start[u + 1]].astype(np.int64),
-                 excluded=np.asarray(excluded, np.int64))
+                 excluded=np.asarray(excluded, np.int64), **own_unit)
     meta = PartitionMeta(n_users=train.n_users, n_items=train.n_items, clients=len(users),
-                         users=tuple(int(u) for u in users))
-    (out / "meta.json").write_text(json.dumps({"format": PARTITION_FORMAT, **asdict(meta)}))
+                         users=tuple(int(u) for u in users),
+                         units=None if units is None else tuple(int(units[u]) for u in users))
+    raw = asdict(meta)
+    if meta.units is None:
+        raw.pop("units")  # (a FedAvg partition's meta.json is unchanged)
+    (out / "meta.json").write_text(json.dumps({"format": PARTITION_FORMAT, **raw}))
     return meta
 
 
@@ -170,8 +196,10 @@ def partition_meta(directory: str | Path) -> PartitionMeta:
     raw = json.loads(path.read_text())
     if raw.get("format") != PARTITION_FORMAT:
         raise ValueError(f"{path} has partition format {raw.get('format')!r}; this version reads {PARTITION_FORMAT}")
+    units = raw.get("units")
     return PartitionMeta(n_users=int(raw["n_users"]), n_items=int(raw["n_items"]), clients=int(raw["clients"]),
-                         users=tuple(int(u) for u in raw["users"]))
+                         users=tuple(int(u) for u in raw["users"]),
+                         units=None if units is None else tuple(int(c) for c in units))
 
 
 def load_partition(directory: str | Path, partition_id: int) -> Partition:
@@ -181,7 +209,8 @@ def load_partition(directory: str | Path, partition_id: int) -> Partition:
         raise FileNotFoundError(f"partition {partition_id} not found at {path} (is partition-id within the partitions written?)")
     with np.load(path, allow_pickle=False) as z:
         return Partition(partition_id=int(partition_id), user=int(z["user"]), n_users=int(z["n_users"]),
-                         n_items=int(z["n_items"]), items=z["items"].copy(), excluded=z["excluded"].copy())
+                         n_items=int(z["n_items"]), items=z["items"].copy(), excluded=z["excluded"].copy(),
+                         unit=int(z["unit"]) if "unit" in z.files else None)
 
 
 # -- a node's own store of its user state (resume) ------------------------------------------------
@@ -230,32 +259,85 @@ class _OwnData:
         self.train = train
 
 
+def check_runs_on_flower(spec: ProtocolSpec, config: Any) -> None:
+    """Raise ``ValueError`` (in words) if the adapter cannot run ``spec`` with ``config``."""
+    if spec.name not in SUPPORTED and spec.split is None:
+        raise ValueError(f"protocol {spec.name!r} does not run on Flower yet: the adapter runs FedAvg-GMF and the "
+                         "protocols made of FedAvg-GMF units (FEL with GMF leaves)")
+    if spec.split is not None:
+        spec.split.check(config)
+
+
+def units_of(trainer: Any) -> list[Any]:
+    """A trainer's units: ``round_units()`` of a split protocol, else the trainer itself."""
+    return list(trainer.round_units()) if hasattr(trainer, "round_units") else [trainer]
+
+
+def _check_hooks(spec: ProtocolSpec, trainer: Any) -> None:
+    for unit in units_of(trainer):
+        for hook in ("_sample_clients", "_local_round", "_aggregate", *GLOBAL_STATE, CLIENT_STATE):
+            if not hasattr(unit, hook):
+                raise ValueError(
+                    f"protocol {spec.name!r} does not expose {hook!r}; the Flower adapter runs protocols whose round "
+                    "is sample -> local round -> aggregate (FedAvg-GMF and the protocols built on it)"
+                )
+
+
+def _context(config: Any, seed: int, train: Interactions, exclude: Interactions | None,
+             transport: InProcessTransport | None, source: str) -> BuildContext:
+    return BuildContext(split=_OwnData(train), config=config, seed=seed, source=source,
+                        transport=transport or InProcessTransport(), data_options={}, exclude=exclude)
+
+
 def _build(spec: ProtocolSpec, config: Any, seed: int, train: Interactions, exclude: Interactions | None,
-           transport: InProcessTransport | None = None) -> Any:
-    trainer = spec.build(BuildContext(split=_OwnData(train), config=config, seed=seed, source="flower",
-                                      transport=transport or InProcessTransport(), data_options={}, exclude=exclude))
-    for hook in ("_sample_clients", "_local_round", "_aggregate", *GLOBAL_STATE, CLIENT_STATE):
-        if not hasattr(trainer, hook):
-            raise ValueError(
-                f"protocol {spec.name!r} does not expose {hook!r}; the Flower adapter runs protocols whose round is "
-                "sample -> local round -> aggregate (FedAvg-GMF and the protocols built on it)"
-            )
+           transport: InProcessTransport | None = None, source: str = "flower") -> Any:
+    trainer = spec.build(_context(config, seed, train, exclude, transport, source))
+    _check_hooks(spec, trainer)
     return trainer
 
 
+def _census(users: np.ndarray, n_users: int, n_items: int, user_ids: np.ndarray | None) -> Interactions:
+    users = np.asarray(users, np.int64)
+    return Interactions(
+        users=users, items=np.zeros(len(users), np.int64), ratings=np.ones(len(users), np.float32),
+        timestamps=np.zeros(len(users), np.int64),
+        user_ids=np.arange(n_users) if user_ids is None else np.asarray(user_ids), item_ids=np.arange(n_items),
+    )
+
+
+def public_units(spec: ProtocolSpec, config: Any, seed: int, train: Interactions, source: str = "flower") -> np.ndarray | None:
+    """Each dense user's public unit (split protocols; ``None`` otherwise), from the server's census.
+
+    The census is who takes part and their public identifiers (FEL hashes the raw user id, or
+    reads public demographics beside the data at ``source``); no one's interactions.
+    """
+    if spec.split is None:
+        return None
+    users = np.flatnonzero(np.bincount(train.users, minlength=train.n_users) > 0)
+    server = _build(spec, config, seed, _census(users, train.n_users, train.n_items, train.user_ids), None, None, source)
+    return np.asarray(server.unit_of_users(), np.int64)
+
+
 def build_server_trainer(spec: ProtocolSpec, config: Any, seed: int, meta: PartitionMeta,
-                         transport: InProcessTransport | None = None) -> Any:
+                         transport: InProcessTransport | None = None, *, user_ids: np.ndarray | None = None,
+                         source: str = "flower") -> Any:
     """The server's half: the protocol built on a census (one placeholder row per client).
 
     The census tells the protocol who takes part (its client pool, hence the cohort size and the
     secure-aggregation budget); the server never trains on it and never sees a client's data.
+    ``user_ids`` (the users' public raw identifiers) and ``source`` matter to protocols that
+    derive public facts from them (FEL's clusters); a split protocol's units must then be the
+    ones the partitions were written with (``meta.units``), else ``ValueError``.
     """
-    users = np.asarray(meta.users, np.int64)
-    census = Interactions(
-        users=users, items=np.zeros(len(users), np.int64), ratings=np.ones(len(users), np.float32),
-        timestamps=np.zeros(len(users), np.int64), user_ids=np.arange(meta.n_users), item_ids=np.arange(meta.n_items),
-    )
-    return _build(spec, config, seed, census, None, transport)
+    check_runs_on_flower(spec, config)
+    census = _census(np.asarray(meta.users, np.int64), meta.n_users, meta.n_items, user_ids)
+    server = _build(spec, config, seed, census, None, transport, source)
+    if spec.split is not None:
+        units = tuple(int(c) for c in np.asarray(server.unit_of_users())[np.asarray(meta.users, np.int64)])
+        if meta.units is None or units != tuple(meta.units):
+            raise ValueError(f"protocol {spec.name!r} assigns its clients to units other than the partitions were "
+                             "written with (meta.json units); rewrite them with secagg flower partition")
+    return server
 
 
 def build_client_trainer(spec: ProtocolSpec, config: Any, seed: int, part: Partition) -> Any:
@@ -263,11 +345,19 @@ def build_client_trainer(spec: ProtocolSpec, config: Any, seed: int, part: Parti
 
     Built without ``secure_aggregation``: the client's trainer only trains (its half of the secure
     sum is :func:`fedflower.secagg_mod.secagg_mod`), and the protocol's checks of a round's SecAgg+
-    parameters concern the server's cohort, not this one-user view.
+    parameters concern the server's cohort, not this one-user view. A split protocol's half is
+    built by its ``split.build_client`` for the unit written in the client's partition.
     """
     if getattr(config, "secure_aggregation", "none") != "none":
         config = dataclasses.replace(config, secure_aggregation="none")
-    return _build(spec, config, seed, part.train(), part.exclude())
+    if spec.split is None:
+        return _build(spec, config, seed, part.train(), part.exclude())
+    if part.unit is None:
+        raise ValueError(f"partition {part.partition_id} holds no unit; protocol {spec.name!r} needs partitions "
+                         "written for it (secagg flower partition PRESET)")
+    trainer = spec.split.build_client(_context(config, seed, part.train(), part.exclude(), None, "flower"), part.unit)
+    _check_hooks(spec, trainer)
+    return trainer
 
 
 # -- one client's local round ---------------------------------------------------------------------

@@ -11,7 +11,10 @@
   samples with the protocol's seeded generator, sends the global model to the cohort through a
   Flower ``Grid``, validates the replies and aggregates with the protocol's own ``_aggregate``,
   so ``secagg run``'s loop (ledger, costs, transcript, metrics, summary) drives a Flower run
-  unchanged.
+  unchanged. For a protocol made of units (:class:`protocols.registry.DeviceSplit`, FEL's
+  leaves) it runs the protocol's own ``run_round`` with each unit's client-facing hooks bound to
+  the grid (:class:`_BoundUnit`): the unit samples its cohort with its own generator, the cohort's
+  nodes train that unit (each its own), and the unit aggregates the validated replies itself.
 
 A client whose reply is missing (timeout, node failure) or malformed is dropped from the round;
 the round aggregates the others (``extra["dropped"]`` counts them). A round in which every client
@@ -22,6 +25,7 @@ is dropped raises :class:`RoundFailed`. Flower limits: replies wait at most ``ti
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -55,11 +59,13 @@ from fedflower.adapter import (
     save_node_state,
     secure_width,
     stack_updates,
+    units_of,
 )
 from fedflower.records import RECORD_KEY
 from fedflower.secagg_mod import VECTOR_KEY, secagg_mod
 from fedflower.secagg_workflow import SecAggWorkflow
 from protocols.base import RoundStats
+from protocols.fedavg import LocalRound
 from protocols.registry import get_protocol
 from protocols.transport import SERVER, client
 from secagg.bonawitz_wire import MaskedInput
@@ -166,7 +172,7 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
             raise ValueError("this client trains only through secure aggregation "
                              f"({'the protocol config asks for it' if wants_secure else 'node setting'}); "
                              "refusing a plaintext round")
-        trainer = build_client_trainer(spec, config, int(run["seed"]), part)
+        trainer = _own_unit(build_client_trainer(spec, config, int(run["seed"]), part), part, run)
         store = _state_dir(context, sdir)
         prev = _user_state(context, store, part.partition_id, int(run["round"]))
         model = _arrays(msg.content["model"])
@@ -188,12 +194,15 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
         spec = get_protocol(str(run["protocol"]))
         trainer = build_client_trainer(spec, config_from_json(spec, str(run["config"])), int(run["seed"]), part)
         model = _arrays(msg.content["model"])
-        with torch.no_grad():
-            for name in GLOBAL_STATE:
-                setattr(trainer, name, torch.as_tensor(model[name]).clone())
-            state = _user_state(context, _state_dir(context, sdir), part.partition_id, int(run["round"]))
-            if state is not None:
-                getattr(trainer, CLIENT_STATE)[part.user] = torch.as_tensor(state)
+        state = _user_state(context, _state_dir(context, sdir), part.partition_id, int(run["round"]))
+        if spec.split is not None:
+            _install_units(trainer, part, model, state)
+        else:
+            with torch.no_grad():
+                for name in GLOBAL_STATE:
+                    setattr(trainer, name, torch.as_tensor(model[name]).clone())
+                if state is not None:
+                    getattr(trainer, CLIENT_STATE)[part.user] = torch.as_tensor(state)
         users = np.array([part.user])
         if bool(run["all"]):
             scores = trainer.score_all(users)[0]
@@ -203,6 +212,36 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
                        reply_to=msg)
 
     return app
+
+
+def _own_unit(trainer: Any, part, run: ConfigRecord) -> Any:  # noqa: ANN001
+    """The unit this client trains: the trainer itself, or (a split protocol) the unit its
+    partition names, which must be the one the server asked for."""
+    if not hasattr(trainer, "round_units"):
+        return trainer
+    asked = int(run["unit"]) if "unit" in run else None
+    if part.unit is None or part.unit < 0 or asked != part.unit:
+        raise ValueError(f"this client trains in unit {part.unit}; refusing a request to train unit {asked}")
+    return units_of(trainer)[part.unit]
+
+
+def _install_units(trainer: Any, part, model: dict[str, np.ndarray], state: np.ndarray | None) -> None:  # noqa: ANN001
+    """Install every unit's global state (record keys ``"<unit>.<name>"``) and the client's own state
+    in its unit, checking each array's shape and dtype against the unit's."""
+    units = units_of(trainer)
+    want = {f"{i}.{n}" for i in range(len(units)) for n in GLOBAL_STATE}
+    if set(model) != want:
+        raise ValueError(f"model record keys {sorted(model)[:6]}...; expected the {len(want)} keys '<unit>.<name>'")
+    with torch.no_grad():
+        for i, unit in enumerate(units):
+            for name in GLOBAL_STATE:
+                ref, value = getattr(unit, name), torch.as_tensor(np.asarray(model[f"{i}.{name}"]))
+                if tuple(value.shape) != tuple(ref.shape) or value.dtype != ref.dtype:
+                    raise ValueError(f"unit {i}'s {name!r} has shape {tuple(value.shape)} {value.dtype}; expected "
+                                     f"{tuple(ref.shape)} {ref.dtype}")
+                setattr(unit, name, value.clone())
+        if state is not None and part.unit is not None and part.unit >= 0:
+            getattr(units[part.unit], CLIENT_STATE)[part.user] = torch.as_tensor(state)
 
 
 def _np_array(a: np.ndarray):
@@ -238,7 +277,11 @@ class GridTrainer:
         self.timeout = float(timeout)
         self.resumable = bool(resumable)
         self.config_json = config_to_json(server.config)
-        model_bytes = sum(getattr(server, n).numel() * getattr(server, n).element_size() for n in GLOBAL_STATE)
+        #: the protocol's units (its own sub-rounds: FEL's leaves), or the server itself
+        self.units = units_of(server)
+        self.split = hasattr(server, "round_units")
+        # (an evaluation message of a split protocol carries every unit's model)
+        model_bytes = sum(getattr(u, n).numel() * getattr(u, n).element_size() for u in self.units for n in GLOBAL_STATE)
         if model_bytes > MAX_MESSAGE_BYTES:
             raise ValueError(f"the global model is {model_bytes:,} bytes, over Flower's {MAX_MESSAGE_BYTES:,}-byte gRPC "
                              "message limit; reduce the catalogue or fedavg.dim")
@@ -258,16 +301,30 @@ class GridTrainer:
             self.resumable = self.resumable or (bool(self.node_store) and all(self.node_store.values()))
         self.flower_bytes = {"down": 0, "up": 0}
         self._secagg: SecAggWorkflow | None = None
+        if self.split:
+            if meta.units is None:
+                raise ValueError(f"protocol {protocol!r} runs in units; the partitions carry none (rewrite them)")
+            #: ``{user: its public unit}`` (split protocols)
+            self.unit_of = {int(u): int(c) for u, c in zip(meta.users, meta.units)}
+            self._bound = [_BoundUnit(self, i, unit) for i, unit in enumerate(self.units)]
 
     # -- plumbing ------------------------------------------------------------------------------
     def _run_record(self, user: int, **extra: Any) -> ConfigRecord:
+        if self.split and "all" not in extra:  # a training request names the unit the client trains
+            extra.setdefault("unit", self.unit_of[int(user)])
         if self.assign:
             extra["partition"] = self.partition_of[int(user)]
         return ConfigRecord({"protocol": self.protocol, "config": self.config_json, "seed": self.seed,
-                             "round": int(self.server.round), **extra})
+                             "round": int(self.server.round), **extra})  # (a unit's exchange gives its own round)
 
-    def _model_record(self) -> ArrayRecord:
-        return ArrayRecord({n: _np_array(getattr(self.server, n).numpy()) for n in GLOBAL_STATE})
+    def _model_record(self, unit: Any = None) -> ArrayRecord:
+        unit = self.server if unit is None else unit
+        return ArrayRecord({n: _np_array(getattr(unit, n).numpy()) for n in GLOBAL_STATE})
+
+    def _all_units_record(self) -> ArrayRecord:
+        """Every unit's global state, keys ``"<unit>.<name>"`` (a split protocol's evaluation)."""
+        return ArrayRecord({f"{i}.{n}": _np_array(getattr(u, n).numpy())
+                            for i, u in enumerate(self.units) for n in GLOBAL_STATE})
 
     def census(self, wait: float = 600.0) -> dict[int, int]:
         """Ask every node which user it holds; returns ``{user: node_id}``.
@@ -315,44 +372,15 @@ class GridTrainer:
         return self.server.config
 
     def run_round(self) -> RoundStats:
+        if self.split:
+            return self._split_round()
         srv, t = self.server, self.server.round
         t0 = time.perf_counter()
         sampled = srv._sample_clients()
         if srv.config.secure_aggregation != "none":
             return self._secure_round(t, sampled, t0)
-        model = self._model_record()
-        msgs = []
-        for u in sampled:
-            srv.transport.send(SERVER, client(int(u)), t, "model", None, srv.model_bytes)
-            msgs.append(Message(RecordDict({"model": model, "run": self._run_record(u)}), dst_node_id=self.node_of[int(u)],
-                                message_type="train", group_id=str(t)))
-        self.flower_bytes["down"] += len(msgs) * model.count_bytes()
-        replies: dict[int, Message] = {}
-        duplicated: set[int] = set()
-        for m in self.grid.send_and_receive(msgs, timeout=self.timeout):
-            nid = m.metadata.src_node_id
-            if nid in replies:
-                duplicated.add(nid)  # which one is genuine is unknowable: drop the node
-            replies[nid] = m
+        kept, updates, errors = self._plain_exchange(srv, t, sampled)
         t_clients = time.perf_counter()
-        kept, updates, errors = [], [], []
-        for u in sampled:
-            reply = replies.get(self.node_of[int(u)])
-            try:
-                if reply is None:
-                    raise BadReply("no reply before the timeout")
-                if self.node_of[int(u)] in duplicated:
-                    raise BadReply("more than one reply from its node")
-                if reply.has_error():
-                    raise BadReply(f"client error: {reply.error.reason}")
-                if set(reply.content.keys()) != {"update"} or len(reply.content.array_records) != 1:
-                    raise BadReply(f"reply records {sorted(reply.content.keys())}; expected ['update']")
-                rec = reply.content["update"]
-                self.flower_bytes["up"] += rec.count_bytes()
-                updates.append(decode_update(_arrays(rec), n_items=self.meta.n_items, dim=srv.config.dim))
-                kept.append(int(u))
-            except (BadReply, KeyError, TypeError, ValueError) as exc:
-                errors.append(f"user {int(u)}: {exc}")
         if not updates:
             raise RoundFailed(f"round {t}: no client of {len(sampled)} answered validly ({errors[0] if errors else ''})")
         kept_arr = np.asarray(kept, np.int64)
@@ -371,6 +399,92 @@ class GridTrainer:
             releases=releases,
         )
 
+    def _plain_exchange(self, unit: Any, t: int, sampled: np.ndarray, **record: Any):
+        """Send ``unit``'s global model to the ``sampled`` clients and collect their validated updates.
+
+        Returns ``(kept users, their decoded updates, reasons of the dropped)``, in cohort order.
+        """
+        model = self._model_record(unit)
+        msgs = []
+        for u in sampled:
+            unit.transport.send(SERVER, client(int(u)), t, "model", None, unit.model_bytes)
+            msgs.append(Message(RecordDict({"model": model, "run": self._run_record(u, round=int(t), **record)}),
+                                dst_node_id=self.node_of[int(u)], message_type="train", group_id=str(t)))
+        self.flower_bytes["down"] += len(msgs) * model.count_bytes()
+        replies: dict[int, Message] = {}
+        duplicated: set[int] = set()
+        for m in self.grid.send_and_receive(msgs, timeout=self.timeout):
+            nid = m.metadata.src_node_id
+            if nid in replies:
+                duplicated.add(nid)  # which one is genuine is unknowable: drop the node
+            replies[nid] = m
+        kept, updates, errors = [], [], []
+        for u in sampled:
+            reply = replies.get(self.node_of[int(u)])
+            try:
+                if reply is None:
+                    raise BadReply("no reply before the timeout")
+                if self.node_of[int(u)] in duplicated:
+                    raise BadReply("more than one reply from its node")
+                if reply.has_error():
+                    raise BadReply(f"client error: {reply.error.reason}")
+                if set(reply.content.keys()) != {"update"} or len(reply.content.array_records) != 1:
+                    raise BadReply(f"reply records {sorted(reply.content.keys())}; expected ['update']")
+                rec = reply.content["update"]
+                self.flower_bytes["up"] += rec.count_bytes()
+                updates.append(decode_update(_arrays(rec), n_items=self.meta.n_items, dim=unit.config.dim))
+                kept.append(int(u))
+            except (BadReply, KeyError, TypeError, ValueError) as exc:
+                errors.append(f"user {int(u)}: {exc}")
+        return kept, updates, errors
+
+    def _secure_exchange(self, unit: Any, t: int, sampled: np.ndarray, **record: Any):
+        """``unit``'s round through our SecAgg/SecAgg+ over the grid; records the server's transcript.
+
+        Returns ``(report, user_of node, vector width, bytes per client)``; ``report.total`` is
+        ``None`` after a clean abort.
+        """
+        cfg = unit.config
+        if len(sampled) < 2:
+            raise ValueError(f"secure aggregation needs at least 2 clients per round; round {t} samples {len(sampled)}")
+        if self._secagg is None:  # one workflow for the run: it pins each node's identity key across rounds
+            self._secagg = SecAggWorkflow(protocol=cfg.secure_aggregation, clipping_range=cfg.value_clip,
+                                          frac_bits=cfg.frac_bits, timeout=self.timeout, dropout=cfg.secagg_dropout,
+                                          corrupt=cfg.secagg_corrupt, rounding="nearest")
+        model = self._model_record(unit)
+        contents, user_of = {}, {}
+        for u in sampled:
+            unit.transport.send(SERVER, client(int(u)), t, "model", None, unit.model_bytes)
+            nid = self.node_of[int(u)]
+            user_of[nid] = int(u)
+            contents[nid] = RecordDict({"model": model, "run": self._run_record(u, secure=True, round=int(t), **record)})
+        self.flower_bytes["down"] += len(contents) * model.count_bytes()
+        width = secure_width(unit)
+        keep = bool(unit.transport.transcript.keep_payloads)
+        rep, run = self._secagg.aggregate_vectors(self.grid, t, contents, width, keep_masked=keep)
+        for stage, idx, nbytes in run.sizes:  # the server's transcript: what it received, as in-process
+            u = user_of[rep.node_ids[idx]]
+            payload = MaskedInput.from_bytes(run.masked[idx]).y if keep and stage == "masked_input" else None
+            unit.transport.send(client(u), SERVER, t, "update" if stage == "masked_input" else f"secagg:{stage}",
+                                payload, nbytes)
+        for u in sampled:
+            unit.transport.send(SERVER, client(int(u)), t, f"{cfg.secure_aggregation}:server", None,
+                                rep.bytes_to_clients // len(sampled))
+        self.flower_bytes["up"] += rep.bytes_from_clients
+        self.flower_bytes["down"] += rep.bytes_to_clients
+        per_client = unit.model_bytes + (rep.bytes_from_clients + rep.bytes_to_clients) / len(sampled)
+        return rep, user_of, width, per_client
+
+    def _split_round(self) -> RoundStats:
+        """One round of a protocol made of units: the protocol's own ``run_round``, each unit's
+        cohort reached through the grid (:class:`_BoundUnit`)."""
+        self._drops: list[str] = []
+        self._dropped = 0
+        stats = self.server.run_round()
+        extra = {**stats.extra, "dropped": self._dropped, "drop_reasons": self._drops[:5],
+                 "flower_bytes_down": self.flower_bytes["down"], "flower_bytes_up": self.flower_bytes["up"]}
+        return dataclasses.replace(stats, extra=extra)
+
     def _secure_round(self, t: int, sampled: np.ndarray, t0: float) -> RoundStats:
         """One round whose uploads the server learns only summed (our SecAgg/SecAgg+ over the grid).
 
@@ -382,36 +496,9 @@ class GridTrainer:
         ``clients = 0``, a NaN loss and the reason, and the run goes on.
         """
         srv, cfg = self.server, self.server.config
-        if len(sampled) < 2:
-            raise ValueError(f"secure aggregation needs at least 2 clients per round; round {t} samples {len(sampled)}")
-        if self._secagg is None:  # one workflow for the run: it pins each node's identity key across rounds
-            self._secagg = SecAggWorkflow(protocol=cfg.secure_aggregation, clipping_range=cfg.value_clip,
-                                          frac_bits=cfg.frac_bits, timeout=self.timeout, dropout=cfg.secagg_dropout,
-                                          corrupt=cfg.secagg_corrupt, rounding="nearest")
-        model = self._model_record()
-        contents, user_of = {}, {}
-        for u in sampled:
-            srv.transport.send(SERVER, client(int(u)), t, "model", None, srv.model_bytes)
-            nid = self.node_of[int(u)]
-            user_of[nid] = int(u)
-            contents[nid] = RecordDict({"model": model, "run": self._run_record(u, secure=True)})
-        self.flower_bytes["down"] += len(contents) * model.count_bytes()
-        width = secure_width(srv)
-        keep = bool(srv.transport.transcript.keep_payloads)
-        rep, run = self._secagg.aggregate_vectors(self.grid, t, contents, width, keep_masked=keep)
+        rep, user_of, width, per_client = self._secure_exchange(srv, t, sampled)
         t_clients = time.perf_counter()
-        for stage, idx, nbytes in run.sizes:  # the server's transcript: what it received, as in-process
-            u = user_of[rep.node_ids[idx]]
-            payload = MaskedInput.from_bytes(run.masked[idx]).y if keep and stage == "masked_input" else None
-            srv.transport.send(client(u), SERVER, t, "update" if stage == "masked_input" else f"secagg:{stage}",
-                               payload, nbytes)
-        for u in sampled:
-            srv.transport.send(SERVER, client(int(u)), t, f"{cfg.secure_aggregation}:server", None,
-                               rep.bytes_to_clients // len(sampled))
-        self.flower_bytes["up"] += rep.bytes_from_clients
-        self.flower_bytes["down"] += rep.bytes_to_clients
         n = len(sampled)
-        per_client = srv.model_bytes + (rep.bytes_from_clients + rep.bytes_to_clients) / n
         reasons = [f"user {user_of[nid]}: {stage}: {why}" for nid, (stage, why) in rep.dropped.items()]
         extra = {"dropped": len(rep.dropped), "drop_reasons": reasons[:5], "secagg_k": rep.k,
                  "secagg_t": rep.t, "flower_bytes_down": self.flower_bytes["down"],
@@ -434,7 +521,7 @@ class GridTrainer:
         )
 
     def _scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
-        model = self._model_record()
+        model = self._all_units_record() if self.split else self._model_record()
         msgs = []
         for c, u in enumerate(np.asarray(users)):
             content = {"model": model, "run": self._run_record(u, all=items is None)}
@@ -482,3 +569,79 @@ class GridTrainer:
 
     def cost_report(self) -> dict[str, Any]:
         return {"flower_bytes": dict(self.flower_bytes)}
+
+
+class _BoundUnit:
+    """One unit of a split protocol (FEL: a leaf) with its client-facing hooks bound to the grid.
+
+    The unit's own ``run_round`` (and whatever the protocol does around it) runs unchanged on the
+    server; only these three hooks reach the clients:
+
+    * ``_sample_clients``: the unit's own seeded choice, then the exchange with that cohort
+      (plaintext updates, or our secure aggregation); returns the clients whose replies are valid
+      (the survivors), so the protocol aggregates over exactly those;
+    * ``_local_round``: their validated uploads stacked in cohort order (the clients' user states
+      stay on their nodes: the server's placeholder rows are returned unchanged);
+    * ``_secure_sums`` (secure units): the round's sums decoded from the survivors' secure sum.
+
+    A unit round in which no client answers validly, or whose secure aggregation aborts, raises
+    :class:`RoundFailed` (as an in-process abort stops the run).
+    """
+
+    def __init__(self, gt: GridTrainer, index: int, unit: Any) -> None:
+        self.gt, self.index, self.unit = gt, int(index), unit
+        self.sample = unit._sample_clients  # the protocol's own choice (a bound method)
+        self.pending: dict[str, Any] | None = None
+        unit._sample_clients = self._sample_and_exchange
+        unit._local_round = self._local_round
+        if unit.config.secure_aggregation != "none":
+            unit._secure_sums = self._secure_sums
+
+    def _sample_and_exchange(self) -> np.ndarray:
+        gt, unit, t = self.gt, self.unit, self.unit.round
+        sampled = self.sample()
+        for u in sampled:
+            if gt.unit_of.get(int(u)) != self.index:
+                raise RoundFailed(f"unit {self.index} sampled user {int(u)}, whose public unit is "
+                                  f"{gt.unit_of.get(int(u))}")
+        where = f"round {t}, unit {self.index}"
+        if unit.config.secure_aggregation == "none":
+            kept, updates, errors = gt._plain_exchange(unit, t, sampled)
+            gt._dropped += len(sampled) - len(kept)
+            gt._drops += [f"unit {self.index}: {e}" for e in errors]
+            if not updates:
+                raise RoundFailed(f"{where}: no client of {len(sampled)} answered validly ({errors[0] if errors else ''})")
+            self.pending = {"kept": np.asarray(kept, np.int64), "updates": updates}
+            return self.pending["kept"]
+        rep, user_of, width, per_client = gt._secure_exchange(unit, t, sampled)
+        gt._dropped += len(rep.dropped)
+        gt._drops += [f"unit {self.index}: user {user_of[nid]}: {stage}: {why}" for nid, (stage, why) in rep.dropped.items()]
+        if rep.total is None:
+            raise RoundFailed(f"{where}: secure aggregation aborted ({rep.abort}); the unit's model is unchanged")
+        cfg = unit.config
+        total = FixedPoint(cfg.frac_bits, max(cfg.value_clip, 1.0)).decode(rep.total)
+        survivors = np.asarray(sorted(user_of[nid] for nid in rep.survivors), np.int64)
+        self.pending = {"kept": survivors, "total": total, "width": width, "per_client": per_client}
+        return survivors
+
+    def _local_round(self, sampled: np.ndarray) -> LocalRound:
+        pending, self.pending = self.pending, None
+        if pending is None or not np.array_equal(pending["kept"], sampled):
+            raise RuntimeError(f"unit {self.index}: local round asked for another cohort than the one exchanged")
+        unit = self.unit
+        placeholder = unit.user[torch.as_tensor(sampled)].clone()  # the clients' states stay on their nodes
+        if "updates" in pending:
+            ups = pending["updates"]
+            pair_slot, pair_item, dQ, dH, dB, weight = stack_updates(ups)
+            return LocalRound(P=placeholder, pair_slot=pair_slot, pair_item=pair_item, dQ=dQ, dH=dH, dB=dB,
+                              weight=weight, loss=sum(u.loss for u in ups), examples=sum(u.examples for u in ups))
+        total, width, m, d = pending["total"], pending["width"], len(sampled), unit.config.dim
+        self._secure = pending
+        return LocalRound(P=placeholder, pair_slot=np.zeros(0, np.int64), pair_item=np.zeros(0, np.int64),
+                          dQ=torch.zeros(0, d), dH=torch.zeros(m, d), dB=torch.zeros(m), weight=torch.zeros(m),
+                          loss=float(total[width - 2]), examples=int(round(float(total[width - 1]))))
+
+    def _secure_sums(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):  # noqa: ANN001, ANN202
+        pending, self._secure = self._secure, None
+        self.unit._secagg_seconds = 0.0  # (the clients' share is inside the exchange's wall time)
+        return self.unit._sums_from_total(pending["total"][: pending["width"] - 2]), pending["per_client"] - self.unit.model_bytes

@@ -39,7 +39,7 @@ from protocols.fedavg import FedAvgConfig
 from protocols.fel_leaf import DpSettings, FelLeaf
 from protocols.fel_ncf import NcfLeaf
 from protocols.fel_overarch import OVER_ARCH_COHORT, OverArchDp, client_gradients, over_arch_release
-from protocols.registry import ProtocolSpec, register
+from protocols.registry import DeviceSplit, ProtocolSpec, register
 from protocols.base import Release, RoundStats
 from protocols.transport import SERVER, client
 from dp.events import NonPrivate
@@ -47,7 +47,7 @@ from recmodels import clusters as clmod
 from recmodels.ensemble import COMBINERS, OverArch, ServerAdam, combine, over_arch_gradient, train_over_arch
 from recmodels.sampling import sample_train_negatives
 
-__all__ = ["FelConfig", "FelTrainer", "fel_privacy_report"]
+__all__ = ["FelConfig", "FelTrainer", "check_device_split", "fel_privacy_report"]
 
 _CLUSTERING = ("hash", "attribute", "kmeans")
 _DP = ("none", "central", "distributed")
@@ -327,6 +327,56 @@ class FelTrainer:
             releases=tuple(r for s in stats for r in s.releases),
         )
 
+    # -- parties on separate devices (protocols.registry.DeviceSplit) --------------------------
+    def round_units(self) -> list[FelLeaf]:
+        """The round's units: the leaves, each one FedAvg round on its own cluster, in the order
+        :meth:`run_round` runs them."""
+        return list(self.leaves)
+
+    def unit_of_users(self) -> np.ndarray:
+        """Per dense user, the leaf it trains in (its public cluster); ``-1`` for the users who
+        train no leaf (opt-in, held out, or without training data)."""
+        out = np.full(self.train.n_users, -1, np.int64)
+        out[self.fl_clients] = self.assignment[self.fl_clients]
+        return out
+
+    @classmethod
+    def on_device(cls, train, config: FelConfig, *, seed: int, transport, exclude=None,  # noqa: ANN001
+                  unit: int) -> FelTrainer:
+        """One client's half of FEL on its own device: ``train`` holds only its own rows.
+
+        Every leaf is built on the client's data with the run's seed (so its initialisation and
+        streams are the in-process leaf's); the client's pool in leaf ``unit`` (its public
+        cluster; ``-1``: it trains no leaf) is itself, every other leaf's is empty. Once each
+        leaf's global ``(item, h, b)`` and the client's own vector are installed, :meth:`score`
+        scores exactly as the in-process ensemble does for this user: its own leaf's vector, and
+        for the other leaves a vector folded in from its own positives (no DP on the device: the
+        clip and the noise of central DP are the server's; refused configurations:
+        :func:`check_device_split`).
+        """
+        check_device_split(config)
+        users = np.unique(train.users)
+        if len(users) != 1:
+            raise ValueError(f"FelTrainer.on_device builds one client's half; its data holds {len(users)} users")
+        if not (-1 <= int(unit) < config.n_clusters):
+            raise ValueError(f"unit must be a leaf in 0..{config.n_clusters - 1} or -1; found {unit}")
+        self = cls.__new__(cls)
+        self.train, self.config, self.seed, self.transport, self.exclude = train, config, int(seed), transport, exclude
+        self.round = 0
+        order = np.argsort(train.users, kind="stable")
+        self._pos_items = train.items[order].astype(np.int64)
+        self._pos_start = np.concatenate([[0], np.cumsum(np.bincount(train.users, minlength=train.n_users))])
+        self.assignment = None  # the clustering is the server's; the client knows only its own leaf
+        self.opt_in = self.held_out = np.zeros(0, np.int64)
+        self.fl_clients = users if unit >= 0 else np.zeros(0, np.int64)
+        leaf_cls = NcfLeaf if config.leaf_model == "ncf" else FelLeaf
+        leaf_cfg = config.leaf_config()
+        self.leaves = [leaf_cls(train, leaf_cfg, index=c, dp=None, seed=self.seed * 1009 + c, transport=transport,
+                                exclude=exclude, clients=users if c == unit else np.zeros(0, np.int64))
+                       for c in range(config.n_clusters)]
+        self.noise_multipliers, self.over_arch, self._oa_dp, self._cache = [], None, None, None
+        return self
+
     # -- the ensemble --------------------------------------------------------------------------
     def _leaf_users(self, leaf: FelLeaf) -> torch.Tensor:
         """Every user's vector in ``leaf``: trained for members, fitted by fold-in for the others."""
@@ -493,6 +543,35 @@ class FelTrainer:
         self._cache = None
 
 
+def check_device_split(config: FelConfig) -> None:
+    """Refuse, in words, an FEL configuration whose parties cannot run on separate devices as units.
+
+    The leaves are FedAvg rounds (sample -> local round -> aggregate); what is not:
+    the over-arch (trained on the opt-in users' labels, which only an in-process server holds, or
+    by FedSGD over the clients' ensemble features), NCF leaves (their MLP is not part of the
+    units' global state ``(item, h, b)``), distributed DP (each client noises its update before
+    masking), central DP through secure aggregation (each client must clip before masking), and
+    Poisson sampling.
+    """
+    why = []
+    if config.combiner == "over-arch":
+        why.append("fel.combiner = \"over-arch\" (the over-arch trains on the opt-in users' labels held by the "
+                   "server, or by FedSGD over every client's ensemble features): use mean, median or max")
+    if config.leaf_model != "gmf":
+        why.append(f"fel.leaf_model = {config.leaf_model!r} (the MLP of NCF leaves is not in a unit's global "
+                   "state item, h, b): use \"gmf\"")
+    if config.dp == "distributed":
+        why.append("fel.dp = \"distributed\" (each client adds noise before masking): use \"central\" without "
+                   "secure aggregation, or run it in-process")
+    if config.dp == "central" and config.secure_aggregation != "none":
+        why.append("fel.dp = \"central\" with secure aggregation (each client would clip before masking): set "
+                   "fel.secure_aggregation = \"none\" or run it in-process")
+    if config.dp != "none" and config.sampling == "poisson":
+        why.append("fel.sampling = \"poisson\": use \"fixed\"")
+    if why:
+        raise ValueError("this FEL configuration cannot run with its clients on separate devices: " + "; ".join(why))
+
+
 def fel_privacy_report(ledger, delta: float) -> dict[str, Any]:  # noqa: ANN001
     """FEL's keys for ``secagg privacy report --json``: per-leaf epsilon, the over-arch's, and their composition.
 
@@ -546,4 +625,9 @@ register(ProtocolSpec(
     section="fel",
     config_cls=FelConfig,
     privacy_report=fel_privacy_report,
+    split=DeviceSplit(
+        build_client=lambda ctx, unit: FelTrainer.on_device(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport,
+                                                            exclude=ctx.exclude, unit=unit),
+        check=lambda config: check_device_split(config),
+    ),
 ))

@@ -28,6 +28,7 @@ from recmodels.splits import Split
 __all__ = [
     "PROTOCOL_MODULES",
     "BuildContext",
+    "DeviceSplit",
     "ProtocolSpec",
     "all_protocols",
     "get_protocol",
@@ -82,6 +83,32 @@ class BuildContext:
 
 
 @dataclass(frozen=True)
+class DeviceSplit:
+    """How a protocol made of FedAvg-like sub-rounds splits into parties on separate devices.
+
+    For a protocol whose round is one or more *units*, each a ``_sample_clients -> _local_round ->
+    _aggregate`` sub-round over its own client pool (FEL: one unit per leaf), the trainer
+    :attr:`ProtocolSpec.build` returns exposes ``round_units()`` (the units, in round order) and
+    ``unit_of_users()`` (per dense user, the unit it trains in, ``-1`` for none; public). A runtime
+    that places every client on its own device (``fedflower``) builds the server's half with
+    :attr:`ProtocolSpec.build` and each client's half with :attr:`build_client`.
+
+    Attributes:
+        build_client: ``(ctx, unit) -> trainer``: the client's half on its own data only
+            (``ctx.train`` holds one user's rows); ``unit`` is the client's public unit (``-1``:
+            it trains in none). The result exposes ``round_units()`` (the client's unit trains
+            only that client) and ``score``/``score_all`` for that client once every unit's global
+            state and its own state are installed.
+        check: ``config -> None``; raises ``ValueError`` (in words) for a configuration whose
+            parties cannot be separated this way (e.g. a server-side step that needs data the
+            server does not hold).
+    """
+
+    build_client: Callable[[BuildContext, int], Any]
+    check: Callable[[Any], None] = lambda config: None
+
+
+@dataclass(frozen=True)
 class ProtocolSpec:
     """A registered protocol or baseline.
 
@@ -102,6 +129,8 @@ class ProtocolSpec:
         privacy_report: optional ``(ledger, delta) -> dict`` adding protocol-specific keys to
             ``secagg privacy report RUN_DIR --json`` (e.g. FEL's ``per_leaf``, FedCL's
             ``per_user``), computed from the run's :class:`dp.ledger.PrivacyLedger` only.
+        split: optional :class:`DeviceSplit` (a protocol of FedAvg-like units that runs with its
+            clients on separate devices, e.g. on Flower).
     """
 
     name: str
@@ -114,6 +143,7 @@ class ProtocolSpec:
     keeps_ratings: bool = False
     trains: bool = True
     privacy_report: Callable[[Any, float], dict[str, Any]] | None = None
+    split: DeviceSplit | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -156,7 +156,8 @@ def _flwr_run(env: dict, run_cfg: str) -> None:
     assert "Successfully started run" in tries[-1], "\n".join(tries)
 
 
-def deploy(tmp: Path, rounds: int, preset: str = "fedavg-gmf-secagg", resume_to: int | None = None) -> tuple[Path, Path]:
+def deploy(tmp: Path, rounds: int, preset: str = "fedavg-gmf-secagg", resume_to: int | None = None,
+           config: str = CONFIG) -> tuple[Path, Path]:
     """Partition, start the SuperLink and SuperNodes over TLS, `flwr run` the app; returns (flower, in-process) run dirs.
 
     With ``resume_to``: every SuperNode keeps a ``state-dir``, and after the first run a second
@@ -167,13 +168,13 @@ def deploy(tmp: Path, rounds: int, preset: str = "fedavg-gmf-secagg", resume_to:
 
     certs = throwaway_ca(tmp / "certs")
     cfg = tmp / "config.toml"
-    cfg.write_text(CONFIG.format(rounds=rounds))
+    cfg.write_text(config.format(rounds=rounds))
     assert secagg(["flower", "partition", preset, "--config", str(cfg), "--out", str(tmp / "parts")]) == 0
     n = len(json.loads((tmp / "parts" / "meta.json").read_text())["users"])
     ref_cfg = cfg
     if resume_to is not None:
         ref_cfg = tmp / "reference.toml"
-        ref_cfg.write_text(CONFIG.format(rounds=resume_to))
+        ref_cfg.write_text(config.format(rounds=resume_to))
     assert secagg(["run", preset, "--config", str(ref_cfg), "--out", str(tmp / "inproc"), "--quiet"]) == 0
     link, *node_ports = free_ports(1 + n)
     home = tmp / "flwr"
@@ -261,3 +262,44 @@ def test_a_deployment_resumes_to_the_in_process_model(tmp_path):
 @pytest.mark.parametrize("preset", ["fedavg-gmf", "fedavg-gmf-secagg"])
 def test_deployment_over_tls_three_rounds(tmp_path, preset):
     _check_same_model(*deploy(tmp_path, rounds=3, preset=preset))
+
+
+FEL_CONFIG = """[data]
+synthetic_users = 6
+synthetic_items = 150
+synthetic_mean_interactions = 10
+[eval]
+negatives = 0
+[fel]
+dim = 4
+n_clusters = 2
+min_clients = 2
+clients_per_round = 2
+[run]
+eval_every = 0
+seed = 11
+rounds = {rounds}
+"""
+
+
+@pytest.mark.slow
+def test_fel_deployment_over_tls_gives_the_in_process_leaves(tmp_path):
+    """`fel-mean` with two leaves on six SuperNodes: each node trains its own leaf; the leaves, the metrics
+    (the ensemble scored on the nodes) and the bytes equal `secagg run`'s."""
+    import torch
+
+    from experiments.rundir import RunDir
+
+    flower, inproc = deploy(tmp_path, rounds=2, preset="fel-mean", config=FEL_CONFIG)
+    a = RunDir.open_existing(flower).load_checkpoint()["trainer"]
+    b = RunDir.open_existing(inproc).load_checkpoint()["trainer"]
+    assert a["round"] == b["round"] == 2 and len(a["leaves"]) == len(b["leaves"]) == 2
+    for la, lb in zip(a["leaves"], b["leaves"]):
+        for name in ("item", "h", "b"):
+            torch.testing.assert_close(la[name], lb[name], rtol=1e-5, atol=1e-6)
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (flower, inproc))
+    assert sa["runtime"]["engine"].startswith("flower deployment") and sa["runtime"]["nodes"] == 6
+    for k, v in sb["metrics_full"].items():
+        assert sa["metrics_full"][k] == pytest.approx(v, abs=1e-9), k
+    assert [json.loads(x)["bytes_per_client"] for x in (flower / "costs.jsonl").read_text().splitlines()] == \
+        [json.loads(x)["bytes_per_client"] for x in (inproc / "costs.jsonl").read_text().splitlines()]

@@ -179,3 +179,61 @@ def test_the_privacy_report_of_a_flower_run_is_the_in_process_one(tmp_path):
     assert 3.0 < eps <= 4.0  # the calibration's target, met
     with pytest.raises(ValueError, match="dp_rounds"):  # a fourth round would exceed it, on Flower too
         gt.run_round()
+
+
+RAY_DP_CONFIG = """[data]
+synthetic_users = 40
+synthetic_items = 150
+synthetic_mean_interactions = 10
+[eval]
+negatives = 20
+[fel]
+combiner = "mean"
+dim = 4
+n_clusters = 2
+min_clients = 3
+clients_per_round = 5
+frac_bits = 20
+[run]
+seed = 3
+rounds = 2
+eval_every = 0
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("noise", ["off", "calibrated"])
+def test_fel_dp_simulation_through_ray_gives_the_in_process_run(tmp_path, noise):
+    """`secagg flower simulate fel-dp` (its distributed noise through SecAgg+, a fixed combiner) through Ray
+    against `secagg run fel-dp`: noise off, the same leaves and metrics; the preset's calibrated noise, the
+    same privacy report (releases, epsilon)."""
+    from experiments.cli import main as secagg
+    from experiments.rundir import RunDir
+
+    cfg = tmp_path / "c.toml"
+    extra = '\ncalibration = "noise"\nnoise_multiplier = 0.0\n' if noise == "off" else "\n"
+    cfg.write_text(RAY_DP_CONFIG.replace("frac_bits = 20\n", "frac_bits = 20" + extra))
+    assert secagg(["run", "fel-dp", "--config", str(cfg), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
+    assert secagg(["flower", "simulate", "fel-dp", "--config", str(cfg), "--cpus", "1", "--out", str(tmp_path / "sim"),
+                   "--quiet"]) == 0
+    sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("sim", "inproc"))
+    assert sa["runtime"]["engine"] == "flower simulation (ray)"
+    assert sa["privacy"] == sb["privacy"] and sa["bytes_per_client_per_round"] == sb["bytes_per_client_per_round"]
+    if noise == "off":
+        a = RunDir.open_existing(tmp_path / "sim").load_checkpoint()["trainer"]
+        b = RunDir.open_existing(tmp_path / "inproc").load_checkpoint()["trainer"]
+        for la, lb in zip(a["leaves"], b["leaves"]):
+            for name in ("item", "h", "b"):
+                torch.testing.assert_close(la[name], lb[name], rtol=1e-5, atol=1e-6)
+        for k, v in sb["metrics"].items():
+            assert sa["metrics"][k] == pytest.approx(v, abs=1e-6), k
+        return
+    reports: list = []
+    ledgers = [PrivacyLedger(tmp_path / d / "privacy_ledger.sqlite") for d in ("sim", "inproc")]
+    for ledger in ledgers:
+        rep = fel_privacy_report(ledger, 1e-5)
+        reports.append(json.dumps({k: rep[k] for k in ("epsilon", "per_leaf", "composition", "over_arch")},
+                                  sort_keys=True))
+        reports.append([(e.cohort, type(e.event).__name__, json.dumps(e.params, sort_keys=True, default=str))
+                        for e in ledger.entries()])
+    assert reports[:2] == reports[2:] and 0 < json.loads(reports[0])["epsilon"] < 4.0

@@ -14,7 +14,8 @@ through the registry (:class:`protocols.registry.DeviceSplit`): its trainer list
 (``round_units()``) and each user's public unit (``unit_of_users()``), and it builds a client's
 half on the client's own data (``split.build_client``). The server then runs the protocol's own
 ``run_round`` with every unit's client-facing hooks (``_sample_clients``, ``_local_round``, and
-``_secure_sums`` for a secure unit) bound to Flower (:class:`fedflower.apps.GridTrainer`); the unit
+``_secure_sums`` for a secure unit, ``_dp_secure_sum`` for a DP unit through secure aggregation,
+whose clients run the unit's own DP step on their devices: :func:`client_secure_vector`) bound to Flower (:class:`fedflower.apps.GridTrainer`); the unit
 aggregates with its own ``_aggregate``, so whatever the protocol does around its units (FEL: labelling each leaf's releases, recording the
 leaf models, combining the round's statistics) is the in-process code; each client trains only its
 own unit. The partition files and the census then carry each client's public unit and nothing else

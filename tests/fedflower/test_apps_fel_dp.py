@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from dp.ledger import PrivacyLedger
@@ -237,3 +240,27 @@ def test_fel_dp_simulation_through_ray_gives_the_in_process_run(tmp_path, noise)
         reports.append([(e.cohort, type(e.event).__name__, json.dumps(e.params, sort_keys=True, default=str))
                         for e in ledger.entries()])
     assert reports[:2] == reports[2:] and 0 < json.loads(reports[0])["epsilon"] < 4.0
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), dp=st.sampled_from(["central", "distributed"]),
+       secure=st.sampled_from(["secagg", "secagg+"]), clip=st.sampled_from([0.05, 0.5, 5.0]),
+       n_clusters=st.integers(1, 2), per_round=st.integers(3, 5), aggregation=st.sampled_from(["sum", "mean"]))
+def test_noise_free_dp_leaves_on_flower_match_in_process_for_any_config(tmp_path_factory, seed, dp, secure, clip,
+                                                                          n_clusters, per_round, aggregation):
+    train, exclude = make_data(24, 30, seed, low_ratings=True)
+    cfg = FelConfig(**{**BASE, **DP, "frac_bits": 20, "dp": dp, "secure_aggregation": secure, "clip": clip,
+                       "noise_multiplier": 0.0, "n_clusters": n_clusters, "clients_per_round": per_round,
+                       "item_aggregation": aggregation})
+    try:
+        ref = in_process(train, exclude, cfg, seed)
+    except ValueError as exc:  # a cluster below min_clients, or SecAgg+ impossible for the cohort: refused alike
+        with pytest.raises(ValueError, match=re.escape(str(exc)[:40])):
+            fel_grid(tmp_path_factory.mktemp("run"), train, exclude, cfg, seed)
+        return
+    gt, _ = fel_grid(tmp_path_factory.mktemp("run"), train, exclude, cfg, seed)
+    no_server_noise(gt)
+    for _ in range(2):
+        want, got = ref.run_round(), gt.run_round()
+        assert releases(got) == releases(want)
+    assert_leaves_close(gt.server.leaves, ref.leaves, atol=1e-6)

@@ -14,7 +14,8 @@ through the registry (:class:`protocols.registry.DeviceSplit`): its trainer list
 (``round_units()``) and each user's public unit (``unit_of_users()``), and it builds a client's
 half on the client's own data (``split.build_client``). The server then runs the protocol's own
 ``run_round`` with every unit's client-facing hooks (``_sample_clients``, ``_local_round``, and
-``_secure_sums`` for a secure unit) bound to Flower (:class:`fedflower.apps.GridTrainer`); the unit
+``_secure_sums`` for a secure unit, ``_dp_secure_sum`` for a DP unit through secure aggregation,
+whose clients run the unit's own DP step on their devices: :func:`client_secure_vector`) bound to Flower (:class:`fedflower.apps.GridTrainer`); the unit
 aggregates with its own ``_aggregate``, so whatever the protocol does around its units (FEL: labelling each leaf's releases, recording the
 leaf models, combining the round's statistics) is the in-process code; each client trains only its
 own unit. The partition files and the census then carry each client's public unit and nothing else
@@ -78,6 +79,7 @@ __all__ = [
     "client_local_round",
     "client_secure_vector",
     "decode_update",
+    "dp_unit",
     "encode_update",
     "load_node_state",
     "load_partition",
@@ -340,22 +342,26 @@ def build_server_trainer(spec: ProtocolSpec, config: Any, seed: int, meta: Parti
     return server
 
 
-def build_client_trainer(spec: ProtocolSpec, config: Any, seed: int, part: Partition) -> Any:
+def build_client_trainer(spec: ProtocolSpec, config: Any, seed: int, part: Partition,
+                         unit_clients: int | None = None) -> Any:
     """A client's half: the protocol built on this client's own data only.
 
     Built without ``secure_aggregation``: the client's trainer only trains (its half of the secure
     sum is :func:`fedflower.secagg_mod.secagg_mod`), and the protocol's checks of a round's SecAgg+
     parameters concern the server's cohort, not this one-user view. A split protocol's half is
-    built by its ``split.build_client`` for the unit written in the client's partition.
+    built by its ``split.build_client`` for the unit written in the client's partition (which
+    builds its units without secure aggregation itself: its config may need it, e.g. FEL's
+    distributed DP), with ``unit_clients``, the unit's public pool size the server sent.
     """
-    if getattr(config, "secure_aggregation", "none") != "none":
-        config = dataclasses.replace(config, secure_aggregation="none")
     if spec.split is None:
+        if getattr(config, "secure_aggregation", "none") != "none":
+            config = dataclasses.replace(config, secure_aggregation="none")
         return _build(spec, config, seed, part.train(), part.exclude())
     if part.unit is None:
         raise ValueError(f"partition {part.partition_id} holds no unit; protocol {spec.name!r} needs partitions "
                          "written for it (secagg flower partition PRESET)")
-    trainer = spec.split.build_client(_context(config, seed, part.train(), part.exclude(), None, "flower"), part.unit)
+    trainer = spec.split.build_client(_context(config, seed, part.train(), part.exclude(), None, "flower"), part.unit,
+                                      unit_clients)
     _check_hooks(spec, trainer)
     return trainer
 
@@ -385,8 +391,19 @@ def client_local_round(trainer: Any, user: int, round_: int, model: dict[str, np
     return encode_update(lr), lr.P[0].numpy().copy()
 
 
+def dp_unit(trainer: Any) -> bool:
+    """Whether ``trainer`` (a unit) aggregates under DP-FedAvg (FEL's DP leaves: ``dp`` settings and
+    :meth:`protocols.fel_leaf.FelLeaf.device_inputs`); its secure input is then the clipped
+    (and noised) update alone."""
+    return getattr(trainer, "dp", None) is not None and hasattr(trainer, "device_inputs")
+
+
 def secure_width(trainer: Any) -> int:
-    """Length of a client's secure-aggregation input: the protocol's vector, then loss and examples."""
+    """Length of a client's secure-aggregation input: the protocol's vector, then loss and examples
+    (a DP unit: its clipped update alone, ``trainer.width``; the loss and example count would be
+    sums released without noise, so they are not sent)."""
+    if dp_unit(trainer):
+        return int(trainer.width)
     cfg, n_items = trainer.config, int(trainer.item.shape[0])
     return n_items * cfg.dim + (n_items if cfg.item_aggregation == "touched" else 0) + cfg.dim + 2 + 2
 
@@ -399,10 +416,24 @@ def client_secure_vector(trainer: Any, user: int, round_: int, model: dict[str, 
     sum over clients is the round's sums) followed by the client's loss sum (capped at
     ``value_clip``) and example count, so that the server learns those only summed, too.
 
+    A DP unit's vector (:func:`dp_unit`) is instead its own DP-FedAvg step on its own update, on
+    the device before masking: the unit's :meth:`~protocols.fel_leaf.FelLeaf.device_inputs`
+    (clipped to ``clip``; under distributed noise plus this client's discrete Gaussian share),
+    without the loss and example count.
+
     Raises:
         ValueError: a value beyond ``fedavg.value_clip`` (the client cannot be encoded).
     """
     lr = _train_one(trainer, user, round_, model, state)
+    if dp_unit(trainer):
+        vec = trainer.device_inputs(trainer.client_vectors(np.zeros(1, np.int64), lr.pair_slot, lr.pair_item,
+                                                           lr.dQ, lr.dH, lr.dB))[0].astype(np.float64)
+        clip = float(trainer.config.value_clip)
+        big = float(np.abs(vec).max(initial=0.0))
+        if not np.isfinite(big) or big > clip:
+            raise ValueError(f"round {round_}: this client's clipped and noised update holds {big:.4g}, beyond "
+                             f"fel.value_clip = {clip:g}; raise fel.value_clip")
+        return vec, lr.P[0].numpy().copy()
     vec = trainer._client_vectors(np.zeros(1, np.int64), lr.pair_slot, lr.pair_item, lr.dQ, lr.dH, lr.dB, lr.weight)[0]
     clip = float(trainer.config.value_clip)
     out = np.concatenate([vec, [min(float(lr.loss), clip), float(lr.examples)]]).astype(np.float64)

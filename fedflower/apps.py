@@ -54,6 +54,7 @@ from fedflower.adapter import (
     config_from_json,
     config_to_json,
     decode_update,
+    dp_unit,
     load_node_state,
     load_partition,
     save_node_state,
@@ -172,7 +173,11 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
             raise ValueError("this client trains only through secure aggregation "
                              f"({'the protocol config asks for it' if wants_secure else 'node setting'}); "
                              "refusing a plaintext round")
-        trainer = _own_unit(build_client_trainer(spec, config, int(run["seed"]), part), part, run)
+        unit_clients = int(run["unit_clients"]) if "unit_clients" in run else None
+        trainer = _own_unit(build_client_trainer(spec, config, int(run["seed"]), part, unit_clients), part, run)
+        if secure and getattr(config, "dp", "none") != "none" and not dp_unit(trainer):
+            raise ValueError("a DP round through secure aggregation needs this client's own DP step, sized by its "
+                             "leaf's public size (unit_clients), which the request does not carry; refusing")
         store = _state_dir(context, sdir)
         prev = _user_state(context, store, part.partition_id, int(run["round"]))
         model = _arrays(msg.content["model"])
@@ -312,6 +317,8 @@ class GridTrainer:
     def _run_record(self, user: int, **extra: Any) -> ConfigRecord:
         if self.split and "all" not in extra:  # a training request names the unit the client trains
             extra.setdefault("unit", self.unit_of[int(user)])
+            if 0 <= extra["unit"] < len(self.units):  # and its public pool size (FEL's DP step depends on it)
+                extra.setdefault("unit_clients", int(len(self.units[extra["unit"]]._clients)))
         if self.assign:
             extra["partition"] = self.partition_of[int(user)]
         return ConfigRecord({"protocol": self.protocol, "config": self.config_json, "seed": self.seed,
@@ -582,7 +589,13 @@ class _BoundUnit:
       (the survivors), so the protocol aggregates over exactly those;
     * ``_local_round``: their validated uploads stacked in cohort order (the clients' user states
       stay on their nodes: the server's placeholder rows are returned unchanged);
-    * ``_secure_sums`` (secure units): the round's sums decoded from the survivors' secure sum.
+    * ``_secure_sums`` (secure units): the round's sums decoded from the survivors' secure sum;
+    * ``_dp_secure_sum`` (DP units through secure aggregation, :func:`fedflower.adapter.dp_unit`):
+      the survivors' sum of the inputs each device clipped (and noised) itself, and how many
+      survived. The cohort stays the sampled one (the unit accounts its survivors' noise and
+      releases ``clients = m`` as in-process); the server never clips or noises anything itself
+      (placeholder rows only), and does not learn who was clipped. No loss is released (the
+      round's loss is NaN: an unnoised sum of losses would be a release DP does not cover).
 
     A unit round in which no client answers validly, or whose secure aggregation aborts, raises
     :class:`RoundFailed` (as an in-process abort stops the run).
@@ -594,8 +607,12 @@ class _BoundUnit:
         self.pending: dict[str, Any] | None = None
         unit._sample_clients = self._sample_and_exchange
         unit._local_round = self._local_round
+        self.dp = dp_unit(unit)
         if unit.config.secure_aggregation != "none":
-            unit._secure_sums = self._secure_sums
+            if self.dp:
+                unit._dp_secure_sum = self._dp_secure_sum
+            else:
+                unit._secure_sums = self._secure_sums
 
     def _sample_and_exchange(self) -> np.ndarray:
         gt, unit, t = self.gt, self.unit, self.unit.round
@@ -621,8 +638,10 @@ class _BoundUnit:
         cfg = unit.config
         total = FixedPoint(cfg.frac_bits, max(cfg.value_clip, 1.0)).decode(rep.total)
         survivors = np.asarray(sorted(user_of[nid] for nid in rep.survivors), np.int64)
-        self.pending = {"kept": survivors, "total": total, "width": width, "per_client": per_client}
-        return survivors
+        kept = np.asarray(sampled, np.int64) if self.dp else survivors
+        self.pending = {"kept": kept, "total": total, "width": width, "per_client": per_client,
+                        "survivors": survivors}
+        return kept
 
     def _local_round(self, sampled: np.ndarray) -> LocalRound:
         pending, self.pending = self.pending, None
@@ -637,11 +656,21 @@ class _BoundUnit:
                               weight=weight, loss=sum(u.loss for u in ups), examples=sum(u.examples for u in ups))
         total, width, m, d = pending["total"], pending["width"], len(sampled), unit.config.dim
         self._secure = pending
+        loss, examples = (float("nan"), 0) if self.dp else (float(total[width - 2]), int(round(float(total[width - 1]))))
         return LocalRound(P=placeholder, pair_slot=np.zeros(0, np.int64), pair_item=np.zeros(0, np.int64),
                           dQ=torch.zeros(0, d), dH=torch.zeros(m, d), dB=torch.zeros(m), weight=torch.zeros(m),
-                          loss=float(total[width - 2]), examples=int(round(float(total[width - 1]))))
+                          loss=loss, examples=examples)
 
     def _secure_sums(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):  # noqa: ANN001, ANN202
         pending, self._secure = self._secure, None
         self.unit._secagg_seconds = 0.0  # (the clients' share is inside the exchange's wall time)
         return self.unit._sums_from_total(pending["total"][: pending["width"] - 2]), pending["per_client"] - self.unit.model_bytes
+
+    def _dp_secure_sum(self, t, sampled, clipped, dropped):  # noqa: ANN001, ANN202
+        pending, self._secure = self._secure, None
+        if len(dropped):  # (check_device_split refuses fel.simulate_dropout: dropouts here are real)
+            raise RuntimeError(f"unit {self.index}: simulated dropouts do not run on Flower")
+        unit = self.unit
+        unit._secagg_seconds = 0.0
+        unit._clip_scales = None  # the devices clipped; the server does not know whose update was clipped
+        return pending["total"], pending["per_client"] - unit.model_bytes, len(pending["survivors"])

@@ -27,6 +27,7 @@ that chose the cohort.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass, fields
@@ -212,6 +213,17 @@ def _calibrate(cfg: FelConfig, q: float, *, over_arch: bool = False) -> float:
     return z
 
 
+def _leaf_dp(config: FelConfig, population: int) -> DpSettings:
+    """The DP settings of a leaf whose client pool has ``population`` clients (its ``z`` calibrated
+    to the leaf's ``q`` under ``calibration = "epsilon"``): the in-process leaves' and, from the
+    public size of its leaf, a client's half on its own device (:meth:`FelTrainer.on_device`)."""
+    q = config.leaf_config().clients_in_round(population) / population
+    z = _calibrate(config, q) if config.calibration == "epsilon" else config.noise_multiplier
+    return DpSettings(mode=config.dp, clip=config.clip, noise_multiplier=z, sampling=config.sampling,
+                      dropout_margin=config.dropout_margin, simulate_dropout=config.simulate_dropout,
+                      on_excess_dropout=config.on_excess_dropout, noise_tail=config.noise_tail)
+
+
 class FelTrainer:
     """FEL over GMF or NCF leaves (see the module docstring)."""
 
@@ -250,12 +262,8 @@ class FelTrainer:
             members = fl_clients[self.assignment[fl_clients] == c]
             dp = None
             if config.dp != "none":
-                q = leaf_cfg.clients_in_round(len(members)) / len(members)
-                z = _calibrate(config, q) if config.calibration == "epsilon" else config.noise_multiplier
-                self.noise_multipliers.append(z)
-                dp = DpSettings(mode=config.dp, clip=config.clip, noise_multiplier=z, sampling=config.sampling,
-                                dropout_margin=config.dropout_margin, simulate_dropout=config.simulate_dropout,
-                                on_excess_dropout=config.on_excess_dropout, noise_tail=config.noise_tail)
+                dp = _leaf_dp(config, len(members))
+                self.noise_multipliers.append(dp.z)
             leaf_cls = NcfLeaf if config.leaf_model == "ncf" else FelLeaf
             self.leaves.append(leaf_cls(train, leaf_cfg, index=c, dp=dp, seed=self.seed * 1009 + c, transport=transport,
                                        exclude=exclude, clients=members))
@@ -342,7 +350,7 @@ class FelTrainer:
 
     @classmethod
     def on_device(cls, train, config: FelConfig, *, seed: int, transport, exclude=None,  # noqa: ANN001
-                  unit: int) -> FelTrainer:
+                  unit: int, unit_clients: int | None = None) -> FelTrainer:
         """One client's half of FEL on its own device: ``train`` holds only its own rows.
 
         Every leaf is built on the client's data with the run's seed (so its initialisation and
@@ -350,9 +358,16 @@ class FelTrainer:
         cluster; ``-1``: it trains no leaf) is itself, every other leaf's is empty. Once each
         leaf's global ``(item, h, b)`` and the client's own vector are installed, :meth:`score`
         scores exactly as the in-process ensemble does for this user: its own leaf's vector, and
-        for the other leaves a vector folded in from its own positives (no DP on the device: the
-        clip and the noise of central DP are the server's; refused configurations:
-        :func:`check_device_split`).
+        for the other leaves a vector folded in from its own positives.
+
+        Under DP, ``unit_clients`` (the public size of the client's leaf, which fixes the cohort
+        size ``m`` and, calibrated, ``z``) gives the client's leaf the in-process leaf's DP
+        settings, so that through secure aggregation the client clips its update and, under
+        distributed noise, adds its own noise share before masking (:meth:`FelLeaf.device_inputs`).
+        Without it (scoring, or central DP in plaintext, where the server clips and adds the noise)
+        the leaf has none. The leaves train without secure aggregation: the client's half of the
+        secure sum is :func:`fedflower.secagg_mod.secagg_mod`. Refused configurations:
+        :func:`check_device_split`.
         """
         check_device_split(config)
         users = np.unique(train.users)
@@ -360,6 +375,8 @@ class FelTrainer:
             raise ValueError(f"FelTrainer.on_device builds one client's half; its data holds {len(users)} users")
         if not (-1 <= int(unit) < config.n_clusters):
             raise ValueError(f"unit must be a leaf in 0..{config.n_clusters - 1} or -1; found {unit}")
+        if unit_clients is not None and (isinstance(unit_clients, bool) or int(unit_clients) < 1):
+            raise ValueError(f"unit_clients must be the size of the client's leaf (>= 1); found {unit_clients!r}")
         self = cls.__new__(cls)
         self.train, self.config, self.seed, self.transport, self.exclude = train, config, int(seed), transport, exclude
         self.round = 0
@@ -370,9 +387,12 @@ class FelTrainer:
         self.opt_in = self.held_out = np.zeros(0, np.int64)
         self.fl_clients = users if unit >= 0 else np.zeros(0, np.int64)
         leaf_cls = NcfLeaf if config.leaf_model == "ncf" else FelLeaf
-        leaf_cfg = config.leaf_config()
-        self.leaves = [leaf_cls(train, leaf_cfg, index=c, dp=None, seed=self.seed * 1009 + c, transport=transport,
-                                exclude=exclude, clients=users if c == unit else np.zeros(0, np.int64))
+        leaf_cfg = dataclasses.replace(config.leaf_config(), secure_aggregation="none")
+        own_dp = _leaf_dp(config, int(unit_clients)) if config.dp != "none" and unit_clients is not None else None
+        self.leaves = [leaf_cls(train, leaf_cfg, index=c, dp=own_dp if c == unit else None, seed=self.seed * 1009 + c,
+                                transport=transport, exclude=exclude,
+                                clients=users if c == unit else np.zeros(0, np.int64),
+                                **({"population": int(unit_clients)} if c == unit and own_dp is not None else {}))
                        for c in range(config.n_clusters)]
         self.noise_multipliers, self.over_arch, self._oa_dp, self._cache = [], None, None, None
         return self
@@ -546,12 +566,12 @@ class FelTrainer:
 def check_device_split(config: FelConfig) -> None:
     """Refuse, in words, an FEL configuration whose parties cannot run on separate devices as units.
 
-    The leaves are FedAvg rounds (sample -> local round -> aggregate); what is not:
-    the over-arch (trained on the opt-in users' labels, which only an in-process server holds, or
-    by FedSGD over the clients' ensemble features), NCF leaves (their MLP is not part of the
-    units' global state ``(item, h, b)``), distributed DP (each client noises its update before
-    masking), central DP through secure aggregation (each client must clip before masking), and
-    Poisson sampling.
+    The leaves are FedAvg rounds (sample -> local round -> aggregate), with DP-FedAvg's client step
+    (clip, and the distributed noise share) on the device before masking; what is not: the
+    over-arch (trained on the opt-in users' labels, which only an in-process server holds, or by
+    FedSGD over the clients' ensemble features), NCF leaves (their MLP is not part of the units'
+    global state ``(item, h, b)``), Poisson sampling, and ``simulate_dropout`` (the in-process
+    simulation's dropouts: on devices dropouts are real).
     """
     why = []
     if config.combiner == "over-arch":
@@ -560,14 +580,11 @@ def check_device_split(config: FelConfig) -> None:
     if config.leaf_model != "gmf":
         why.append(f"fel.leaf_model = {config.leaf_model!r} (the MLP of NCF leaves is not in a unit's global "
                    "state item, h, b): use \"gmf\"")
-    if config.dp == "distributed":
-        why.append("fel.dp = \"distributed\" (each client adds noise before masking): use \"central\" without "
-                   "secure aggregation, or run it in-process")
-    if config.dp == "central" and config.secure_aggregation != "none":
-        why.append("fel.dp = \"central\" with secure aggregation (each client would clip before masking): set "
-                   "fel.secure_aggregation = \"none\" or run it in-process")
     if config.dp != "none" and config.sampling == "poisson":
         why.append("fel.sampling = \"poisson\": use \"fixed\"")
+    if config.dp == "distributed" and config.simulate_dropout > 0:
+        why.append(f"fel.simulate_dropout = {config.simulate_dropout:g} (the in-process simulation's dropouts; on "
+                   "devices a client drops by not answering): set it to 0")
     if why:
         raise ValueError("this FEL configuration cannot run with its clients on separate devices: " + "; ".join(why))
 
@@ -626,8 +643,9 @@ register(ProtocolSpec(
     config_cls=FelConfig,
     privacy_report=fel_privacy_report,
     split=DeviceSplit(
-        build_client=lambda ctx, unit: FelTrainer.on_device(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport,
-                                                            exclude=ctx.exclude, unit=unit),
+        build_client=lambda ctx, unit, unit_clients=None: FelTrainer.on_device(
+            ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport, exclude=ctx.exclude, unit=unit,
+            unit_clients=unit_clients),
         check=lambda config: check_device_split(config),
     ),
 ))

@@ -95,16 +95,22 @@ class FelLeaf(FedAvgGMF):
     Args:
         index: the cluster index (the ledger cohort is ``"leaf:<index>"``).
         dp: DP-FedAvg settings, or ``None`` for FedAvg's own aggregation (no DP).
+        population: the leaf's client pool size when it is not ``len(clients)`` (a client's half
+            on its own device: :meth:`protocols.fel.FelTrainer.on_device`); it fixes ``m`` and
+            hence the client's noise share.
         (the rest as :class:`protocols.fedavg.FedAvgGMF`.)
     """
 
     def __init__(self, train, config: FedAvgConfig, *, index: int, dp: DpSettings | None, seed: int,
-                 transport, exclude, clients: np.ndarray) -> None:  # noqa: ANN001
+                 transport, exclude, clients: np.ndarray, population: int | None = None) -> None:  # noqa: ANN001
         super().__init__(train, config, seed=seed, transport=transport, exclude=exclude, clients=clients)
         self.index, self.dp = index, dp
         self.width = train.n_items * config.dim + config.dim + 1 + self.extra_width(config.dim)
-        self.expected = config.clients_in_round(len(self._clients))  # the fixed denominator m
-        self.q = self.expected / max(len(self._clients), 1)
+        # (``population``: the leaf's public pool size, given by a client's half on its own device,
+        # whose pool is itself; the in-process leaf's pool is its cluster)
+        pool = len(self._clients) if population is None else int(population)
+        self.expected = config.clients_in_round(pool)  # the fixed denominator m
+        self.q = self.expected / max(pool, 1)
         if dp is not None and dp.mode == "distributed":
             self.min_survivors = max(1, math.ceil((1 - dp.dropout_margin) * self.expected))
             self.sens_grid = dp.clip * 2.0**config.frac_bits + math.sqrt(self.width) / 2
@@ -117,6 +123,7 @@ class FelLeaf(FedAvgGMF):
         else:
             self.min_survivors, self.sigma_client = 0, 0.0
         self._presampled: np.ndarray | None = None
+        self._clip_scales: np.ndarray | None = None  # the last round's per-client clip factors, where known
 
     @classmethod
     def extra_width(cls, dim: int) -> int:
@@ -210,7 +217,7 @@ class FelLeaf(FedAvgGMF):
         if self.dp is None:
             return super()._aggregate(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
         cfg, dp, m = self.config, self.dp, len(sampled)
-        clipped, scales = clip_rows_l2(self.client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB), dp.clip)
+        clipped, self._clip_scales = self.clip_rows(self.client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB))
         total, upload, z_eff, extra = self._noisy_sum(t, sampled, clipped)
         self._apply_dp(total)
         label = ("fixed-size cohort, unamplified Gaussian per round" if dp.sampling == "fixed"
@@ -219,38 +226,53 @@ class FelLeaf(FedAvgGMF):
                   "sampling": dp.sampling, "sampling_reading": label, "denominator": self.expected,
                   "population": int(len(self._clients)), "q": self.q, **extra}
         what = f"the clipped sum with {dp.mode} Gaussian noise (DP-FedAvg)"
-        extra["clipped_fraction"] = float(np.mean(scales < 1)) if m else 0.0
+        if self._clip_scales is not None:  # (None: the clients clipped on their devices, the server cannot know)
+            extra["clipped_fraction"] = float(np.mean(self._clip_scales < 1)) if m else 0.0
         return upload, (Release(self._event(z_eff), who="clients", what=what, params=params),), extra
 
+    # -- each client's own step (in-process for the whole cohort at once; on Flower on its device) --
+    def clip_rows(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row (one client's unweighted ``dQ | dh | db``, :meth:`client_vectors`) clipped to
+        L2 norm ``clip``: ``(clipped rows, scale factors)``."""
+        return clip_rows_l2(vectors, self.dp.clip)
+
+    def noise_share(self, clipped: np.ndarray) -> np.ndarray:
+        """Under ``distributed`` noise with ``z > 0``: each row plus that client's discrete Gaussian
+        share (standard deviation ``sigma_client`` on the ``2^-frac_bits`` grid, from the CSPRNG),
+        added before masking; otherwise the rows unchanged."""
+        dp, f = self.dp, self.config.frac_bits
+        if dp.mode != "distributed" or dp.z <= 0:
+            return clipped
+        return clipped + discrete_gaussian_noise(clipped.shape, self.sigma_client, f).astype(np.float64) / 2.0**f
+
+    def device_inputs(self, vectors: np.ndarray) -> np.ndarray:
+        """What a client masks under DP through secure aggregation: its :meth:`clip_rows`, then its
+        :meth:`noise_share`. The Flower client half calls this on its own row
+        (:func:`fedflower.adapter.client_secure_vector`); in-process the same two steps run in
+        :meth:`_aggregate` and :meth:`_dp_secure_sum` on the cohort's rows."""
+        return self.noise_share(self.clip_rows(vectors)[0])
+
+    # -- the server's side ---------------------------------------------------------------------
     def _noisy_sum(self, t: int, sampled: np.ndarray, clipped: np.ndarray):
+        """The round's noisy sum of the ``clipped`` rows: ``(total, upload bytes, effective z, release extras)``."""
         cfg, dp = self.config, self.dp
-        senders = [client(u) for u in sampled]
         if dp.mode == "central":
             if cfg.secure_aggregation == "none" or len(sampled) == 0:
                 total, upload = clipped.sum(0), 4.0 * self.width
                 for u in sampled:
                     self.transport.send(client(u), "server", t, "update", None, 4 * self.width)
             else:
-                res = secure_sum(clipped, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
-                                 value_clip=cfg.value_clip, round=t, transport=self.transport, senders=senders,
-                                 where="fel.value_clip", dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
-                total, upload = res.total, res.bytes_per_client
+                total, upload, _ = self._dp_secure_sum(t, sampled, clipped, np.zeros(0, dtype=np.int64))
             if dp.z > 0:
                 total = total + gaussian_noise(self.width, dp.z * dp.clip)
             return total, upload, dp.z, {}
         # distributed: discrete Gaussian on the grid, added by each client before masking
         f = cfg.frac_bits
-        noise = discrete_gaussian_noise((len(sampled), self.width), self.sigma_client, f).astype(np.float64) / 2.0**f \
-            if dp.z > 0 else np.zeros_like(clipped)
         dropped = np.zeros(0, dtype=np.int64)
         if dp.simulate_dropout > 0 and len(sampled):
             n_drop = int(round(dp.simulate_dropout * len(sampled)))
             dropped = np.sort(self.rng.choice(len(sampled), size=n_drop, replace=False))
-        res = secure_sum(clipped + noise, protocol=cfg.secure_aggregation, frac_bits=f, value_clip=cfg.value_clip,
-                         round=t, transport=self.transport, senders=senders, where="fel.value_clip",
-                         dropouts={"masked_input": frozenset(int(i) for i in dropped)} if dropped.size else None,
-                         dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
-        n_surv = len(res.survivors)
+        total, upload, n_surv = self._dp_secure_sum(t, sampled, clipped, dropped)
         z_eff = math.sqrt(n_surv) * self.sigma_client * 2.0**f / self.sens_grid if dp.z > 0 else 0.0
         if dp.z > 0 and n_surv < self.min_survivors:
             if dp.on_excess_dropout == "refuse":
@@ -259,8 +281,21 @@ class FelLeaf(FedAvgGMF):
                     f"{self.min_survivors} the distributed noise was sized for (fel.dropout_margin="
                     f"{dp.dropout_margin}); the round was not applied. Raise fel.dropout_margin or set "
                     "fel.on_excess_dropout = \"reaccount\"")
-        return res.total, res.bytes_per_client, z_eff, {"survivors": n_surv, "dropped": int(dropped.size),
-                                                        "sigma_client": self.sigma_client}
+        return total, upload, z_eff, {"survivors": n_surv, "dropped": len(sampled) - n_surv,
+                                      "sigma_client": self.sigma_client}
+
+    def _dp_secure_sum(self, t: int, sampled: np.ndarray, clipped: np.ndarray, dropped: np.ndarray):
+        """The ``clipped`` rows, each with its client's :meth:`noise_share`, summed through
+        SecAgg/SecAgg+: ``(decoded sum over the survivors, upload bytes per client, survivors)``;
+        the rows ``dropped`` drop before their masked input. The Flower adapter binds this hook to
+        the devices' secure sum (each device computed its own :meth:`device_inputs`)."""
+        cfg = self.config
+        res = secure_sum(self.noise_share(clipped), protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
+                         value_clip=cfg.value_clip, round=t, transport=self.transport,
+                         senders=[client(u) for u in sampled], where="fel.value_clip",
+                         dropouts={"masked_input": frozenset(int(i) for i in dropped)} if dropped.size else None,
+                         dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
+        return res.total, res.bytes_per_client, len(res.survivors)
 
     def _apply_dp(self, total: np.ndarray) -> None:
         n_items, d, lr = self.train.n_items, self.config.dim, self.config.server_lr

@@ -94,17 +94,19 @@ class DeviceSplit:
     :attr:`ProtocolSpec.build` and each client's half with :attr:`build_client`.
 
     Attributes:
-        build_client: ``(ctx, unit) -> trainer``: the client's half on its own data only
-            (``ctx.train`` holds one user's rows); ``unit`` is the client's public unit (``-1``:
-            it trains in none). The result exposes ``round_units()`` (the client's unit trains
-            only that client) and ``score``/``score_all`` for that client once every unit's global
-            state and its own state are installed.
+        build_client: ``(ctx, unit, unit_clients=None) -> trainer``: the client's half on its own
+            data only (``ctx.train`` holds one user's rows); ``unit`` is the client's public unit
+            (``-1``: it trains in none), ``unit_clients`` the public size of that unit's client
+            pool when the server sends it (a client-side step may depend on it: FEL's noise
+            share). The result exposes ``round_units()`` (the client's unit trains only that
+            client) and ``score``/``score_all`` for that client once every unit's global state and
+            its own state are installed.
         check: ``config -> None``; raises ``ValueError`` (in words) for a configuration whose
             parties cannot be separated this way (e.g. a server-side step that needs data the
             server does not hold).
     """
 
-    build_client: Callable[[BuildContext, int], Any]
+    build_client: Callable[..., Any]
     check: Callable[[Any], None] = lambda config: None
 
 

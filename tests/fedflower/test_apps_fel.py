@@ -321,7 +321,7 @@ def test_a_resumed_fel_run_equals_the_uninterrupted_one(tmp_path):
 @pytest.mark.parametrize("preset, reason", [
     ("fel", "over-arch"),
     ("fel-ncf", "NCF"),
-    ("fel-dp", "distributed"),
+    ("fel-dp", "over-arch"),  # (its leaves' distributed DP runs on Flower: with a fixed combiner, below)
     ("fel-fl", "over-arch"),
 ])
 def test_fel_configurations_that_need_more_than_units_are_refused_in_words(preset, reason):
@@ -330,8 +330,12 @@ def test_fel_configurations_that_need_more_than_units_are_refused_in_words(prese
     config = cfgmod.load_preset(preset)
     with pytest.raises(UserError, match=reason):
         check_protocol(config)
-    with pytest.raises(ValueError, match="cannot run with its clients on separate devices"):
-        check_runs_on_flower(SPEC, FelConfig(dp="central", secure_aggregation="secagg+", combiner="mean"))
+    for bad, why in ((dict(dp="distributed", simulate_dropout=0.2), "simulate_dropout"),
+                     (dict(dp="central", sampling="poisson"), "poisson")):
+        with pytest.raises(ValueError, match=f"cannot run with its clients on separate devices.*{why}"):
+            check_runs_on_flower(SPEC, FelConfig(secure_aggregation="secagg+", combiner="mean", **bad))
+    for fine in (dict(dp="central"), dict(dp="distributed")):  # DP-FedAvg's client step runs on the device
+        check_runs_on_flower(SPEC, FelConfig(secure_aggregation="secagg+", combiner="mean", **fine))
     for ok in ("fel-mean", "fel-median", "fel-max", "fl-baseline"):
         check_protocol(cfgmod.load_preset(ok))
     with pytest.raises(UserError, match="'fedfast' does not run on Flower yet"):  # not units (docs/flower.md)

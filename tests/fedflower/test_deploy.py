@@ -303,3 +303,41 @@ def test_fel_deployment_over_tls_gives_the_in_process_leaves(tmp_path):
         assert sa["metrics_full"][k] == pytest.approx(v, abs=1e-9), k
     assert [json.loads(x)["bytes_per_client"] for x in (flower / "costs.jsonl").read_text().splitlines()] == \
         [json.loads(x)["bytes_per_client"] for x in (inproc / "costs.jsonl").read_text().splitlines()]
+
+
+FEL_DP_CONFIG = """[data]
+synthetic_users = 8
+synthetic_items = 150
+synthetic_mean_interactions = 10
+[eval]
+negatives = 0
+[fel]
+combiner = "mean"
+dim = 4
+n_clusters = 2
+min_clients = 3
+clients_per_round = 3
+frac_bits = 20
+[run]
+eval_every = 0
+seed = 11
+rounds = {rounds}
+"""
+
+
+@pytest.mark.slow
+def test_fel_dp_deployment_over_tls_gives_the_in_process_privacy_report(tmp_path):
+    """`fel-dp` (distributed noise through SecAgg+, a fixed combiner) on eight SuperNodes: each node clips
+    its update and adds its noise share before masking; the noise is the CSPRNG's, so the leaves differ
+    from `secagg run`'s, but the releases, the privacy report and the bytes are the same."""
+    from dp.ledger import PrivacyLedger
+
+    flower, inproc = deploy(tmp_path, rounds=2, preset="fel-dp", config=FEL_DP_CONFIG)
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (flower, inproc))
+    assert sa["runtime"]["engine"].startswith("flower deployment") and sa["runtime"]["nodes"] == 8
+    assert sa["privacy"] == sb["privacy"] and sa["privacy"]["dp_noise"] is True
+    entries = [[(e.cohort, type(e.event).__name__, json.dumps(e.params, sort_keys=True, default=str))
+                for e in PrivacyLedger(d / "privacy_ledger.sqlite").entries()] for d in (flower, inproc)]
+    assert entries[0] == entries[1] and {c for c, _, _ in entries[0]} == {"leaf:0", "leaf:1"}
+    assert [json.loads(x)["bytes_per_client"] for x in (flower / "costs.jsonl").read_text().splitlines()] == \
+        [json.loads(x)["bytes_per_client"] for x in (inproc / "costs.jsonl").read_text().splitlines()]

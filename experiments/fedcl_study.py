@@ -332,10 +332,14 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--data", required=True)
     n.add_argument("--rounds", type=int, default=30)
     n.add_argument("--epsilon", type=float, nargs="+", default=[4.0])
+    n.add_argument("--set", default="", metavar="k=v,...",
+                   help="more [fedcl] overrides, TOML values (e.g. logq=true,local_negatives=100,local_pool=1000)")
     args = p.parse_args(argv)
     if args.cmd == "snr":
+        extra = parse_variant(f"snr=fedcl:{args.set}")[2]
         for eps in args.epsilon:
-            print(json.dumps(signal_to_noise(args.data, args.rounds, overrides={"epsilon": eps, "lr": 0.01})), flush=True)
+            ov = {"lr": 0.01, **extra, "epsilon": eps}
+            print(json.dumps(signal_to_noise(args.data, args.rounds, overrides=ov)), flush=True)
         return 0
     if args.cmd == "cluster-cost":
         print("| cached embeddings | method | seconds (with tracemalloc) | peak memory of the call (MB) "

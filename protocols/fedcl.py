@@ -113,6 +113,9 @@ class FedCLConfig:
             minus ``log(local_negatives / n_items)`` and the semi-hard ones' minus
             ``log(semi_hard / (hard_percent% of n_items))``, so that the sampled sum estimates the
             full softmax's (docs/fedcl.md, "The base model"). In-batch negatives stay uncorrected.
+        logq_semihard: with ``logq``, correct the semi-hard negatives too (true, the default); false
+            corrects the local negatives only and leaves the semi-hard logits as in Eq. (1) (the
+            ablation of docs/fedcl.md: a corrected semi-hard negative stands for ~120 top items).
         full_softmax: the softmax over all items instead of the sampled one (every client holds
             the whole item table); ignores the negatives of every kind.
         upload_every: a client uploads a fresh embedding at most once per this many rounds and
@@ -146,6 +149,7 @@ class FedCLConfig:
     local_negatives: int = 10
     in_batch: bool = True
     logq: bool = False
+    logq_semihard: bool = True
     full_softmax: bool = False
     upload_every: int = 1
     initial_upload: bool = True
@@ -167,7 +171,7 @@ class FedCLConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"fedcl.{name} must be an int >= 0; found {v!r}")
-        for name in ("in_batch", "logq", "full_softmax", "initial_upload"):
+        for name in ("in_batch", "logq", "logq_semihard", "full_softmax", "initial_upload"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"fedcl.{name} must be true or false; found {getattr(self, name)!r}")
         if self.dim % self.heads:
@@ -370,7 +374,7 @@ class FedCL:
         if not cfg.logq:
             return {}
         out = {"local_log_q": math.log(cfg.local_negatives / n)} if cfg.local_negatives else {}
-        if cfg.semi_hard:
+        if cfg.semi_hard and cfg.logq_semihard:
             pool = max(1, math.ceil(cfg.hard_percent / 100.0 * n - 1e-9))  # as hard_candidates
             out["hard_log_q"] = math.log(min(cfg.semi_hard, pool) / pool)
         return out

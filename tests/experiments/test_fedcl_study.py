@@ -102,3 +102,15 @@ def test_signal_to_noise_sees_the_ldp_noise_drown_the_user():
     assert 0 < clean["signal_l2"] <= 1.0 and 0 < noisy["signal_l2"] <= 1.0  # clipped to L1 1, so L2 <= 1
     assert noisy["noise_l2"] > 10 * max(clean["noise_l2"], 1e-3)  # 2 clip / eps = 4 per coordinate
     assert clean["overlap_own"] >= noisy["overlap_own"] and 0 < noisy["overlap_chance"] < 1
+
+
+def test_snr_command_passes_its_set_overrides_and_epsilon(monkeypatch, capsys):
+    """``snr --set k=v,...`` reaches signal_to_noise as typed [fedcl] overrides; --epsilon wins over --set."""
+    got = []
+    monkeypatch.setattr(st, "signal_to_noise", lambda data, rounds, overrides: got.append((data, rounds, overrides)) or {})
+    st.main(["snr", "--data", "D", "--rounds", "3", "--epsilon", "2", "8",
+             "--set", "logq=true,local_negatives=100,epsilon=99.0"])
+    assert got == [("D", 3, {"lr": 0.01, "logq": True, "local_negatives": 100, "epsilon": 2.0}),
+                   ("D", 3, {"lr": 0.01, "logq": True, "local_negatives": 100, "epsilon": 8.0})]
+    st.main(["snr", "--data", "D", "--epsilon", "4"])
+    assert got[-1] == ("D", 30, {"lr": 0.01, "epsilon": 4.0})

@@ -238,7 +238,7 @@ def test_fed_baseline_uploads_nothing():
     ({"epsilon": 0}, "fedcl.epsilon"), ({"hard_percent": 0}, "fedcl.hard_percent"),
     ({"user_budget": 1.0}, "fedcl.user_budget"), ({"local_pool": 0}, "fedcl.local_pool"),
     ({"secure_aggregation": "he"}, "fedcl.secure_aggregation"),
-    ({"heads": 3}, "fedcl.heads"), ({"dropout": 1.0}, "fedcl.dropout"), ({"logq": 1}, "fedcl.logq"),
+    ({"heads": 3}, "fedcl.heads"), ({"dropout": 1.0}, "fedcl.dropout"), ({"logq": 1}, "fedcl.logq"), ({"logq_semihard": "no"}, "fedcl.logq_semihard"),
     ({"blocks": 0}, "fedcl.blocks"),
 ])
 def test_bad_config_names_the_key(kwargs, message):
@@ -352,3 +352,44 @@ def test_logq_offsets_are_the_public_sampling_probabilities():
     assert got["hard_log_q"] == pytest.approx(np.log(6 / np.ceil(0.25 * n)))
     assert make()._log_q() == {}
     assert make({"logq": True, "semi_hard": 0})._log_q().keys() == {"local_log_q"}
+
+
+@pytest.mark.parametrize("logq_semihard", [True, False])
+def test_logq_semihard_false_corrects_the_local_negatives_only(monkeypatch, logq_semihard):
+    """``logq_semihard = false`` keeps the local negatives' correction and leaves the semi-hard logits as
+    in Eq. (1). Oracle: the loss of each client computed directly (numpy, per positive) from the inputs the
+    protocol used, with the corrections applied by hand where the setting says."""
+    import protocols.fedcl as fedcl_mod
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        out = contrastive_loss(*args, **kwargs)
+        seen.append(([a.detach().clone() for a in args], kwargs, out.detach()))  # copies: the step updates the table
+        return out
+
+    monkeypatch.setattr(fedcl_mod, "contrastive_loss", spy)
+    fc = make({"logq": True, "logq_semihard": logq_semihard, "in_batch": False, "semi_hard": 6, "local_negatives": 3,
+               "hard_percent": 25.0}, source=3)
+    fc.run_round()
+    (u, pos, mask, item), kw, got = seen[-1]
+    n = fc.train.n_items
+    local_off = np.log(3 / n)
+    hard_off = np.log(6 / np.ceil(0.25 * n)) if logq_semihard else 0.0
+    u, item = u.detach().double().numpy(), item.detach().double().numpy()
+    pos, mask = pos.numpy(), mask.numpy()
+    local, hard, hmask = kw["local_neg"].numpy(), kw["hard_neg"].numpy(), kw["hard_mask"].numpy()
+    assert hmask.any() and local.size
+    for c in range(u.shape[0]):
+        terms = []
+        for j in np.flatnonzero(mask[c]):
+            s = [u[c, j] @ item[pos[c, j]]]
+            s += [u[c, j] @ item[i] - local_off for i in local[c, j]]
+            s += [u[c, j] @ item[i] - hard_off for i, k in zip(hard[c], hmask[c]) if k]
+            terms.append(np.log(np.sum(np.exp(s))) - s[0])
+        assert float(got[c]) == pytest.approx(np.mean(terms), rel=1e-5, abs=1e-6)
+    # the semi-hard correction (log(6/30) < 0) raises every semi-hard logit, so the loss is larger with it
+    other = make({"logq": True, "logq_semihard": not logq_semihard, "in_batch": False, "semi_hard": 6,
+                  "local_negatives": 3, "hard_percent": 25.0}, source=3)
+    other.run_round()
+    assert (seen[-1][2] < got).all() if logq_semihard else (seen[-1][2] > got).all()

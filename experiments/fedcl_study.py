@@ -193,10 +193,10 @@ def _plot(table: dict[str, Any], path: str, title: str) -> None:
     std = [table[n]["HR@10"][1] for n in names]
     ax.bar(range(len(names)), mean, yerr=std, capsize=4, color="tab:blue")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
-    ax.set_ylabel("full-ranking HR@10 (mean ± std over seeds)")
+    ax.set_ylabel("full HR@10\n(mean ± std over seeds)")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # (the long rotated names and the label stay inside)
     plt.close(fig)
 
 

@@ -416,3 +416,29 @@ def test_hashed_ids_are_a_salted_public_hash():
     assert np.bincount(a, minlength=64).min() > 10  # spread over every bucket
     with pytest.raises(ValueError, match="dim"):
         hashed_ids(ids, 1, "s1")
+
+
+def test_summed_first_layer_gradient_reveals_the_cohorts_union_of_click_buckets(train):
+    """The stated limit of click_id_dim (docs/sttfedrec.md): the click-id columns of the summed
+    user-tower gradient SAS decodes are non-zero exactly at the buckets some sampled client holds
+    (after leaving out its request's clicks), and a bucket held by one client only is that
+    client's own first-layer error vector (parallel to its other sole-held columns)."""
+    from experiments.sttfedrec_click_leak import cohort_exposure
+
+    tr = _trainer(train, click_id_dim=48, clients_per_round=4)
+    tr.record_chain_inputs = True
+    tr.run_round()
+    _, vec = tr.last_chain_inputs
+    users, ids, labels = tr.last_batches
+    w = vec[:, : 256 * (64 + 48)].reshape(len(users), 256, 64 + 48)[:, :, 64:]  # per client, click columns
+    held = tr.data.request_user_x(users, labels, None, ids).numpy()[:, 64:] > 0
+    summed = np.abs(w.sum(0)).max(0) > 0
+    assert np.array_equal(summed, held.any(0))
+    sole = np.flatnonzero(held.sum(0) == 1)
+    assert len(sole) > 0
+    for b in sole:
+        (owner,) = np.flatnonzero(held[:, b])
+        assert np.allclose(w.sum(0)[:, b], w[owner, :, b])
+    # the exposure counter, on a hand-made example: u0 {0, 1}, u1 {1, 2}, u2 {3}; B = 8
+    got = cohort_exposure(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 1, 2, 3]), 3, 8, 3, 2)
+    assert got == {"union_covers": 0.5, "sole_held_fraction": pytest.approx(2 / 3), "members_with_a_sole_bucket": 1.0}

@@ -31,7 +31,10 @@ Round ``t`` (notes section 2.4, with the decisions of issue 10):
 Options (``[sttfedrec]``, docs/sttfedrec.md): ``item_id_embedding`` adds RS-held per-item-id
 vectors to the item tower's output (trained by RS from the same per-id sums of step 5; nothing
 changes for the client); ``user_features = "history"`` makes the user input the mean trigram
-vector of the user's other training clicks (computed on the device); ``decoys = "download-all"``
+vector of the user's other training clicks (computed on the device); ``click_id_dim = B`` appends
+to the user input the bag of the hashed item ids of the user's other training clicks (computed
+on the device; the user tower's first layer, and so its chain upload, grows by ``256 B`` values);
+``decoys = "download-all"``
 replaces step 2's request by a constant-size request for every embedding: the client picks its
 ``T`` training items on the device, RS returns all ``M`` embeddings, and step 5 scatters the
 gradients into all ``M`` ids, so RS receives no item id of any client.
@@ -57,6 +60,10 @@ set by intersection (attack ``request-intersection``; ``decoys = "fixed-pool"`` 
 round); an id requested by one client only in a round leaks that client's gradient row even in
 the sum (notes G1; gone under ``download-all``, where every client contributes to all ``M`` rows);
 the RS learns which ids were requested together and which clients take part in a round.
+With ``click_id_dim`` the first-layer columns of the summed user-tower gradient are non-zero
+exactly at the hash buckets some survivor of the round clicked, so SAS learns that union of
+buckets (public hash: a bucket names ~``M / B`` candidate items), as it already learns the union
+of the trigram columns of the cohort's features.
 """
 
 from __future__ import annotations
@@ -116,7 +123,7 @@ class STTFedRec:
         self.rng = np.random.default_rng(seed)
         g = torch.Generator().manual_seed(int(seed))
         kw = dict(dropout=config.dropout, init_std=config.init_std, generator=g, dim=config.dim)
-        self.user_tower = make_tower(config.tower, config.hash_dim, **kw)  # SAS (and each client's copy)
+        self.user_tower = make_tower(config.tower, config.user_in_dim, **kw)  # SAS (and each client's copy)
         self.item_tower = make_tower(config.tower, config.hash_dim, **kw)  # RS
         self.dropout_gen = torch.Generator().manual_seed(int(seed) + 1)
         self.user_params = {k: v.detach().clone() for k, v in self.user_tower.named_parameters()}
@@ -237,8 +244,10 @@ class STTFedRec:
             self._served.add((t, name))
         item_x = self._inputs("item", union)
         user_x = self._inputs("user", sampled)
-        if self.data.user_rule == "history":  # each device's mean over its other clicks (on the device)
-            user_x = (self.data.request_user_x(sampled, labels, item_x[0][torch.as_tensor(inverse)]),)
+        if self.data.user_rule == "history" or self.data.click_bag is not None:
+            # computed on each device from its own clicks, the request's clicks left out
+            hist_x = item_x[0][torch.as_tensor(inverse)] if self.data.user_rule == "history" else None
+            user_x = (self.data.request_user_x(sampled, labels, hist_x, ids),)
         t_server = time.perf_counter()
         try:
             if self.mode == "split":

@@ -37,7 +37,7 @@ class CentralTwoTower:
         self.rng = np.random.default_rng(seed)
         g = torch.Generator().manual_seed(int(seed))
         kw = dict(dropout=config.dropout, init_std=config.init_std, generator=g, dim=config.dim)
-        self.user_tower = make_tower(config.tower, config.hash_dim, **kw)
+        self.user_tower = make_tower(config.tower, config.user_in_dim, **kw)
         self.item_tower = make_tower(config.tower, config.hash_dim, **kw)
         self.dropout_gen = torch.Generator().manual_seed(int(seed) + 1)
         self.params = {f"u.{k}": v.detach().clone() for k, v in self.user_tower.named_parameters()}
@@ -79,8 +79,11 @@ class CentralTwoTower:
             pu = {k[2:]: v for k, v in params.items() if k.startswith("u.")}
             pv = {k[2:]: v for k, v in params.items() if k.startswith("v.")}
             ux = self._inputs("user", users)
-            if self.data.user_rule == "history":  # the request's clicks left out of the user's mean
-                ux = (self.data.request_user_x(users, labels, self._inputs("item", union)[0][torch.as_tensor(inv.reshape(ids.shape))]),)
+            if self.data.user_rule == "history" or self.data.click_bag is not None:  # the request's clicks left out
+                hist_x = None
+                if self.data.user_rule == "history":
+                    hist_x = self._inputs("item", union)[0][torch.as_tensor(inv.reshape(ids.shape))]
+                ux = (self.data.request_user_x(users, labels, hist_x, ids),)
             u = functional_call(self.user_tower, pu, (*ux, self.user_tower.masks(len(users), self.dropout_gen)))
             v = self._item_forward(pv, union, self.item_tower.masks(len(union), self.dropout_gen))
             loss = sampled_softmax_loss(u, v[torch.as_tensor(inv.reshape(ids.shape))], torch.as_tensor(labels),

@@ -26,7 +26,14 @@ import torch
 from recmodels.data import Interactions
 from recmodels.sampling import sample_train_negatives
 from recmodels.side import load_item_meta, load_user_demographics
-from recmodels.trigram import TrigramVocab, demographic_texts, first_click_features, item_texts, public_field_texts
+from recmodels.trigram import (
+    TrigramVocab,
+    demographic_texts,
+    first_click_features,
+    hashed_ids,
+    item_texts,
+    public_field_texts,
+)
 from recmodels.twotower import TOWERS
 
 __all__ = ["TwoTowerConfig", "TwoTowerData", "build_features", "sample_requests"]
@@ -34,6 +41,7 @@ __all__ = ["TwoTowerConfig", "TwoTowerData", "build_features", "sample_requests"
 _USER_FEATURES = ("auto", "demographics", "clicks", "history")
 _DECOYS = ("fresh", "fixed-pool", "download-all")
 _ITEM_AGG = ("secagg+", "secagg", "chain", "none")
+_CLICK_NORM = ("mean", "sqrt")
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,16 @@ class TwoTowerConfig:
             the titles and genres of all the user's training clicks, computed on the device, with
             each request's own clicks left out of it so the label is never in the feature.
         user_clicks: clicks used as the user feature under the click rule.
+        click_id_dim: 0 (off, the paper) or the number of hash buckets ``B >= 2`` of the click-id
+            user input (DSSM only; our decision, docs/sttfedrec.md): ``B`` columns appended to the
+            user tower's input (after the ``hash_dim`` trigram columns of ``user_features``), the
+            bag of the salted public hashes (:func:`recmodels.trigram.hashed_ids`) of the item ids
+            of all the device's own training clicks, computed on the device, with each request's
+            own clicks left out exactly as under ``"history"``. The user tower's first layer, and
+            so its download and chain upload, grows by ``256 x B`` parameters.
+        click_id_norm: ``"mean"`` (each click weighs ``1 / n``) or ``"sqrt"`` (``1 / sqrt(n)``:
+            unit norm without collisions), ``n`` the clicks in the bag.
+        click_id_salt: the public salt of the click-id hash (picks the collisions; not a secret).
         decoys: ``"fresh"`` (the paper: new random non-clicked ids per request) or ``"fixed-pool"``
             (the defense against request intersection: a per-user, popularity-matched pool
             drawn once, ``pool_factor`` times the history scaled by ``n_neg / n_pos``) or
@@ -104,6 +122,9 @@ class TwoTowerConfig:
     value_clip: float = 64.0
     batch_size: int = 256
     item_id_embedding: bool = False
+    click_id_dim: int = 0
+    click_id_norm: str = "mean"
+    click_id_salt: str = "sttfedrec-click-ids"
 
     def __post_init__(self) -> None:
         def bad(key: str, want: str) -> ValueError:
@@ -135,6 +156,15 @@ class TwoTowerConfig:
         if self.user_features == "history" and self.tower != "dssm":
             raise bad("user_features", "'auto', 'demographics' or 'clicks' with tower = 'clsm' ('history' is a bag "
                       "of trigrams, a DSSM input)")
+        if (not isinstance(self.click_id_dim, int) or isinstance(self.click_id_dim, bool) or self.click_id_dim < 0
+                or self.click_id_dim == 1 or self.click_id_dim > 1 << 20):
+            raise bad("click_id_dim", "0 (off) or a number of hash buckets in 2..1048576")
+        if self.click_id_dim and self.tower != "dssm":
+            raise bad("click_id_dim", "0 with tower = 'clsm' (the click-id bag is a DSSM input; CLSM convolves words)")
+        if self.click_id_norm not in _CLICK_NORM:
+            raise bad("click_id_norm", f"one of {_CLICK_NORM}")
+        if not isinstance(self.click_id_salt, str) or not 0 < len(self.click_id_salt.encode()) <= 64:
+            raise bad("click_id_salt", "a string of 1..64 UTF-8 bytes")
         if self.decoys not in _DECOYS:
             raise bad("decoys", f"one of {_DECOYS}")
         if self.item_aggregation not in _ITEM_AGG:
@@ -143,6 +173,11 @@ class TwoTowerConfig:
             raise bad("item_id_embedding", "true or false")
         if not (0 < self.frac_bits < 62):
             raise bad("frac_bits", "in 1..61")
+
+    @property
+    def user_in_dim(self) -> int:
+        """Input width of the user tower: the trigram columns plus the click-id buckets."""
+        return self.hash_dim + self.click_id_dim
 
     @property
     def n_neg(self) -> int:
@@ -170,6 +205,12 @@ class TwoTowerData:
         user_x, user_len: user features, likewise.
         user_rule: ``"demographics"``, ``"clicks"`` or ``"history"``.
         user_count: training clicks per user (``"history"``: ``user_x`` is their mean item vector).
+        click_bucket: ``click_id_dim``: each item's hash bucket ``[M]`` (public).
+        click_bag: ``click_id_dim``: each user's bucket counts over all its training clicks
+            (the feature clicks included) ``[n_users, B]``; the last ``B`` columns of ``user_x``
+            are this bag scaled by :meth:`_click_scale` of ``click_count``.
+        click_count: ``click_id_dim``: the clicks in each user's bag.
+        click_norm: ``"mean"`` or ``"sqrt"``.
         feature_pairs: ``(user, item)`` moved from positives into features.
         item_text_bytes: UTF-8 bytes of the raw item data (what FL baselines download to infer).
     """
@@ -185,24 +226,59 @@ class TwoTowerData:
     feature_pairs: np.ndarray
     item_text_bytes: int
     user_count: np.ndarray | None = None
+    click_bucket: np.ndarray | None = None
+    click_bag: sp.csr_matrix | None = None
+    click_count: np.ndarray | None = None
+    click_norm: str = "mean"
 
-    def request_user_x(self, users: np.ndarray, labels: np.ndarray, request_item_x: torch.Tensor) -> torch.Tensor:
-        """``"history"`` user inputs ``[K, hash_dim]`` for one request each, its clicks left out.
+    def request_user_x(self, users: np.ndarray, labels: np.ndarray, request_item_x: torch.Tensor | None = None,
+                       ids: np.ndarray | None = None) -> torch.Tensor:
+        """The user inputs ``[K, hash_dim (+ click_id_dim)]`` of one request each, its clicks left out.
 
-        ``request_item_x`` is ``[K, T, hash_dim]``, the item inputs of each request; the result is
-        ``(count * mean - sum of the request's clicked items) / max(count - clicks, 1)``, i.e. the
-        mean over the user's other training clicks (what the device computes from its own data).
+        What each device computes from its own data for a request with item ids ``ids`` ``[K, T]``
+        and click labels ``labels``:
+
+        * ``"history"``: ``request_item_x`` is ``[K, T, hash_dim]``, the item inputs of each
+          request; the trigram part is ``(count * mean - sum of the request's clicked items) /
+          max(count - clicks, 1)``, i.e. the mean over the user's other training clicks;
+          other rules keep their fixed trigram part (their feature clicks are never labels);
+        * with ``click_id_dim``: the click-id part is the bag of the user's click buckets minus
+          the buckets of the request's clicks, scaled by ``1 / max(n, 1)`` (``"mean"``) or
+          ``1 / sqrt(max(n, 1))`` (``"sqrt"``), ``n`` the clicks left in the bag.
         """
         users = np.asarray(users, dtype=np.int64)
         lab = torch.as_tensor(labels, dtype=torch.float32)
-        count = torch.as_tensor(self.user_count[users], dtype=torch.float32)
-        total = torch.from_numpy(self.user_x[users].toarray()) * count[:, None]
-        left = total - (lab.unsqueeze(-1) * request_item_x).sum(1)
-        return left / (count - lab.sum(1)).clamp_min(1.0)[:, None]
+        h = self.vocab.hash_dim
+        if self.user_rule == "history":
+            if request_item_x is None:
+                raise ValueError("user_features = 'history' needs the request's item inputs")
+            count = torch.as_tensor(self.user_count[users], dtype=torch.float32)
+            total = torch.from_numpy(self.user_x[users][:, :h].toarray()) * count[:, None]
+            left = total - (lab.unsqueeze(-1) * request_item_x).sum(1)
+            words = left / (count - lab.sum(1)).clamp_min(1.0)[:, None]
+        else:
+            words = torch.from_numpy(self.user_x[users][:, :h].toarray())
+        if self.click_bag is None:
+            return words
+        if ids is None:
+            raise ValueError("click_id_dim > 0 needs the request's item ids")
+        ids = np.asarray(ids, dtype=np.int64)
+        bag = torch.from_numpy(self.click_bag[users].toarray().astype(np.float64))  # integer counts
+        k_idx, t_idx = np.nonzero(np.asarray(labels) > 0)
+        bag.index_put_((torch.as_tensor(k_idx), torch.as_tensor(self.click_bucket[ids[k_idx, t_idx]])),
+                       torch.full((len(k_idx),), -1.0, dtype=torch.float64), accumulate=True)
+        left_n = torch.as_tensor(self.click_count[users], dtype=torch.float64) - lab.double().sum(1)
+        return torch.cat([words, (bag / self._click_scale(left_n)[:, None]).float()], 1)
+
+    def _click_scale(self, n: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+        n = n.clamp_min(1.0) if isinstance(n, torch.Tensor) else np.maximum(n, 1.0)
+        return n if self.click_norm == "mean" else n ** 0.5
 
     def describe(self) -> dict[str, Any]:
         return {"user_features": self.user_rule, "feature_clicks_removed": int(len(self.feature_pairs)),
-                "vocabulary": len(self.vocab.trigrams), "hash_dim": self.vocab.hash_dim}
+                "vocabulary": len(self.vocab.trigrams), "hash_dim": self.vocab.hash_dim,
+                "click_id_dim": 0 if self.click_bag is None else int(self.click_bag.shape[1]),
+                "click_id_norm": self.click_norm if self.click_bag is not None else None}
 
 
 def _concat(a: Interactions, users: np.ndarray, items: np.ndarray) -> Interactions:
@@ -226,13 +302,15 @@ def build_features(train: Interactions, source: str, config: TwoTowerConfig,
         raise ValueError(f"sttfedrec.user_features = 'demographics' but no u.user/users.dat lies beside {source}; "
                          "use 'auto' or 'clicks'")
     never = train if exclude is None else _concat(train, exclude.users, exclude.items)
+    text_bytes = sum(len(t.encode()) for t in texts)
+    clicks = sp.csr_matrix((np.ones(len(train)), (train.users, train.items)), shape=(train.n_users, train.n_items))
+    count = np.bincount(train.users, minlength=train.n_users)
     if config.user_features == "history":
         item_x = vocab.bag(texts)
-        clicks = sp.csr_matrix((np.ones(len(train)), (train.users, train.items)), shape=(train.n_users, train.n_items))
-        count = np.bincount(train.users, minlength=train.n_users)
         user_x = sp.diags(1.0 / np.maximum(count, 1)) @ (clicks @ item_x)
-        return TwoTowerData(train, never, vocab, item_x, None, sp.csr_matrix(user_x, dtype=np.float32), None,
-                            "history", np.zeros((0, 2), np.int64), sum(len(t.encode()) for t in texts), count)
+        data = TwoTowerData(train, never, vocab, item_x, None, sp.csr_matrix(user_x, dtype=np.float32), None,
+                            "history", np.zeros((0, 2), np.int64), text_bytes, count)
+        return _add_click_ids(data, clicks, count, config)
     if demo is not None:
         user_texts, rest, pairs, rule = demographic_texts(demo), train, np.zeros((0, 2), np.int64), "demographics"
     else:
@@ -244,8 +322,30 @@ def build_features(train: Interactions, source: str, config: TwoTowerConfig,
     else:
         item_x, item_len = vocab.words(texts, config.max_words)
         user_x, user_len = vocab.words(user_texts, config.max_words)
-    return TwoTowerData(rest, never, vocab, item_x, item_len, user_x, user_len, rule, pairs,
-                        sum(len(t.encode()) for t in texts))
+    data = TwoTowerData(rest, never, vocab, item_x, item_len, user_x, user_len, rule, pairs, text_bytes)
+    return _add_click_ids(data, clicks, count, config)
+
+
+def _add_click_ids(data: TwoTowerData, clicks: sp.csr_matrix, count: np.ndarray,
+                   config: TwoTowerConfig) -> TwoTowerData:
+    """Append the click-id bag (``click_id_dim`` columns) to the user inputs; a no-op at 0.
+
+    ``clicks`` is ``[n_users, M]`` over all the user's training clicks (under the click rule the
+    feature clicks too: they are never a label), ``count`` their number per user.
+    """
+    if not config.click_id_dim:
+        return data
+    if data.user_len is not None:
+        raise ValueError("sttfedrec.click_id_dim is a DSSM input (found per-word CLSM user features)")
+    b = config.click_id_dim
+    bucket = hashed_ids(data.train.item_ids, b, config.click_id_salt)
+    onehot = sp.csr_matrix((np.ones(len(bucket)), (np.arange(len(bucket)), bucket)), shape=(len(bucket), b))
+    bag = sp.csr_matrix(clicks @ onehot)
+    bag.sum_duplicates()
+    data.click_bucket, data.click_bag, data.click_count, data.click_norm = bucket, bag, count, config.click_id_norm
+    scaled = sp.diags(1.0 / data._click_scale(count.astype(np.float64))) @ bag
+    data.user_x = sp.csr_matrix(sp.hstack([data.user_x, scaled]), dtype=np.float32)
+    return data
 
 
 def positive_lists(train: Interactions) -> tuple[np.ndarray, np.ndarray]:

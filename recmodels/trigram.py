@@ -15,7 +15,8 @@ Features are sparse count matrices (``scipy.sparse.csr_matrix``, rows = entities
 * :meth:`TrigramVocab.words`: ``[n, max_words, hash_dim]`` per-word counts as a CSR over
   ``n * max_words`` rows (CLSM input: a convolution over word positions).
 
-The feature rules of STTFedRec (issue 10) are here too: :func:`item_texts` (title and genres),
+:func:`hashed_ids` maps item ids to the buckets of a salted public hash (the click-id user input,
+``click_id_dim``; docs/sttfedrec.md). The feature rules of STTFedRec (issue 10) are here too: :func:`item_texts` (title and genres),
 :func:`demographic_texts` (age band, gender, occupation, zip region) and
 :func:`first_click_features` (the titles of a user's first ``n`` clicks, which are then removed
 from that user's training positives so the label never leaks into the feature; notes G17).
@@ -23,6 +24,7 @@ from that user's training positives so the label never leaks into the feature; n
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -38,6 +40,7 @@ __all__ = [
     "TrigramVocab",
     "demographic_texts",
     "first_click_features",
+    "hashed_ids",
     "item_texts",
     "letter_trigrams",
     "public_field_texts",
@@ -200,3 +203,23 @@ def first_click_features(
     keep = np.sort(order[~used])
     pairs = np.stack([train.users[chosen], train.items[chosen]], 1).astype(np.int64)
     return texts, subset(train, keep), pairs
+
+
+def hashed_ids(item_ids: Sequence[object], dim: int, salt: str) -> np.ndarray:
+    """The bucket in ``0 .. dim - 1`` of each raw item id under a salted public hash.
+
+    ``blake2b(str(id), key=salt)`` (first 8 bytes, little-endian) modulo ``dim``. The salt is a
+    public configuration value, not a secret: anyone (RS, SAS) can compute the bucket of any item;
+    it only picks which items collide. Raw ids (not the dense indices) are hashed, so the buckets
+    do not depend on which items a split happens to contain.
+    """
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 2:
+        raise ValueError(f"the click-id hash needs dim >= 2 buckets; found {dim!r}")
+    key = salt.encode()
+    if not 0 < len(key) <= 64:
+        raise ValueError(f"the click-id salt must be 1..64 UTF-8 bytes; found {len(key)}")
+    out = np.empty(len(item_ids), np.int64)
+    for j, x in enumerate(np.asarray(item_ids).tolist()):
+        digest = hashlib.blake2b(str(x).encode(), digest_size=8, key=key).digest()
+        out[j] = int.from_bytes(digest, "little") % dim
+    return out

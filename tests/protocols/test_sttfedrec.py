@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -322,3 +323,122 @@ def test_ml_latest_small_features_and_one_round(ml_latest_small):
     tr = STTFedRec(train, cfg, seed=0, source=str(ml_latest_small), data=feats)
     stats = tr.run_round()
     assert np.isfinite(stats.loss) and stats.extra["survivors_user"] == 5
+
+
+def _click_oracle(data, train, users, ids, labels, salt, dim, norm):
+    """Plain loop: the scaled bucket counts of each user's training clicks minus the request's clicks."""
+    bucket = {i: hashlib.blake2b(str(raw).encode(), digest_size=8, key=salt.encode()).digest()
+              for i, raw in enumerate(train.item_ids.tolist())}
+    out = []
+    for u, req, lab in zip(users, ids, labels):
+        mine = [int(i) for uu, i in zip(train.users, train.items) if uu == u]  # the feature clicks included
+        for i in req[lab > 0].tolist():
+            mine.remove(i)
+        row = np.zeros(dim)
+        for i in mine:
+            row[int.from_bytes(bucket[i], "little") % dim] += 1
+        n = max(len(mine), 1)
+        out.append(row / (n if norm == "mean" else np.sqrt(n)))
+    return np.array(out)
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from(["clicks", "history"]), st.sampled_from(["mean", "sqrt"]), st.integers(2, 40),
+       st.integers(0, 2**32 - 1))
+def test_click_id_feature_leaves_the_requests_clicks_out(train, rule, norm, dim, seed):
+    """click_id_dim = B: the user input gains the hashed bag of the user's *other* training clicks
+    (oracle: a plain loop over the raw interactions and hashlib); the trigram part is unchanged."""
+    cfg = TwoTowerConfig(**SMALL, user_features=rule, click_id_dim=dim, click_id_norm=norm)
+    data = build_features(train, "synthetic", cfg)
+    plain = build_features(train, "synthetic", TwoTowerConfig(**SMALL, user_features=rule))
+    assert data.user_x.shape == (train.n_users, 64 + dim) and cfg.user_in_dim == 64 + dim
+    items, start = positive_lists(data.train)
+    users = np.flatnonzero(np.diff(start) >= 1)[:10]
+    ids, labels = sample_requests(users, items, start, cfg.n_pos, cfg.n_neg, data.never_negative,
+                                  np.random.default_rng(seed))
+    x = data.item_x.toarray()
+    got = data.request_user_x(users, labels, torch.as_tensor(x[ids]) if rule == "history" else None, ids).numpy()
+    want = _click_oracle(data, train, users, ids, labels, cfg.click_id_salt, dim, norm)
+    assert np.allclose(got[:, 64:], want, atol=1e-6)
+    # the request's clicks are out: their bucket counts dropped by exactly the clicks in the request
+    full = _click_oracle(data, train, users, ids, np.zeros_like(labels), cfg.click_id_salt, dim, norm)
+    assert np.allclose(data.user_x[users].toarray()[:, 64:], full, atol=1e-6)  # evaluation: every training click
+    words = plain.request_user_x(users, labels, torch.as_tensor(x[ids])).numpy() if rule == "history" \
+        else plain.user_x[users].toarray()
+    assert np.allclose(got[:, :64], words, atol=1e-5)
+    with pytest.raises(ValueError, match="item ids"):
+        data.request_user_x(users, labels, torch.as_tensor(x[ids]))
+
+
+def test_click_ids_keep_split_equal_to_fl_and_grow_the_chain_upload(train):
+    """With the click-id input the split update is still the FL update within fixed point, and the
+    chain upload grows by the first layer's 256 x B extra values (8 bytes each) plus the download (4 bytes)."""
+    split = _trainer(train, "split", click_id_dim=32, item_id_embedding=True)
+    fl = _trainer(train, "fl", click_id_dim=32, item_id_embedding=True)
+    first = []
+    for _ in range(2):
+        a, b = split.run_round(), fl.run_round()
+        assert abs(a.loss - b.loss) < 1e-5
+        first.append(a.bytes_per_client)
+    pa, pb = _params(split), _params(fl)
+    assert pa["u.layers.0.weight"].shape == (256, 64 + 32)
+    diff = torch.cat([(pa[k] - pb[k]).abs().ravel() for k in pa])
+    assert float((diff < 1e-5).float().mean()) > 0.99 and _close(pa, pb, atol=2 * split.config.lr)
+    init = _params(_trainer(train, click_id_dim=32, item_id_embedding=True))
+    clicked = (pa["u.layers.0.weight"] - init["u.layers.0.weight"])[:, 64:].abs()
+    assert float(clicked.max()) > 10 * float(diff.max())  # the click-id columns did learn
+    base = _trainer(train, "split", item_id_embedding=True)
+    grown = first[0] - base.run_round().bytes_per_client  # the same requests in round 0
+    assert split.n_user_params - base.n_user_params == 256 * 32
+    assert grown == 256 * 32 * (4 + 8)  # tower download float32 + chain upload Z_2^64
+
+
+def test_click_id_config_is_validated():
+    for bad in (-1, 1, 2.5, True, 1 << 21):
+        with pytest.raises(ValueError, match="sttfedrec.click_id_dim"):
+            TwoTowerConfig(click_id_dim=bad)
+    with pytest.raises(ValueError, match="sttfedrec.click_id_dim"):
+        TwoTowerConfig(tower="clsm", click_id_dim=64)
+    with pytest.raises(ValueError, match="sttfedrec.click_id_norm"):
+        TwoTowerConfig(click_id_dim=64, click_id_norm="l1")
+    with pytest.raises(ValueError, match="sttfedrec.click_id_salt"):
+        TwoTowerConfig(click_id_dim=64, click_id_salt="")
+    assert TwoTowerConfig(click_id_dim=0).user_in_dim == TwoTowerConfig().hash_dim
+
+
+def test_hashed_ids_are_a_salted_public_hash():
+    from recmodels.trigram import hashed_ids
+
+    ids = np.arange(1, 2001)
+    a, b = hashed_ids(ids, 64, "s1"), hashed_ids(ids, 64, "s2")
+    assert a.min() >= 0 and a.max() < 64 and np.array_equal(a, hashed_ids(ids.tolist(), 64, "s1"))
+    assert (a != b).mean() > 0.9  # the salt picks the collisions
+    assert np.bincount(a, minlength=64).min() > 10  # spread over every bucket
+    with pytest.raises(ValueError, match="dim"):
+        hashed_ids(ids, 1, "s1")
+
+
+def test_summed_first_layer_gradient_reveals_the_cohorts_union_of_click_buckets(train):
+    """The stated limit of click_id_dim (docs/sttfedrec.md): the click-id columns of the summed
+    user-tower gradient SAS decodes are non-zero exactly at the buckets some sampled client holds
+    (after leaving out its request's clicks), and a bucket held by one client only is that
+    client's own first-layer error vector (parallel to its other sole-held columns)."""
+    from experiments.sttfedrec_click_leak import cohort_exposure
+
+    tr = _trainer(train, click_id_dim=48, clients_per_round=4)
+    tr.record_chain_inputs = True
+    tr.run_round()
+    _, vec = tr.last_chain_inputs
+    users, ids, labels = tr.last_batches
+    w = vec[:, : 256 * (64 + 48)].reshape(len(users), 256, 64 + 48)[:, :, 64:]  # per client, click columns
+    held = tr.data.request_user_x(users, labels, None, ids).numpy()[:, 64:] > 0
+    summed = np.abs(w.sum(0)).max(0) > 0
+    assert np.array_equal(summed, held.any(0))
+    sole = np.flatnonzero(held.sum(0) == 1)
+    assert len(sole) > 0
+    for b in sole:
+        (owner,) = np.flatnonzero(held[:, b])
+        assert np.allclose(w.sum(0)[:, b], w[owner, :, b])
+    # the exposure counter, on a hand-made example: u0 {0, 1}, u1 {1, 2}, u2 {3}; B = 8
+    got = cohort_exposure(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 1, 2, 3]), 3, 8, 3, 2)
+    assert got == {"union_covers": 0.5, "sole_held_fraction": pytest.approx(2 / 3), "members_with_a_sole_bucket": 1.0}

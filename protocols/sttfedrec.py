@@ -499,7 +499,10 @@ class STTFedRec:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["config"] != asdict(self.config) or state["mode"] != self.mode:
+        # A key added to the configuration after the checkpoint was written (e.g. click_id_dim) is
+        # absent from it; the checkpoint was made under that key's default, so it counts as the default.
+        stored = {**asdict(type(self.config)()), **state["config"]}
+        if stored != asdict(self.config) or state["mode"] != self.mode:
             raise ValueError("checkpoint was written with a different sttfedrec configuration or mode")
         for mine, theirs in ((self.user_params, state["user"]), (self.item_params, state["item"])):
             if set(mine) != set(theirs) or any(mine[k].shape != theirs[k].shape for k in mine):

@@ -241,6 +241,13 @@ def test_resume_from_a_checkpoint_reproduces_the_uninterrupted_run(train):
     assert np.array_equal(whole.score_all(users), resumed.score_all(users))
     with pytest.raises(ValueError, match="different"):
         _trainer(train, rho=0.7).load_state_dict(state)
+    # a checkpoint written before a configuration key existed resumes when that key is at its default
+    old = dict(state, config={k: v for k, v in state["config"].items() if not k.startswith("click_id")})
+    again = _trainer(train, decoys="fixed-pool", rho=0.5)
+    again.load_state_dict(old)
+    assert again.round == 1
+    with pytest.raises(ValueError, match="different"):
+        _trainer(train, decoys="fixed-pool", rho=0.5, click_id_dim=64).load_state_dict(old)
 
 
 def test_config_errors_name_the_key():

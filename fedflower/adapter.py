@@ -81,6 +81,7 @@ __all__ = [
     "decode_update",
     "dp_unit",
     "encode_update",
+    "install_global_state",
     "load_node_state",
     "load_partition",
     "partition_meta",
@@ -425,34 +426,40 @@ def client_secure_vector(trainer: Any, user: int, round_: int, model: dict[str, 
         ValueError: a value beyond ``fedavg.value_clip`` (the client cannot be encoded).
     """
     lr = _train_one(trainer, user, round_, model, state)
-    if dp_unit(trainer):
-        vec = trainer.device_inputs(trainer.client_vectors(np.zeros(1, np.int64), lr.pair_slot, lr.pair_item,
-                                                           lr.dQ, lr.dH, lr.dB))[0].astype(np.float64)
-        clip = float(trainer.config.value_clip)
-        big = float(np.abs(vec).max(initial=0.0))
-        if not np.isfinite(big) or big > clip:
-            raise ValueError(f"round {round_}: this client's clipped and noised update holds {big:.4g}, beyond "
-                             f"fel.value_clip = {clip:g}; raise fel.value_clip")
-        return vec, lr.P[0].numpy().copy()
-    vec = trainer._client_vectors(np.zeros(1, np.int64), lr.pair_slot, lr.pair_item, lr.dQ, lr.dH, lr.dB, lr.weight)[0]
     clip = float(trainer.config.value_clip)
-    out = np.concatenate([vec, [min(float(lr.loss), clip), float(lr.examples)]]).astype(np.float64)
+    if dp_unit(trainer):
+        out = trainer.device_inputs(trainer.client_vectors(np.zeros(1, np.int64), lr.pair_slot, lr.pair_item,
+                                                           lr.dQ, lr.dH, lr.dB))[0].astype(np.float64)
+        what, hint = "clipped and noised update", "fel.value_clip = {clip:g}; raise fel.value_clip"
+    else:
+        vec = trainer._client_vectors(np.zeros(1, np.int64), lr.pair_slot, lr.pair_item, lr.dQ, lr.dH, lr.dB,
+                                      lr.weight)[0]
+        out = np.concatenate([vec, [min(float(lr.loss), clip), float(lr.examples)]]).astype(np.float64)
+        what, hint = "update", ("fedavg.value_clip = {clip:g}; raise fedavg.value_clip (and check the bit budget) or "
+                                "lower the learning rate")
     big = float(np.abs(out).max(initial=0.0))
     if not np.isfinite(big) or big > clip:
-        raise ValueError(f"round {round_}: this client's update holds {big:.4g}, beyond fedavg.value_clip = {clip:g}; "
-                         "raise fedavg.value_clip (and check the bit budget) or lower the learning rate")
+        raise ValueError(f"round {round_}: this client's {what} holds {big:.4g}, beyond " + hint.format(clip=clip))
     return out, lr.P[0].numpy().copy()
 
 
-def _train_one(trainer: Any, user: int, round_: int, model: dict[str, np.ndarray], state: np.ndarray | None) -> LocalRound:
+def install_global_state(unit: Any, model: dict[str, np.ndarray], prefix: str = "",
+                         error: type[ValueError] = BadReply) -> None:
+    """Set ``unit``'s global state (:data:`GLOBAL_STATE`) from ``model[prefix + name]``, each array
+    checked against the unit's own shape and dtype first (``error`` names the mismatch)."""
     with torch.no_grad():
         for name in GLOBAL_STATE:
-            ref = getattr(trainer, name)
-            value = torch.as_tensor(np.asarray(model[name]))
+            ref = getattr(unit, name)
+            value = torch.as_tensor(np.asarray(model[prefix + name]))
             if tuple(value.shape) != tuple(ref.shape) or value.dtype != ref.dtype:
-                raise BadReply(f"global {name!r} has shape {tuple(value.shape)} {value.dtype}; the protocol expects "
-                               f"{tuple(ref.shape)} {ref.dtype}")
-            setattr(trainer, name, value.clone())
+                raise error(f"global {prefix + name!r} has shape {tuple(value.shape)} {value.dtype}; the protocol "
+                            f"expects {tuple(ref.shape)} {ref.dtype}")
+            setattr(unit, name, value.clone())
+
+
+def _train_one(trainer: Any, user: int, round_: int, model: dict[str, np.ndarray], state: np.ndarray | None) -> LocalRound:
+    install_global_state(trainer, model)
+    with torch.no_grad():
         if state is not None:
             getattr(trainer, CLIENT_STATE)[user] = torch.as_tensor(np.asarray(state))
     trainer.round = int(round_)

@@ -55,6 +55,7 @@ from fedflower.adapter import (
     config_to_json,
     decode_update,
     dp_unit,
+    install_global_state,
     load_node_state,
     load_partition,
     save_node_state,
@@ -237,14 +238,9 @@ def _install_units(trainer: Any, part, model: dict[str, np.ndarray], state: np.n
     want = {f"{i}.{n}" for i in range(len(units)) for n in GLOBAL_STATE}
     if set(model) != want:
         raise ValueError(f"model record keys {sorted(model)[:6]}...; expected the {len(want)} keys '<unit>.<name>'")
+    for i, unit in enumerate(units):
+        install_global_state(unit, model, prefix=f"{i}.", error=ValueError)
     with torch.no_grad():
-        for i, unit in enumerate(units):
-            for name in GLOBAL_STATE:
-                ref, value = getattr(unit, name), torch.as_tensor(np.asarray(model[f"{i}.{name}"]))
-                if tuple(value.shape) != tuple(ref.shape) or value.dtype != ref.dtype:
-                    raise ValueError(f"unit {i}'s {name!r} has shape {tuple(value.shape)} {value.dtype}; expected "
-                                     f"{tuple(ref.shape)} {ref.dtype}")
-                setattr(unit, name, value.clone())
         if state is not None and part.unit is not None and part.unit >= 0:
             getattr(units[part.unit], CLIENT_STATE)[part.user] = torch.as_tensor(state)
 

@@ -29,6 +29,7 @@ __all__ = [
     "PROTOCOL_MODULES",
     "BuildContext",
     "DeviceSplit",
+    "Exchanges",
     "ProtocolSpec",
     "all_protocols",
     "get_protocol",
@@ -111,6 +112,28 @@ class DeviceSplit:
 
 
 @dataclass(frozen=True)
+class Exchanges:
+    """How a protocol whose round is named exchanges splits into parties on separate devices.
+
+    The trainer :attr:`ProtocolSpec.build` returns implements :mod:`protocols.exchange`'s
+    interface (``device_round``, ``device_step``, ``device_state``/``load_device_state``,
+    ``device_model``/``load_device_model``). A runtime that places every client on its own device
+    builds the server's half with :attr:`ProtocolSpec.build` on a census
+    (:func:`protocols.exchange.census`) and each client's half with :attr:`build_client` on the
+    client's own data.
+
+    Attributes:
+        check: ``config -> None``; raises ``ValueError`` (in words) for a configuration whose
+            parties cannot be separated (e.g. a server-side step on data the server lacks).
+        build_client: ``ctx -> trainer`` for a client's half (``ctx.train`` holds one user's
+            rows); ``None``: :attr:`ProtocolSpec.build`.
+    """
+
+    check: Callable[[Any], None] = lambda config: None
+    build_client: Callable[[BuildContext], Any] | None = None
+
+
+@dataclass(frozen=True)
 class ProtocolSpec:
     """A registered protocol or baseline.
 
@@ -133,6 +156,8 @@ class ProtocolSpec:
             ``per_user``), computed from the run's :class:`dp.ledger.PrivacyLedger` only.
         split: optional :class:`DeviceSplit` (a protocol of FedAvg-like units that runs with its
             clients on separate devices, e.g. on Flower).
+        exchanges: optional :class:`Exchanges` (a protocol whose round is named exchanges,
+            :mod:`protocols.exchange`, that runs with its clients on separate devices).
     """
 
     name: str
@@ -146,12 +171,15 @@ class ProtocolSpec:
     trains: bool = True
     privacy_report: Callable[[Any, float], dict[str, Any]] | None = None
     split: DeviceSplit | None = None
+    exchanges: Exchanges | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"ProtocolSpec.task must be one of {TASKS}; found {self.task!r}")
         if (self.section is None) != (self.config_cls is None):
             raise ValueError(f"protocol {self.name!r}: give both section and config_cls, or neither")
+        if self.split is not None and self.exchanges is not None:
+            raise ValueError(f"protocol {self.name!r}: a device split is units or exchanges, not both")
 
 
 _REGISTRY: dict[str, ProtocolSpec] = {}

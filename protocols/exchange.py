@@ -1,0 +1,327 @@
+"""A protocol's round as named exchanges between its server and clients on separate devices.
+
+FedAvg-GMF and FEL split into parties through their sample -> local round -> aggregate hooks
+(:class:`protocols.registry.DeviceSplit`). Protocols whose round is anything else (several
+round trips, per-client messages, server steps between them, sums through secure aggregation)
+describe it as a sequence of **exchanges** instead, and then run unchanged in one process, on
+simulated separate devices (:func:`run_on_devices`, tests) and on Flower (``fedflower``), with no
+runtime-specific code of their own:
+
+* the **server half** is a generator, ``trainer.device_round()``, that yields :class:`Exchange`
+  objects (*who takes part*, *what each receives*, *what the reply must hold*) and is sent back a
+  :class:`Replies` for each (the validated plaintext replies of the clients that answered, or only
+  the decoded sum of their vectors when the exchange asks for secure aggregation), and finally
+  returns the round's :class:`protocols.base.RoundStats`;
+* the **client half** is ``trainer.device_step(kind, round, users, broadcast, per_user)``, which
+  runs the client step named ``kind`` for ``users`` on the trainer's own data and returns each
+  user's reply. In one process the same trainer plays every client at once (batched); on a
+  device it is built on that client's data only and plays one client;
+* the **client's own state** (e.g. its user embedding or code) is ``trainer.device_state(user)``
+  and ``trainer.load_device_state(user, state)``, a dict of arrays that stays on the device
+  between exchanges and rounds;
+* the **global model a client needs to score** is ``trainer.device_model()`` on the server and
+  ``trainer.load_device_model(model)`` on the client (evaluation runs where the user's state is).
+
+A protocol that runs this way sets ``ProtocolSpec.exchanges`` (:class:`protocols.registry.Exchanges`)
+and implements its in-process ``run_round`` as ``run_exchanges(self, self.device_step)``: one
+code path, so the in-process run is the reference the device runs are tested against.
+
+Rules a protocol must keep (the device tests check the first three):
+
+1. The generator never reads client data: the server half is built on a *census* (one
+   placeholder row per participating user), so anything it needs from the clients (a loss, a
+   count, a statistic) must come back in a reply.
+2. ``device_step`` for a cohort equals ``device_step`` for each member alone: client randomness
+   comes from per-user keyed streams (:mod:`recmodels.streams`), never from one generator shared
+   by the cohort.
+3. A client step reads only the trainer's rows of ``users``, the broadcast and its own
+   ``per_user`` entry, and writes only those users' state.
+4. Replies are arrays only (``np.ndarray``; scalars as 0-d arrays). A plaintext reply must hold
+   exactly :attr:`Exchange.reply_keys`; the exchange's ``validate`` checks its values and raises
+   ``ValueError`` (the runtime then drops that client, with the reason, and the round goes on
+   without it). A secure exchange's reply is ``{"vector": float64 [width]}``.
+
+The transcript: the generator records what the server sends and receives in plaintext exchanges
+itself (it knows the protocol's message kinds and sizes); the runtime records the messages of a
+secure sum (:func:`protocols.secure_sum.secure_sum` in process, the SecAgg workflow on Flower).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from protocols.base import RoundStats
+from protocols.secure_sum import SecureSumAborted, secure_sum
+from protocols.transport import client
+
+__all__ = [
+    "SECURE_CHUNK",
+    "Exchange",
+    "Replies",
+    "SecureSum",
+    "census",
+    "run_exchanges",
+    "run_on_devices",
+]
+
+#: Client-values per secure-aggregation instance in process (memory bound: a chunk of a wide
+#: vector is summed at a time; the sum is exact in Z_2^64, so chunking never changes it).
+SECURE_CHUNK = 4_000_000
+
+ArrayDict = Mapping[str, np.ndarray]
+DeviceRound = Generator["Exchange", "Replies", RoundStats]
+
+
+@dataclass(frozen=True)
+class SecureSum:
+    """Ask for the replies summed through secure aggregation; the server learns only the sum.
+
+    Attributes:
+        protocol: ``"secagg"`` or ``"secagg+"`` (``"chain"``/``"plain"`` in process only).
+        width: the length of every client's ``"vector"``.
+        frac_bits, value_clip: the fixed-point encoding and the largest ``|value|`` allowed
+            (a client whose vector exceeds it is refused in words, in process the run stops).
+        where: the configuration key named when a value exceeds ``value_clip``.
+        kind: the transcript kind of the masked upload.
+        dropout, corrupt: the fractions SecAgg+ chooses its ``k`` and ``t`` for.
+    """
+
+    protocol: str
+    width: int
+    frac_bits: int
+    value_clip: float
+    where: str = "value_clip"
+    kind: str = "update"
+    dropout: float | None = None
+    corrupt: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.width < 1:
+            raise ValueError(f"a secure exchange needs a vector of width >= 1; found {self.width}")
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One server -> cohort -> server step of a round.
+
+    Attributes:
+        kind: the client step to run (``device_step``'s ``kind``), e.g. ``"train"``.
+        users: the cohort, distinct dense user ids (public: the server addresses them).
+        broadcast: arrays every member receives.
+        per_user: arrays only one member receives (``user -> arrays``); a member without an
+            entry receives none.
+        reply_keys: the exact keys of a plaintext reply.
+        validate: ``(user, reply) -> value`` for a plaintext reply; raises ``ValueError`` to
+            drop the client; the value is what :attr:`Replies.values` holds (default: the reply).
+        secure: sum the clients' ``"vector"`` replies through secure aggregation instead.
+    """
+
+    kind: str
+    users: np.ndarray
+    broadcast: ArrayDict = field(default_factory=dict)
+    per_user: Mapping[int, ArrayDict] = field(default_factory=dict)
+    reply_keys: frozenset[str] = frozenset()
+    validate: Callable[[int, dict[str, np.ndarray]], Any] | None = None
+    secure: SecureSum | None = None
+
+    def __post_init__(self) -> None:
+        users = np.asarray(self.users, dtype=np.int64)
+        if users.ndim != 1 or len(np.unique(users)) != len(users):
+            raise ValueError(f"exchange {self.kind!r}: the cohort must be distinct user ids; found {self.users!r}")
+        object.__setattr__(self, "users", users)
+        extra = set(self.per_user) - set(users.tolist())
+        if extra:
+            raise ValueError(f"exchange {self.kind!r}: per-user arrays for users outside the cohort {sorted(extra)[:5]}")
+        if self.secure is None and not self.reply_keys:
+            raise ValueError(f"exchange {self.kind!r}: give the reply keys of a plaintext exchange")
+
+    def message_for(self, user: int) -> dict[str, np.ndarray]:
+        """What ``user`` receives: the broadcast and its own per-user arrays (names must not clash)."""
+        own = self.per_user.get(int(user), {})
+        clash = set(own) & set(self.broadcast)
+        if clash:
+            raise ValueError(f"exchange {self.kind!r}: per-user keys {sorted(clash)} clash with the broadcast")
+        return {**self.broadcast, **own}
+
+    def check_reply(self, user: int, reply: Any) -> Any:
+        """The structural check every runtime applies, then the exchange's own ``validate``."""
+        if not isinstance(reply, Mapping):
+            raise ValueError(f"user {user}: a reply must be a mapping of arrays; found {type(reply).__name__}")
+        keys = {"vector"} if self.secure is not None else set(self.reply_keys)
+        if set(reply) != keys:
+            raise ValueError(f"user {user}: reply keys {sorted(reply)}; expected {sorted(keys)}")
+        for name, value in reply.items():
+            if not isinstance(value, np.ndarray):
+                raise ValueError(f"user {user}: reply {name!r} is a {type(value).__name__}, not an array")
+        if self.secure is not None:
+            v = reply["vector"]
+            if v.shape != (self.secure.width,) or v.dtype != np.float64:
+                raise ValueError(f"user {user}: expected a float64 vector of {self.secure.width}; found "
+                                 f"{v.dtype} {v.shape}")
+            return reply
+        return self.validate(int(user), dict(reply)) if self.validate is not None else dict(reply)
+
+
+@dataclass
+class Replies:
+    """What the server half gets back for one exchange.
+
+    Attributes:
+        values: plaintext: ``user -> validated reply`` for the clients that answered validly,
+            in cohort order.
+        dropped: ``user -> reason`` for the clients left out (silent, late, failed, refused).
+        total: secure: the decoded sum over ``survivors`` (``None`` after an abort).
+        survivors: secure: the users whose vectors are in ``total``.
+        aborted: secure: why no sum was produced (``None`` if it was).
+        bytes_per_client: secure: protocol bytes per client (sent plus its share of the server's).
+        client_seconds, server_seconds: secure: protocol work per client and at the server.
+    """
+
+    values: dict[int, Any] = field(default_factory=dict)
+    dropped: dict[int, str] = field(default_factory=dict)
+    total: np.ndarray | None = None
+    survivors: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    aborted: str | None = None
+    bytes_per_client: float = 0.0
+    client_seconds: float = 0.0
+    server_seconds: float = 0.0
+
+
+Step = Callable[[str, int, np.ndarray, ArrayDict, Mapping[int, ArrayDict]], Mapping[int, Mapping[str, np.ndarray]]]
+
+
+def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.ndarray]) -> Replies:
+    """Sum the cohort's vectors through :func:`protocols.secure_sum.secure_sum`, in chunks."""
+    spec = ex.secure
+    assert spec is not None
+    users = [u for u in ex.users.tolist() if u in vectors]
+    if not users:
+        return Replies(dropped={u: "no vector" for u in ex.users.tolist()}, aborted="no client sent a vector")
+    values = np.stack([vectors[u] for u in users])
+    senders = [client(u) for u in users]
+    step = max(1, SECURE_CHUNK // len(users))
+    total = np.empty(spec.width)
+    nbytes = client_s = server_s = 0.0
+    survivors = None
+    try:
+        for lo in range(0, spec.width, step):
+            hi = min(spec.width, lo + step)
+            res = secure_sum(values[:, lo:hi], protocol=spec.protocol, frac_bits=spec.frac_bits,
+                             value_clip=spec.value_clip, round=round_, transport=server.transport, senders=senders,
+                             kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt)
+            total[lo:hi] = res.total
+            nbytes += res.bytes_per_client
+            client_s += float(np.mean(res.client_seconds))
+            server_s += res.server_seconds
+            survivors = res.survivors if survivors is None else np.intersect1d(survivors, res.survivors)
+    except SecureSumAborted as exc:
+        return Replies(aborted=str(exc), dropped={u: "secure aggregation aborted" for u in users})
+    kept = np.asarray(users, np.int64)[survivors]
+    dropped = {u: "dropped during secure aggregation" for u in users if u not in set(kept.tolist())}
+    return Replies(total=total, survivors=kept, dropped=dropped, bytes_per_client=nbytes,
+                   client_seconds=client_s, server_seconds=server_s)
+
+
+def _answer(server: Any, ex: Exchange, round_: int, replies: Mapping[int, Any], dropped: dict[int, str]) -> Replies:
+    """Validate each reply (structurally, then the exchange's ``validate``); secure: sum the vectors."""
+    values: dict[int, Any] = {}
+    for u in ex.users.tolist():
+        if u in dropped:
+            continue
+        if u not in replies:
+            dropped[u] = "no reply"
+            continue
+        try:
+            values[u] = ex.check_reply(u, replies[u])
+        except ValueError as exc:
+            dropped[u] = str(exc)
+    if ex.secure is not None:
+        out = _local_secure(server, ex, round_, {u: v["vector"] for u, v in values.items()})
+        out.dropped = {**dropped, **out.dropped}
+        return out
+    return Replies(values=values, dropped=dropped)
+
+
+def drive(round_gen: DeviceRound, answer: Callable[[Exchange], Replies]) -> RoundStats:
+    """Run one round's generator to its end, answering every exchange with ``answer``."""
+    try:
+        ex = next(round_gen)
+        while True:
+            if not isinstance(ex, Exchange):
+                raise TypeError(f"device_round yielded a {type(ex).__name__}, not an Exchange")
+            ex = round_gen.send(answer(ex))
+    except StopIteration as stop:
+        if not isinstance(stop.value, RoundStats):
+            raise TypeError(f"device_round returned a {type(stop.value).__name__}, not RoundStats") from None
+        return stop.value
+
+
+def run_exchanges(server: Any, step: Step) -> RoundStats:
+    """One round in one process: ``step`` (the trainer's own ``device_step``) plays the whole cohort
+    at once; secure exchanges go through :func:`protocols.secure_sum.secure_sum`."""
+    round_ = int(server.round)
+
+    def answer(ex: Exchange) -> Replies:
+        replies = step(ex.kind, round_, ex.users, ex.broadcast, ex.per_user) if len(ex.users) else {}
+        return _answer(server, ex, round_, replies, {})
+
+    return drive(server.device_round(), answer)
+
+
+def run_on_devices(server: Any, clients: Mapping[int, Any], *, silent: Callable[[Exchange, int], bool] | None = None,
+                   tamper: Callable[[Exchange, int, dict], dict] | None = None) -> RoundStats:
+    """One round with every client on its own (simulated) device: the reference for a runtime.
+
+    ``server`` is the server half built on a census, ``clients[u]`` user ``u``'s half built on its
+    own data. Each member of an exchange gets a deep copy of its message and runs
+    ``device_step`` alone; its reply is deep-copied back (nothing is shared by reference, as
+    on a wire). ``silent(exchange, user)`` makes a client drop out of that exchange and
+    ``tamper(exchange, user, reply)`` replaces its reply (tests of the server's checks).
+    """
+    round_ = int(server.round)
+
+    def answer(ex: Exchange) -> Replies:
+        replies: dict[int, Any] = {}
+        dropped: dict[int, str] = {}
+        for u in ex.users.tolist():
+            if silent is not None and silent(ex, u):
+                dropped[u] = "silent"
+                continue
+            if u not in clients:
+                dropped[u] = "no such device"
+                continue
+            ex.message_for(u)  # the names of the broadcast and of the client's own arrays must not clash
+            bcast = copy.deepcopy(dict(ex.broadcast))
+            own = {u: copy.deepcopy(dict(ex.per_user[u]))} if u in ex.per_user else {}
+            out = clients[u].device_step(ex.kind, round_, np.array([u], np.int64), bcast, own)
+            reply = copy.deepcopy(dict(out[u])) if u in out else None
+            if reply is None:
+                dropped[u] = "no reply"
+                continue
+            replies[u] = tamper(ex, u, reply) if tamper is not None else reply
+        return _answer(server, ex, round_, replies, dropped)
+
+    return drive(server.device_round(), answer)
+
+
+def census(users: np.ndarray, n_users: int, n_items: int, user_ids: np.ndarray | None = None,
+           item_ids: np.ndarray | None = None) -> Any:
+    """The server half's data: one placeholder row (item 0, rating 1) per participating user.
+
+    Who takes part is public; what they hold is not. A protocol's server half must not read
+    anything from it beyond ``n_users``, ``n_items`` and which users take part.
+    """
+    from recmodels.data import Interactions
+
+    users = np.asarray(users, np.int64)
+    return Interactions(
+        users=users, items=np.zeros(len(users), np.int64), ratings=np.ones(len(users), np.float32),
+        timestamps=np.zeros(len(users), np.int64),
+        user_ids=np.arange(n_users) if user_ids is None else np.asarray(user_ids),
+        item_ids=np.arange(n_items) if item_ids is None else np.asarray(item_ids),
+    )

@@ -20,7 +20,10 @@ runtime-specific code of their own:
   and ``trainer.load_device_state(user, state)``, a dict of arrays that stays on the device
   between exchanges and rounds;
 * the **global model a client needs to score** is ``trainer.device_model()`` on the server and
-  ``trainer.load_device_model(model)`` on the client (evaluation runs where the user's state is).
+  ``trainer.load_device_model(model)`` on the client (evaluation runs where the user's state is);
+* ``trainer.device_requires_secure(kind) -> bool``: whether this configuration sends the reply of
+  step ``kind`` only through secure aggregation. A client asked for such a step in plaintext
+  refuses (so a server cannot simply ask for a raw update the protocol promises to sum).
 
 A protocol that runs this way sets ``ProtocolSpec.exchanges`` (:class:`protocols.registry.Exchanges`)
 and implements its in-process ``run_round`` as ``run_exchanges(self, self.device_step)``: one
@@ -200,8 +203,9 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
     spec = ex.secure
     assert spec is not None
     users = [u for u in ex.users.tolist() if u in vectors]
-    if not users:
-        return Replies(dropped={u: "no vector" for u in ex.users.tolist()}, aborted="no client sent a vector")
+    if len(users) < 2:  # (a sum of one is that client's vector: never released)
+        return Replies(dropped={u: "secure aggregation aborted" for u in users},
+                       aborted=f"secure aggregation needs at least 2 clients; {len(users)} sent a vector")
     values = np.stack([vectors[u] for u in users])
     senders = [client(u) for u in users]
     step = max(1, SECURE_CHUNK // len(users))
@@ -296,6 +300,9 @@ def run_on_devices(server: Any, clients: Mapping[int, Any], *, silent: Callable[
                 dropped[u] = "no such device"
                 continue
             ex.message_for(u)  # the names of the broadcast and of the client's own arrays must not clash
+            if ex.secure is None and clients[u].device_requires_secure(ex.kind):
+                dropped[u] = f"refused: step {ex.kind!r} is answered only through secure aggregation"
+                continue
             bcast = copy.deepcopy(dict(ex.broadcast))
             own = {u: copy.deepcopy(dict(ex.per_user[u]))} if u in ex.per_user else {}
             out = clients[u].device_step(ex.kind, round_, np.array([u], np.int64), bcast, own)

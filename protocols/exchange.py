@@ -68,6 +68,7 @@ __all__ = [
     "Replies",
     "SecureSum",
     "census",
+    "drive",
     "run_exchanges",
     "run_on_devices",
 ]

@@ -574,7 +574,8 @@ class GridTrainer:
             extra={"examples": examples, **extra}, releases=(srv._update_release(survivors),),
         )
 
-    def _scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+    def _score_lists(self, users: np.ndarray, items: list[np.ndarray] | None) -> list[np.ndarray]:
+        """Ask each user's node to score ``items[c]`` (every item if ``None``) with its own state."""
         if self.exchanges:
             model = ArrayRecord({k: _np_array(np.asarray(v)) for k, v in self.server.device_model().items()})
         else:
@@ -586,18 +587,38 @@ class GridTrainer:
                 content["items"] = ArrayRecord({"items": _np_array(np.asarray(items[c], np.int64))})
             msgs.append(Message(RecordDict(content), dst_node_id=self.node_of[int(u)], message_type="query.score"))
         replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(msgs, timeout=self.timeout)}
-        width = self.meta.n_items if items is None else np.asarray(items).shape[1]
-        out = np.empty((len(msgs), width), np.float32)
+        out = []
         for c, u in enumerate(np.asarray(users)):
             reply = replies.get(self.node_of[int(u)])
             if reply is None or reply.has_error():
                 raise RoundFailed(f"evaluation: user {int(u)} did not return its scores "
                                   f"({'timeout' if reply is None else reply.error.reason})")
             s = reply.content["scores"]["scores"].numpy()
+            width = self.meta.n_items if items is None else len(items[c])
             if s.shape != (width,) or s.dtype != np.float32:
                 raise RoundFailed(f"evaluation: user {int(u)} returned scores of shape {s.shape} {s.dtype}")
-            out[c] = s
+            out.append(s)
         return out
+
+    def _scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        width = self.meta.n_items if items is None else np.asarray(items).shape[1]
+        rows = self._score_lists(users, None if items is None else list(np.asarray(items)))
+        return np.stack(rows) if rows else np.empty((0, width), np.float32)
+
+    def evaluate(self, test: Any) -> dict[str, float]:
+        """Rating protocols: each test user's node predicts its own held-out items (with its own state
+        and the model the server sends); the metrics are the protocol's (``metrics_from_predictions``)."""
+        metrics = getattr(self.server, "metrics_from_predictions", None)
+        if metrics is None:
+            raise ValueError(f"protocol {self.protocol!r} rates but has no metrics_from_predictions(test, predictions)")
+        users, items = np.asarray(test.users, np.int64), np.asarray(test.items, np.int64)
+        order = np.argsort(users, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(users[order])) + 1) if len(order) else []
+        pred = np.empty(len(users), np.float64)
+        rows = self._score_lists(np.array([users[g[0]] for g in groups], np.int64), [items[g] for g in groups])
+        for g, r in zip(groups, rows, strict=True):
+            pred[g] = r
+        return metrics(test, pred)
 
     def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         """Each user's node scores its candidates with its own user state (evaluation)."""

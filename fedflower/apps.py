@@ -63,6 +63,7 @@ from fedflower.adapter import (
     stack_updates,
     units_of,
 )
+from fedflower.chain_flower import CHAIN_KEY, chain_mod
 from fedflower.exchange_apps import EXCHANGE_KEY, answer_exchange, client_exchange, client_score_setup
 from fedflower.records import RECORD_KEY
 from fedflower.secagg_mod import VECTOR_KEY, secagg_mod
@@ -119,6 +120,8 @@ def _secure_route(msg: Message, context: Context, call_next) -> Message:  # noqa
     """Hand ``TRAIN`` messages of a secure aggregation (they carry our record) to :func:`secagg_mod`."""
     if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY in msg.content.config_records:
         return secagg_mod(msg, context, call_next)
+    if msg.metadata.message_type == MessageType.TRAIN and CHAIN_KEY in msg.content.config_records:
+        return chain_mod(msg, context, call_next)  # (a secure exchange through the circular chain)
     return call_next(msg, context)
 
 
@@ -167,7 +170,8 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
         spec = get_protocol(str(run["protocol"]))
         config = config_from_json(spec, str(run["config"]))
         secure = bool(run.get("secure", False))
-        in_secagg = RECORD_KEY in msg.content.config_records  # routed through secagg_mod (masked_input)
+        # routed through secagg_mod (masked_input) or chain_mod (setup)
+        in_secagg = RECORD_KEY in msg.content.config_records or CHAIN_KEY in msg.content.config_records
         if secure and not in_secagg:
             raise ValueError("a secure round's training request arrived outside secure aggregation; this client "
                              "never sends its update unmasked")
@@ -520,9 +524,10 @@ class GridTrainer:
     def exchange_workflow(self, spec: Any) -> SecAggWorkflow:
         """The SecAgg workflow for a secure exchange's encoding (one per distinct encoding in a run,
         all pinning the nodes' identity keys in one table)."""
-        key = (spec.protocol, spec.frac_bits, float(spec.value_clip), spec.dropout, spec.corrupt)
+        key = (spec.protocol, spec.frac_bits, float(spec.value_clip), spec.dropout, spec.corrupt, spec.k, spec.t)
         if key not in self._workflows:
-            extra = {k: v for k, v in (("dropout", spec.dropout), ("corrupt", spec.corrupt)) if v is not None}
+            extra = {k: v for k, v in (("dropout", spec.dropout), ("corrupt", spec.corrupt), ("k", spec.k),
+                                       ("t", spec.t)) if v is not None}
             wf = SecAggWorkflow(protocol=spec.protocol, clipping_range=float(spec.value_clip), frac_bits=spec.frac_bits,
                                 timeout=self.timeout, rounding="nearest", **extra)
             wf.pinned = self._pinned

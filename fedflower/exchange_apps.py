@@ -36,7 +36,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from protocols.exchange import Exchange, Replies
-from protocols.transport import SERVER, client
+from protocols.transport import client
 from secagg.bonawitz_wire import MaskedInput
 from secagg.encoding import FixedPoint
 
@@ -205,8 +205,12 @@ def _secure(gt: Any, ex: Exchange, t: int, contents: dict[int, RecordDict], drop
     if len(contents) < 2:
         return Replies(dropped={**dropped, **{u: "secure aggregation aborted" for u in contents}},
                        aborted=f"secure aggregation needs at least 2 clients; {len(contents)} can be reached")
-    if spec.protocol not in ("secagg", "secagg+"):
-        raise ValueError(f"secure aggregation {spec.protocol!r} does not run on Flower; use 'secagg' or 'secagg+'")
+    if spec.protocol not in ("secagg", "secagg+", "chain"):
+        raise ValueError(f"secure aggregation {spec.protocol!r} does not run on Flower; use secagg, secagg+ or chain")
+    if spec.dropouts:
+        raise ValueError("simulated dropouts do not run on Flower (its dropouts are real); unset them")
+    if spec.protocol == "chain":
+        return _chain(gt, ex, t, contents, dropped)
     wf = gt.exchange_workflow(spec)
     user_of = {gt.node_of[u]: u for u in contents}
     keep = bool(transport.transcript.keep_payloads)
@@ -219,15 +223,46 @@ def _secure(gt: Any, ex: Exchange, t: int, contents: dict[int, RecordDict], drop
     for stage, idx, nbytes in run.sizes:  # the server's transcript, as secure_sum records it in process
         u = user_of[rep.node_ids[idx]]
         payload = MaskedInput.from_bytes(run.masked[idx]).y if keep and stage == "masked_input" else None
-        transport.send(client(u), SERVER, t, spec.kind if stage == "masked_input" else f"secagg:{stage}", payload,
-                       nbytes)
+        transport.send(client(u), spec.receiver, t, spec.kind if stage == "masked_input" else f"secagg:{stage}",
+                       payload, nbytes)
     n = len(contents)
     for u in contents:
-        transport.send(SERVER, client(u), t, f"{spec.protocol}:server", None, rep.bytes_to_clients // n)
+        transport.send(spec.receiver, client(u), t, f"{spec.protocol}:server", None, rep.bytes_to_clients // n)
     gt.flower_bytes["up"] += rep.bytes_from_clients
     gt.flower_bytes["down"] += rep.bytes_to_clients
     for nid, (stage, why) in rep.dropped.items():
         dropped[user_of[nid]] = f"{stage}: {why}"
+    common = {"bytes_per_client": (rep.bytes_from_clients + rep.bytes_to_clients) / n,
+              "client_seconds": rep.wait_s / n, "server_seconds": rep.server_s}
+    if rep.total is None:
+        return Replies(dropped=dropped, aborted=str(rep.abort), **common)
+    total = FixedPoint(spec.frac_bits, max(spec.value_clip, 1.0)).decode(rep.total)
+    survivors = np.asarray(sorted(user_of[nid] for nid in rep.survivors), np.int64)
+    return Replies(total=np.asarray(total, np.float64), survivors=survivors, dropped=dropped, **common)
+
+
+def _chain(gt: Any, ex: Exchange, t: int, contents: dict[int, RecordDict], dropped: dict[int, str]) -> Replies:
+    """A secure exchange through the circular chain (:class:`fedflower.chain_flower.ChainWorkflow`)."""
+    from fedflower.chain_flower import ChainWorkflow
+
+    spec = ex.secure
+    assert spec is not None
+    wf = ChainWorkflow(successors=spec.k or 1, clipping_range=float(spec.value_clip), frac_bits=spec.frac_bits,
+                       rounding="nearest", timeout=gt.timeout)
+    user_of = {gt.node_of[u]: u for u in contents}
+    try:
+        rep = wf.aggregate_vectors(gt.grid, t, {gt.node_of[u]: c for u, c in contents.items()}, spec.width)
+    except ValueError as exc:  # over the bit budget for this many clients
+        return Replies(dropped={**dropped, **{u: "secure aggregation aborted" for u in contents}},
+                       aborted=f"the chain refused to start with {len(contents)} clients: {exc}")
+    n = len(contents)
+    for u in contents:  # the chain's sizes, per client (its relays are many small messages)
+        gt.server.transport.send(client(u), spec.receiver, t, spec.kind, None, rep.bytes_from_clients // n)
+        gt.server.transport.send(spec.receiver, client(u), t, "chain:server", None, rep.bytes_to_clients // n)
+    gt.flower_bytes["up"] += rep.bytes_from_clients
+    gt.flower_bytes["down"] += rep.bytes_to_clients
+    for nid, why in rep.dropped.items():
+        dropped[user_of[nid]] = why
     common = {"bytes_per_client": (rep.bytes_from_clients + rep.bytes_to_clients) / n,
               "client_seconds": rep.wait_s / n, "server_seconds": rep.server_s}
     if rep.total is None:

@@ -60,7 +60,7 @@ import numpy as np
 
 from protocols.base import RoundStats
 from protocols.secure_sum import SecureSumAborted, secure_sum
-from protocols.transport import client
+from protocols.transport import SERVER, client
 
 __all__ = [
     "SECURE_CHUNK",
@@ -93,6 +93,13 @@ class SecureSum:
         where: the configuration key named when a value exceeds ``value_clip``.
         kind: the transcript kind of the masked upload.
         dropout, corrupt: the fractions SecAgg+ chooses its ``k`` and ``t`` for.
+        receiver: the party that learns the sum (``"server"``; a protocol with two servers names
+            the one, e.g. STTFedRec's ``"sas"``).
+        k, t: the protocol's parameters (``None``: chosen; for the chain ``k`` is its ``s``
+            successors).
+        dropouts: simulated dropouts in process only (stage -> indices into the cohort's
+            senders, as :func:`protocols.secure_sum.secure_sum` takes them); a runtime with real
+            devices refuses them (its dropouts are real).
     """
 
     protocol: str
@@ -103,6 +110,10 @@ class SecureSum:
     kind: str = "update"
     dropout: float | None = None
     corrupt: float | None = None
+    receiver: str = SERVER
+    k: int | None = None
+    t: int | None = None
+    dropouts: Mapping[str, frozenset[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.width < 1:
@@ -218,7 +229,8 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
             hi = min(spec.width, lo + step)
             res = secure_sum(values[:, lo:hi], protocol=spec.protocol, frac_bits=spec.frac_bits,
                              value_clip=spec.value_clip, round=round_, transport=server.transport, senders=senders,
-                             kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt)
+                             kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt,
+                             receiver=spec.receiver, k=spec.k, t=spec.t, dropouts=spec.dropouts)
             total[lo:hi] = res.total
             nbytes += res.bytes_per_client
             client_s += float(np.mean(res.client_seconds))

@@ -41,8 +41,8 @@ class ToyConfig:
     value_clip: float = 1e4
 
     def __post_init__(self) -> None:
-        if self.secure_aggregation not in ("secagg", "secagg+"):
-            raise ValueError(f"toy.secure_aggregation must be secagg or secagg+; found {self.secure_aggregation!r}")
+        if self.secure_aggregation not in ("secagg", "secagg+", "chain"):
+            raise ValueError(f"toy.secure_aggregation must be secagg, secagg+ or chain; found {self.secure_aggregation!r}")
 
 
 class Toy:
@@ -147,7 +147,7 @@ def _flower(tmp: Path, train, cfg, *, drop=None, tamper=None, state_dir=None, no
     return GridTrainer(grid, server, protocol=NAME, seed=0, meta=meta, timeout=30, assign=True), grid
 
 
-@pytest.mark.parametrize("protocol", ["secagg", "secagg+"])
+@pytest.mark.parametrize("protocol", ["secagg", "secagg+", "chain"])
 def test_flower_equals_the_devices_and_one_process(toy_protocol, tmp_path, protocol):
     counts = [3, 1, 4, 1, 5, 9]
     train, cfg = _data(counts), ToyConfig(secure_aggregation=protocol)
@@ -169,8 +169,8 @@ def test_flower_equals_the_devices_and_one_process(toy_protocol, tmp_path, proto
     np.testing.assert_allclose(gt.score(np.array([4]), np.array([[0, 2]])), [[want[0], want[0] + 2 * 15]], rtol=1e-6)
     # the server's view of the secure step: masked uploads only, never a client's x_u or s_u
     ups = [r for r in gt.server.transport.transcript.view(SERVER, kind="update")]
-    assert len(ups) == 18 and all(r.payload is not None for r in ups)
-    for r in ups:
+    assert len(ups) == 18
+    for r in ups if protocol != "chain" else []:  # (the chain's uploads are recorded by size)
         y = np.asarray(r.payload)
         assert y.dtype == np.uint64 and not np.isin(y[:1].astype(np.float64) / 2**16, x).all()
 
@@ -250,3 +250,13 @@ def test_a_secure_step_left_with_too_few_clients_aborts_cleanly(toy_protocol, tm
     gt, _ = _flower(tmp_path / "b", train, cfg, drop=lambda stage, nid: stage == 1 and nid in (9000, 9007, 9014))
     stats = gt.run_round()  # two left: SecAgg+ has no safe parameters for n = 2, an abort in words
     assert "refused to start with 2 clients" in gt.server.log[-1]["aborted"] and stats.clients == 0
+
+
+def test_a_chain_exchange_survives_a_client_that_drops_mid_chain(toy_protocol, tmp_path):
+    train, cfg = _data([1, 2, 3, 4, 5]), ToyConfig(secure_aggregation="chain")
+    # stage 1 is the plaintext echo; stage 2 the chain's setup; user 4 goes silent from the first relay on
+    gt, _ = _flower(tmp_path, train, cfg, drop=lambda stage, nid: stage >= 3 and nid == 9000 + 7 * 4)
+    stats = gt.run_round()
+    log = gt.server.log[-1]
+    assert log["survivors"] == [0, 1, 2, 3] and 4 in log["dropped"] and stats.clients == 4
+    np.testing.assert_allclose(gt.server.model, [10.0, 0.0, 4.0], atol=1e-4)  # the sum over the survivors only

@@ -51,14 +51,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from collections.abc import Generator, Mapping
 from typing import Any
 
 import numpy as np
 
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
-from protocols.registry import ProtocolSpec, register
-from protocols.secure_sum import secure_sum
+from protocols.exchange import Exchange, Replies, SecureSum, run_exchanges
+from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, Transcript, client
 from recmodels import binary_codes as bc
 from recmodels.data import Interactions
@@ -70,8 +71,10 @@ __all__ = [
     "SERVERS",
     "LightFR",
     "LightFRConfig",
+    "STATS",
     "Upload",
     "UpdateError",
+    "device_check",
     "rank_metrics",
     "tie_jitter",
 ]
@@ -82,9 +85,12 @@ SECURE = ("none", "secagg+", "secagg")
 TIES = ("random", "pessimistic")
 LAMBDA_SCALES = ("count", "none")
 BROADCAST = "clients"
-#: Most values (clients x columns) summed by one secure-aggregation instance (memory bound: a few
-#: float64/uint64 arrays of this size live at once; each instance pays the key agreement again).
-SECURE_CHUNK = 1 << 24
+#: What every client reports with its upload (plaintext) or in the first slots of its secure
+#: vector, each on the ``2^-frac_bits`` grid in ``[0, 1]``: its squared error summed over its
+#: ratings divided by ``M`` (the power of two ``>= m``: a client has at most ``m`` ratings, each
+#: error at most 1), its DCD sweeps divided by ``S`` (the power of two ``>= user_sweeps``: exact),
+#: and 1 if its DCD converged, else 0 (:meth:`LightFR.report_scales`).
+STATS = ("loss_sum_over_M", "sweeps_over_S", "converged")
 SECURE_ROWS = ("union", "all")
 
 
@@ -119,6 +125,10 @@ class LightFRConfig:
         secagg_dropout, secagg_corrupt: the fractions SecAgg+ chooses k and t for.
         ties: ranking tie rule of ``score`` (``"random"`` or ``"pessimistic"``).
         mf_epochs: epochs of the real-valued MF behind ``init = "mf"``.
+        rating_min, rating_max: the public rating scale the ratings are min-max scaled with (a
+            rating outside it is clipped to it). Both ``nan`` (the default): the training data's
+            smallest and largest rating, which only a party holding every rating can compute, so
+            on separate devices both must be set (:func:`device_check`).
     """
 
     bits: int = 64
@@ -137,6 +147,8 @@ class LightFRConfig:
     secagg_corrupt: float = 0.05
     ties: str = "random"
     mf_epochs: int = 20
+    rating_min: float = math.nan
+    rating_max: float = math.nan
 
     def __post_init__(self) -> None:
         for name, allowed in (("server", SERVERS), ("init", INITS), ("secure_aggregation", SECURE),
@@ -162,6 +174,17 @@ class LightFRConfig:
             raise ValueError(f"lightfr.secagg_dropout must be in [0, 1); found {self.secagg_dropout!r}")
         if not 0 <= self.secagg_corrupt < 0.5:
             raise ValueError(f"lightfr.secagg_corrupt must be in [0, 0.5); found {self.secagg_corrupt!r}")
+        lo, hi = self.rating_min, self.rating_max
+        if not all(isinstance(v, (int, float)) for v in (lo, hi)) or math.isnan(lo) != math.isnan(hi):
+            raise ValueError(f"lightfr.rating_min and lightfr.rating_max must be numbers, both set or both nan; "
+                             f"found {lo!r}, {hi!r}")
+        if self.has_rating_scale and not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(f"lightfr.rating_min must be below lightfr.rating_max (finite); found {lo!r}, {hi!r}")
+
+    @property
+    def has_rating_scale(self) -> bool:
+        """Whether the public rating scale is configured (else it is the training data's range)."""
+        return not math.isnan(self.rating_min)
 
     @property
     def value_clip(self) -> float:
@@ -179,16 +202,19 @@ class Upload:
         items: int64 sorted rated item ids (in the clear in the plaintext form).
         body: float64 ``[k, f]`` (grad), int8 ``[k, f]`` codes (para) or float64 ``[k, f + f*f]``
             (dcd: ``(r - 1/2) b_u`` then ``b_u b_u^T`` flattened).
+        stats: float64 ``[3]`` (the round's report, :data:`STATS`) or ``None`` (an upload built by
+            hand, e.g. in a test of the checks).
     """
 
     user: int
     round: int
     items: np.ndarray
     body: np.ndarray
+    stats: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
-        return 4 * len(self.items) + int(self.body.nbytes)
+        return 4 * len(self.items) + int(self.body.nbytes) + (0 if self.stats is None else int(self.stats.nbytes))
 
 
 def tie_jitter(users: np.ndarray, items: np.ndarray, seed: int) -> np.ndarray:
@@ -258,16 +284,20 @@ class LightFR:
         self.n_users, self.n_items, self.f = train.n_users, train.n_items, config.bits
         if self.n_users < 1 or len(train) == 0:
             raise ValueError("LightFR needs at least one training rating")
-        self.lo, self.hi = float(train.ratings.min()), float(train.ratings.max())
+        if config.has_rating_scale:  # public (required on separate devices)
+            self.lo, self.hi = float(config.rating_min), float(config.rating_max)
+        else:  # the training data's range (in process only: reads every rating)
+            self.lo, self.hi = float(train.ratings.min()), float(train.ratings.max())
         order = np.lexsort((train.items, train.users))
         self.users = train.users[order].astype(np.int64)
         self.items = train.items[order].astype(np.int64)
         self.raw = train.ratings[order].astype(np.float64)
-        self.r = _grid(bc.scale_ratings(self.raw, self.lo, self.hi), config.frac_bits)
+        self.r = _grid(np.clip(bc.scale_ratings(self.raw, self.lo, self.hi), 0, 1), config.frac_bits)
         self.counts = np.bincount(self.users, minlength=self.n_users)
         self.starts = np.concatenate(([0], np.cumsum(self.counts)[:-1]))
         self.rng = np.random.default_rng([self.seed, 0x11F])
         self.round = 0
+        self._pending: dict[int, Upload] = {}  # client side: a secure upload between its two phases
         if config.init == "mf":
             self.b, self.d = self._mf_codes()
         else:
@@ -314,64 +344,288 @@ class LightFR:
     def packed_items(self) -> np.ndarray:
         return bc.pack(self.d)
 
-    # -- one round -------------------------------------------------------------------------------
+    # -- one round: the server half (exchanges) and the client half ------------------------------
     def run_round(self) -> RoundStats:
-        """Sample, broadcast, local DCD, upload, validate, aggregate, update."""
-        t0 = time.perf_counter()
+        """Sample, broadcast, local DCD, upload, validate, aggregate, update.
+
+        One code path with the device runs: :meth:`device_round` drives the round and this trainer
+        plays every sampled client through :meth:`device_step` (:func:`protocols.exchange.run_exchanges`).
+        ``server = "none"`` trains nothing and is in process only.
+        """
+        if self.config.server == "none":
+            return self._untrained_round()
+        spent = 0.0
+
+        def step(*args: Any) -> Any:  # the clients' local work, timed (a device times its own)
+            nonlocal spent
+            t = time.perf_counter()
+            out = self.device_step(*args)
+            spent += time.perf_counter() - t
+            return out
+
+        stats = run_exchanges(self, step)
+        stats.seconds["client"] += spent / max(stats.clients, 1)
+        return stats
+
+    def _untrained_round(self) -> RoundStats:
+        """``server = "none"``: nothing trains; the loss is over every user's ratings (in process only)."""
+        t0, t = time.perf_counter(), self.round
+        self.round += 1
+        return RoundStats(round=t, loss=self.train_loss(), clients=0,
+                          seconds={"round": time.perf_counter() - t0, "client": 0.0, "server": 0.0},
+                          extra={"trained": False})
+
+    def _secure(self, width: int, kind: str) -> SecureSum:
+        cfg = self.config
+        return SecureSum(cfg.secure_aggregation, width=width, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
+                         where="lightfr.value_clip", kind=kind, dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
+
+    def device_round(self) -> Generator[Exchange, Replies, RoundStats]:
+        """The server half of a round (:mod:`protocols.exchange`); it reads no client data.
+
+        The exchanges, by ``secure_aggregation`` and ``secure_rows`` (cohort: the sampled clients):
+
+        * ``"none"``: ``"train"``: down the packed ``D``; up in plaintext ``items``, ``body`` and
+          ``stats`` (:data:`STATS`), each reply checked by :meth:`validate` (a bad one is dropped);
+        * secure, ``"union"``: ``"train_rated"``: down the packed ``D``; up, summed securely, the
+          rated indicator over all ``m`` items; then ``"union_update"`` (the first sum's
+          survivors): down the union ``U``; up, summed securely, ``stats``, the values over ``U``'s
+          rows and their indicator;
+        * secure, ``"all"``: ``"train_dense"``: down the packed ``D``; up, summed securely, ``stats``,
+          the values over all items and the indicator.
+
+        The round's loss is the mean squared error of the answering clients on their own ratings
+        after their local DCD, against the ``D`` they received (``M sum(stats[0]) / raters``); the
+        raters come from the sums (plaintext: the uploads' item counts).
+        """
         cfg, t = self.config, self.round
         if cfg.server == "none":
-            self.round += 1
-            return RoundStats(round=t, loss=self.train_loss(), clients=0,
-                              seconds={"round": time.perf_counter() - t0, "client": 0.0, "server": 0.0},
-                              extra={"trained": False})
+            raise ValueError("lightfr.server = 'none' has no exchanges (device_check refuses it on devices)")
+        t0 = time.perf_counter()
         sel = self.sample_clients()
         model = self.packed_items
         for u in sel:
-            self.transport.send(SERVER, client(u), t, "model", model, int(model.nbytes))
-        tc = time.perf_counter()
-        pidx = self._pairs(sel)
-        users, items, r = self.users[pidx], self.items[pidx], self.r[pidx]
-        active = np.zeros(self.n_users, dtype=bool)
-        active[sel] = True
-        res = bc.dcd_users(self.b, self.d, users, items, r, lam=self._lam(cfg.lambda_user, self.counts),
-                           max_sweeps=cfg.user_sweeps, active=active)
-        b_new = res.codes
-        body = self._client_bodies(b_new, users, items, r)
-        offs = np.concatenate(([0], np.cumsum(self.counts[sel])))
-        uploads = [Upload(int(u), t, items[offs[j]:offs[j + 1]], body[offs[j]:offs[j + 1]])
-                   for j, u in enumerate(sel) if self.counts[u] > 0]
-        client_s = (time.perf_counter() - tc) / len(sel)
-        ts = time.perf_counter()
+            self.transport.send(SERVER, client(int(u)), t, "model", model, int(model.nbytes))
+        down = {"d": model}
+        w, m, k = self._width(), self.n_items, len(STATS)
+        busy = time.perf_counter() - t0  # the server's own work between exchanges
+        dropped: dict[int, str] = {}
+        sec = {"bytes": 0.0, "client": 0.0, "server": 0.0}
+
+        def secure_reply(got: Replies) -> None:
+            dropped.update(got.dropped)
+            sec["bytes"] += got.bytes_per_client
+            sec["client"] += got.client_seconds
+            sec["server"] += got.server_seconds
+
+        aborted = None
         if cfg.secure_aggregation == "none":
+            allowed = set(sel.tolist())
+            got = yield Exchange("train", sel, broadcast=down, reply_keys=frozenset({"items", "body", "stats"}),
+                                 validate=lambda u, reply: self._plain_upload(u, reply, allowed))
+            ts = time.perf_counter()
+            dropped.update(got.dropped)
+            uploads: list[Upload] = list(got.values.values())
             for up in uploads:
                 self.transport.send(client(up.user), SERVER, t, "update", up, up.nbytes)
             total, cnt = self.aggregate(uploads)
-            up_bytes = float(np.mean([up.nbytes for up in uploads]))
-            sa_client_s = 0.0
+            stats = np.sum([up.stats for up in uploads], axis=0) if uploads else np.zeros(k)
+            answered = len(uploads)
+            up_bytes = float(np.mean([up.nbytes for up in uploads])) if uploads else 0.0
         else:
-            self.validate_all(uploads)
-            total, cnt, up_bytes, sa_client_s = self._secure_total(uploads)
-        new_d = self.server_update(total, cnt)
-        server_s = time.perf_counter() - ts
-        self.b, self.d = b_new, new_d
+            rows = None
+            ex = Exchange("train_dense", sel, broadcast=down, secure=self._secure(k + m * (w + 1), "update"))
+            if cfg.secure_rows == "union":  # phase 1: the rater counts, hence the union U
+                got = yield Exchange("train_rated", sel, broadcast=down, secure=self._secure(m, "lightfr:rated"))
+                ts = time.perf_counter()
+                secure_reply(got)
+                aborted = got.aborted
+                if got.total is not None:
+                    rows = np.flatnonzero(np.round(got.total) > 0)
+                    for u in got.survivors:  # the server publishes U (4 bytes per item id)
+                        self.transport.send(SERVER, client(int(u)), t, "lightfr:union", None, 4 * len(rows))
+                    ex = Exchange("union_update", got.survivors, broadcast={"union": rows},
+                                  secure=self._secure(k + len(rows) * (w + 1), "update"))
+                busy += time.perf_counter() - ts
+            if aborted is None:
+                got = yield ex
+                secure_reply(got)
+                aborted = got.aborted
+            ts = time.perf_counter()
+            total, cnt, stats = np.zeros((m, w)), np.zeros(m), np.zeros(k)
+            answered = 0
+            if aborted is None:
+                assert got.total is not None
+                nr = m if rows is None else len(rows)
+                at = slice(None) if rows is None else rows
+                stats = got.total[:k]
+                total[at] = got.total[k: k + nr * w].reshape(nr, w)
+                cnt[at] = np.round(got.total[k + nr * w:])
+                answered = len(got.survivors)
+            up_bytes = sec["bytes"]
+        if aborted is None:
+            self.d = self.server_update(total, cnt)
         self.round += 1
+        busy += time.perf_counter() - ts
+        raters = float(cnt.sum())
+        big_m, big_s = self.report_scales()
+        extra: dict[str, Any] = {
+            "bytes_up_per_client": up_bytes, "bytes_down_per_client": float(model.nbytes),
+            "user_sweeps_mean": big_s * float(stats[1]) / answered if answered else math.nan,
+            "users_converged": float(stats[2]) / answered if answered else math.nan,
+            "items_moved": int((cnt > 0).sum()), "clients_answered": answered, "clients_dropped": len(dropped)}
+        if aborted is not None:
+            extra["aborted"] = aborted
         return RoundStats(
-            round=t, loss=self.train_loss(), clients=len(sel),
+            round=t, loss=big_m * float(stats[0]) / raters if raters else math.nan, clients=len(sel),
             bytes_per_client=up_bytes + float(model.nbytes),
-            seconds={"round": time.perf_counter() - t0, "client": client_s + sa_client_s, "server": server_s},
-            extra={"bytes_up_per_client": up_bytes, "bytes_down_per_client": float(model.nbytes),
-                   "user_sweeps_mean": float(res.sweeps[sel].mean()),
-                   "users_converged": float(res.converged[sel].mean()),
-                   "items_moved": int((cnt > 0).sum())},
-            releases=(self._release(),),
+            seconds={"round": time.perf_counter() - t0, "client": sec["client"], "server": busy + sec["server"]},
+            extra=extra, releases=(self._release(),),
         )
 
-    def _client_bodies(self, b: np.ndarray, users: np.ndarray, items: np.ndarray, r: np.ndarray) -> np.ndarray:
+    def report_scales(self) -> tuple[int, int]:
+        """``(M, S)``: the powers of two the first two :data:`STATS` are divided by (public)."""
+        return 1 << (self.n_items - 1).bit_length(), 1 << (self.config.user_sweeps - 1).bit_length()
+
+    def _plain_upload(self, user: int, reply: dict[str, np.ndarray], allowed: set[int]) -> Upload:
+        """A plaintext reply as an :class:`Upload`, checked by :meth:`validate` (``UpdateError`` drops it)."""
+        up = Upload(int(user), self.round, reply["items"], reply["body"], reply["stats"])
+        self.validate(up, set(), allowed)
+        return up
+
+    def device_step(self, kind: str, round_: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
+                    per_user: Mapping[int, Mapping[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
+        """The client half: every user in ``users`` runs step ``kind`` on this trainer's rows.
+
+        ``"train"``, ``"train_rated"``, ``"train_dense"``: check the received ``D``, run the local
+        DCD on ``b_u`` (kept on the device) and reply with the upload (plaintext), the rated
+        indicator (the upload waits on the device for ``"union_update"``) or the dense vector;
+        ``"union_update"``: the waiting upload over the published union's rows. A sampled user
+        without training ratings has nothing to upload and does not reply.
+        """
+        users = np.asarray(users, dtype=np.int64)
+        if kind == "union_update":
+            rows = self._received_union(broadcast)
+            out: dict[int, dict[str, np.ndarray]] = {}
+            for u in users.tolist():
+                up = self._pending.pop(u, None)
+                if up is not None and up.round == round_:
+                    out[u] = {"vector": self._dense(up, rows)}
+            return out
+        if kind not in ("train", "train_rated", "train_dense"):
+            raise ValueError(f"LightFR has no client step {kind!r}")
+        ups = self._local_round(users, round_, self._received_codes(broadcast))
+        if kind == "train":
+            return {u: {"items": up.items, "body": up.body, "stats": up.stats} for u, up in ups.items()}
+        if kind == "train_rated":
+            self._pending.update(ups)
+            out = {}
+            for u, up in ups.items():
+                vec = np.zeros(self.n_items)
+                vec[up.items] = 1.0
+                out[u] = {"vector": vec}
+            return out
+        return {u: {"vector": self._dense(up, None)} for u, up in ups.items()}
+
+    def _local_round(self, users: np.ndarray, round_: int, d: np.ndarray) -> dict[int, Upload]:
+        """Local DCD of ``users``' codes against ``d`` and their uploads (batched; per user alone the same)."""
+        cfg, f = self.config, self.f
+        pidx = self._pairs(users)
+        us, it, r = self.users[pidx], self.items[pidx], self.r[pidx]
+        active = np.zeros(self.n_users, dtype=bool)
+        active[users] = True
+        res = bc.dcd_users(self.b, d, us, it, r, lam=self._lam(cfg.lambda_user, self.counts),
+                           max_sweeps=cfg.user_sweeps, active=active)
+        self.b[users] = res.codes[users]
+        body = self._client_bodies(self.b, us, it, r, d)
+        err = r - 0.5 - bc._pair_inner(self.b, d, us, it) / (2 * f)
+        loss = np.bincount(us, weights=err**2, minlength=self.n_users)
+        offs = np.concatenate(([0], np.cumsum(self.counts[users])))
+        big_m, big_s = self.report_scales()
+        out = {}
+        for j, u in enumerate(users.tolist()):
+            if self.counts[u] == 0:
+                continue
+            stats = np.array([loss[u] / big_m, res.sweeps[u] / big_s, float(res.converged[u])])
+            out[u] = Upload(u, int(round_), it[offs[j]:offs[j + 1]], body[offs[j]:offs[j + 1]],
+                            _grid(stats, cfg.frac_bits))
+        return out
+
+    def _received_codes(self, message: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The item codes ``D`` a client received (packed), checked before use."""
+        packed, shape = message.get("d"), (self.n_items, bc.words(self.f))
+        if not isinstance(packed, np.ndarray) or packed.shape != shape or packed.dtype != np.uint64:
+            raise UpdateError(f"the server's item codes must be uint64 {list(shape)}; found "
+                              f"{getattr(packed, 'dtype', type(packed).__name__)} {getattr(packed, 'shape', '')}")
+        try:
+            return bc.unpack(packed, self.f)
+        except bc.CodeError as exc:
+            raise UpdateError(f"the server's item codes are malformed: {exc}") from None
+
+    def _received_union(self, message: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The published union ``U`` (ascending item ids), checked before use."""
+        rows = message.get("union")
+        if not isinstance(rows, np.ndarray) or rows.ndim != 1 or rows.dtype.kind not in "iu" \
+                or (len(rows) and (rows.min() < 0 or rows.max() >= self.n_items)) or np.any(np.diff(rows) <= 0):
+            raise UpdateError(f"the published union must be ascending item ids in 0..{self.n_items - 1}")
+        return rows.astype(np.int64)
+
+    def _dense(self, up: Upload, rows: np.ndarray | None) -> np.ndarray:
+        """A client's secure vector: ``stats``, then its values over ``rows`` (all items if ``None``;
+        zero where it rated nothing), then its rated indicator over ``rows``."""
+        k, w = len(STATS), self._width()
+        if rows is None:
+            nr, at = self.n_items, up.items
+        else:
+            nr, at = len(rows), np.searchsorted(rows, up.items)
+            if np.any(at >= nr) or np.any(rows[np.minimum(at, max(nr - 1, 0))] != up.items):
+                raise UpdateError(f"client {up.user}: rated items outside the published union of the round")
+        vec = np.zeros(k + nr * (w + 1))
+        vec[:k] = up.stats
+        vec[k: k + nr * w].reshape(nr, w)[at] = up.body
+        vec[k + nr * w + at] = 1.0
+        return vec
+
+    def device_state(self, user: int) -> dict[str, np.ndarray]:
+        """User ``user``'s state on its device: its code ``b_u`` (and a secure upload between phases)."""
+        u = int(user)
+        out = {"b": self.b[u].copy()}
+        up = self._pending.get(u)
+        if up is not None:
+            out.update(pending_round=np.array(up.round, np.int64), pending_items=up.items.copy(),
+                       pending_body=up.body.copy(), pending_stats=up.stats.copy())
+        return out
+
+    def load_device_state(self, user: int, state: Mapping[str, np.ndarray]) -> None:
+        u = int(user)
+        pending = {"pending_round", "pending_items", "pending_body", "pending_stats"}
+        if set(state) not in ({"b"}, {"b"} | pending):
+            raise ValueError(f"client {u}'s state must hold 'b' (and the pending upload); found {sorted(state)}")
+        b = bc.check_codes(np.asarray(state["b"]), f=self.f, what=f"client {u}'s code")
+        if b.shape != (self.f,):
+            raise ValueError(f"client {u}'s code must be one code of {self.f} bits; found shape {b.shape}")
+        self.b[u] = b
+        self._pending.pop(u, None)
+        if "pending_round" in state:
+            self._pending[u] = Upload(u, int(state["pending_round"]), np.asarray(state["pending_items"], np.int64),
+                                      np.asarray(state["pending_body"]), np.asarray(state["pending_stats"], np.float64))
+
+    def device_model(self) -> dict[str, np.ndarray]:
+        """What a client needs to score: the packed item codes."""
+        return {"d": self.packed_items}
+
+    def load_device_model(self, model: Mapping[str, np.ndarray]) -> None:
+        self.d = self._received_codes(model)
+
+    def _client_bodies(self, b: np.ndarray, users: np.ndarray, items: np.ndarray, r: np.ndarray,
+                       d: np.ndarray | None = None) -> np.ndarray:
+        """The per-pair upload bodies against the item codes ``d`` a client holds (default: ``self.d``)."""
         cfg = self.config
+        d = self.d if d is None else d
         if cfg.server == "grad":
-            return _grid(bc.item_gradients(b, self.d, users, items, r), cfg.frac_bits)
+            return _grid(bc.item_gradients(b, d, users, items, r), cfg.frac_bits)
         if cfg.server == "para":
-            return bc.local_item_codes(b, self.d, users, items, r, lam=float(self._lam(cfg.lambda_item, 1)))
+            return bc.local_item_codes(b, d, users, items, r, lam=float(self._lam(cfg.lambda_item, 1)))
         a_p, g_p = bc.pair_stats(b, users, r)
         return np.concatenate([_grid(a_p, cfg.frac_bits), g_p], axis=1)
 
@@ -423,6 +677,11 @@ class LightFR:
             big = float(np.abs(body).max())
             if big > self.config.value_clip:
                 raise UpdateError(f"client {up.user}: value {big:.3g} exceeds the bound {self.config.value_clip}")
+        st = up.stats
+        if st is not None and (not isinstance(st, np.ndarray) or st.shape != (len(STATS),) or st.dtype != np.float64
+                               or not np.isfinite(st).all() or st.min() < 0 or st.max() > 1):
+            raise UpdateError(f"client {up.user}: the round's report {STATS} must be {len(STATS)} float64 values "
+                              f"in [0, 1]; found {getattr(st, 'dtype', type(st).__name__)} {getattr(st, 'shape', '')}")
 
     def validate_all(self, uploads: list[Upload], allowed: set[int] | None = None) -> None:
         seen: set[int] = set()
@@ -439,74 +698,6 @@ class LightFR:
             total[up.items] += up.body
             cnt[up.items] += 1
         return total, cnt
-
-    def dense_vectors(self, uploads: list[Upload], lo: int = 0, hi: int | None = None,
-                      rows: np.ndarray | None = None) -> np.ndarray:
-        """Columns ``lo:hi`` of each client's zero-padded dense upload over ``rows`` (default: all
-        items; length ``len(rows) * width + len(rows)``: the values of every row's item, zero where
-        unrated, then the rated indicator). Every uploaded item must be in ``rows``."""
-        w, m = self._width(), self.n_items
-        where = np.arange(m) if rows is None else np.full(m, -1)
-        if rows is not None:
-            where[rows] = np.arange(len(rows))
-        nr = m if rows is None else len(rows)
-        hi = nr * w + nr if hi is None else hi
-        out = np.zeros((len(uploads), hi - lo))
-        for j, up in enumerate(uploads):
-            at = where[up.items]
-            if (at < 0).any():
-                raise UpdateError(f"client {up.user}: rated items outside the published union of the round")
-            pos = np.concatenate([(at[:, None] * w + np.arange(w)[None, :]).ravel(), nr * w + at])
-            vals = np.concatenate([up.body.astype(np.float64).ravel(), np.ones(len(at))])
-            keep = (pos >= lo) & (pos < hi)
-            out[j, pos[keep] - lo] = vals[keep]
-        return out
-
-    def _chunked_sum(self, uploads: list[Upload], dim: int, kind: str,
-                     columns: Any) -> tuple[np.ndarray, float, float]:
-        """``columns(lo, hi)`` of every client summed through secure aggregation, in chunks of at most
-        ``SECURE_CHUNK`` client-values (one protocol instance each); the sum, bytes and seconds per client."""
-        cfg = self.config
-        step = max(1, SECURE_CHUNK // max(len(uploads), 1))
-        total = np.empty(dim)
-        nbytes = secs = 0.0
-        for lo in range(0, dim, step):
-            hi = min(dim, lo + step)
-            res = secure_sum(
-                columns(lo, hi), protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
-                value_clip=cfg.value_clip, round=self.round, transport=self.transport, kind=kind,
-                senders=[client(up.user) for up in uploads], where="lightfr.value_clip",
-                dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
-            )
-            total[lo:hi] = res.total
-            nbytes += float(res.bytes_per_client)
-            secs += float(np.mean(res.client_seconds))
-        return total, nbytes, secs
-
-    def _secure_total(self, uploads: list[Upload]) -> tuple[np.ndarray, np.ndarray, float, float]:
-        """The sums through secure aggregation (``secure_rows``: over the round's union or all items)."""
-        w, m = self._width(), self.n_items
-        up_bytes = client_s = 0.0
-        rows = None
-        if self.config.secure_rows == "union":  # phase 1: the rater counts, hence the union U
-            def rated(lo: int, hi: int) -> np.ndarray:
-                out = np.zeros((len(uploads), hi - lo))
-                for j, up in enumerate(uploads):
-                    it = up.items[(up.items >= lo) & (up.items < hi)]
-                    out[j, it - lo] = 1.0
-                return out
-            counts, up_bytes, client_s = self._chunked_sum(uploads, m, "lightfr:rated", rated)
-            rows = np.flatnonzero(np.round(counts) > 0)
-            for up in uploads:  # the server publishes U (4 bytes per item id)
-                self.transport.send(SERVER, client(up.user), self.round, "lightfr:union", None, 4 * len(rows))
-        nr = m if rows is None else len(rows)
-        total, nbytes, secs = self._chunked_sum(uploads, nr * w + nr, "update",
-                                                lambda lo, hi: self.dense_vectors(uploads, lo, hi, rows))
-        vals, cnt = np.zeros((m, w)), np.zeros(m)
-        at = slice(None) if rows is None else rows
-        vals[at] = total[: nr * w].reshape(nr, w)
-        cnt[at] = np.round(total[nr * w:])
-        return vals, cnt, up_bytes + nbytes, client_s + secs
 
     def server_update(self, total: np.ndarray, cnt: np.ndarray) -> np.ndarray:
         """New item codes from the round's sums (the same for the plaintext and the secure form)."""
@@ -597,6 +788,22 @@ class LightFR:
                 "storage_bytes_float32_mf_same_dim": (m + 1) * f * 4}
 
 
+def device_check(config: LightFRConfig) -> None:
+    """Refuse, in words, a configuration whose server and clients cannot run on separate devices."""
+    if config.init == "mf":
+        raise ValueError("lightfr.init = 'mf' pre-trains a real-valued MF centrally on every user's ratings "
+                         "(LightFR_init, notes §2.8); no party on separate devices holds them. Use init = 'random' "
+                         "(a federated MF pre-training is not implemented)")
+    if config.server == "none":
+        raise ValueError("lightfr.server = 'none' trains nothing: its rounds have no exchanges and its loss is "
+                         "computed on the server from every user's ratings; run the ablation in process")
+    if not config.has_rating_scale:
+        raise ValueError("set lightfr.rating_min and lightfr.rating_max (the public rating scale, e.g. 0.5 and 5 "
+                         "for MovieLens) to run on separate devices: by default they are the training data's "
+                         "smallest and largest rating, which a server holding no ratings cannot compute and each "
+                         "client would compute from its own ratings only")
+
+
 register(ProtocolSpec(
     name="lightfr",
     summary="LightFR: federated binary-code MF by discrete coordinate descent (Agg_grad/Agg_para/exact DCD)",
@@ -605,4 +812,5 @@ register(ProtocolSpec(
     config_cls=LightFRConfig,
     task="ranking",
     keeps_ratings=True,
+    exchanges=Exchanges(check=device_check),
 ))

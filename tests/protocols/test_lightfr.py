@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from protocols.lightfr import LightFR, LightFRConfig, Upload, UpdateError, rank_metrics
+from protocols.lightfr import STATS, LightFR, LightFRConfig, Upload, UpdateError, rank_metrics
 from protocols.registry import get_protocol
 from recmodels import binary_codes as bc
 from recmodels.synthetic import generate_synthetic
@@ -243,12 +243,12 @@ def test_cli_run_and_resume_equal_the_uninterrupted_run(tmp_path, capsys, preset
 
 @pytest.mark.parametrize("rows", ["union", "all"])
 def test_chunked_secure_sum_equals_one_instance(monkeypatch, rows):
-    import protocols.lightfr as lf
+    import protocols.exchange as ex
 
     data = _data(7, n=5, m=9)
     whole = _model("grad", "secagg+", seed=7, data=data, secure_rows=rows)
     whole.run_round()
-    monkeypatch.setattr(lf, "SECURE_CHUNK", 30)  # several protocol instances per round
+    monkeypatch.setattr(ex, "SECURE_CHUNK", 30)  # several protocol instances per round (the exchange runtime chunks)
     chunked = _model("grad", "secagg+", seed=7, data=data, secure_rows=rows)
     chunked.run_round()
     np.testing.assert_array_equal(whole.d, chunked.d)
@@ -282,11 +282,11 @@ def test_union_rows_give_the_dense_forms_codes_and_send_only_the_unions_rows():
     assert all(len(r.payload) == data.n_items for r in rated)
     u_rows = {len(r.payload) for r in ups}
     assert len(u_rows) == 1
-    width = union._width() + 1
+    width, k = union._width() + 1, len(STATS)  # every vector starts with the round's report (STATS)
     (dim,) = u_rows
-    assert dim % width == 0 and dim // width < data.n_items  # only the union's rows travel
+    assert (dim - k) % width == 0 and (dim - k) // width < data.n_items  # only the union's rows travel
     dense_dim = {len(r.payload) for r in dense.transport.transcript.view("server") if r.kind == "update"}
-    assert dense_dim == {data.n_items * width}
+    assert dense_dim == {k + data.n_items * width}
 
 
 @pytest.mark.slow

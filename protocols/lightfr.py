@@ -298,6 +298,7 @@ class LightFR:
         self.rng = np.random.default_rng([self.seed, 0x11F])
         self.round = 0
         self._pending: dict[int, Upload] = {}  # client side: a secure upload between its two phases
+        self.dropped: dict[int, str] = {}  # server side: the last round's clients left out, and why
         if config.init == "mf":
             self.b, self.d = self._mf_codes()
         else:
@@ -466,6 +467,7 @@ class LightFR:
         if aborted is None:
             self.d = self.server_update(total, cnt)
         self.round += 1
+        self.dropped = dict(dropped)
         busy += time.perf_counter() - ts
         raters = float(cnt.sum())
         big_m, big_s = self.report_scales()

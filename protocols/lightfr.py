@@ -9,23 +9,31 @@ Round ``t`` (notes §2.7, Algorithm 1):
        packed (kind ``"model"``, ``m * ceil(f/64) * 8`` bytes);
     2. each sampled client runs bit-wise DCD on ``b_u`` to convergence (at most
        ``user_sweeps`` sweeps; :func:`recmodels.binary_codes.dcd_users`);
-    3. each client uploads (kind ``"update"``), by ``server``:
+    3. each client uploads (kind ``"update"``) with a three-value report (:data:`STATS`: its
+       squared error after the DCD, its sweeps, whether it converged), by ``server``:
        ``"grad"`` (Agg_grad, Eq. 16, the paper's default): ``Delta d^u_ik`` for its rated items
        and a rated-item indicator; ``"para"`` (Agg_para, Eq. 17): its locally updated codes of
        its rated items (a sign vote); ``"dcd"`` (notes §9.4 option B): per rated item
        ``(r - 1/2) b_u``, ``b_u b_u^T`` and 1, the sufficient statistics of the exact item DCD;
     4. the server validates every upload (round, sender, replay, ids, shape, values; codes in
-       ``{-1,+1}``) before changing anything, sums them, and updates only items with at least one
+       ``{-1,+1}``; a bad one is dropped with its reason, :attr:`LightFR.dropped`), sums the
+       others, and updates only items with at least one
        rater this round (§9.4): ``"grad"``: ``d_ik <- sign(F(sum/f - 2 lam_i sum_{k'!=k} d_ik', d_ik))``
        (Jacobi); ``"para"``: ``d_ik <- sign(F(sum of votes, d_ik))``; ``"dcd"``: the exact
        Gauss-Seidel item DCD to convergence (``item_sweeps``). ``"none"``: no training (the
        ``lightfr-init`` and ``lightfr-random`` ablations).
 
 Every server update needs only sums. With ``secure_aggregation`` set, each client's upload is a
-dense, zero-padded vector over ALL items (values and the rated indicator) summed through
-:func:`protocols.secure_sum.secure_sum` (SecAgg+ by default). Uploads are put on the fixed-point
-grid ``2^-frac_bits`` on the device in both forms, so the decoded secure sum equals the plaintext
-float sum exactly and the codes are bit-identical (tested).
+dense, zero-padded vector (the report, the values over the round's rated union or ALL items, the
+rated indicator) summed through secure aggregation (SecAgg+ by default). Uploads are put on the
+fixed-point grid ``2^-frac_bits`` on the device in both forms, so the decoded secure sum equals
+the plaintext float sum exactly and the codes are bit-identical (tested).
+
+The round is a sequence of exchanges (:mod:`protocols.exchange`): :meth:`LightFR.device_round` is
+the server half, :meth:`LightFR.device_step` the client half, and ``run_round`` drives both in one
+process, so the same code runs with every client on its own device (docs/lightfr.md, "On separate
+devices"; :func:`device_check` refuses what cannot be separated). The server half reads no
+ratings: the round's loss comes back in the clients' reports.
 
 Adversary and promise:
     * ``secure_aggregation = "none"`` (the paper): honest-but-curious server. **No promise**: one
@@ -43,7 +51,8 @@ Evaluation: the ranking score of ``(u, i)`` is ``b_u . d_i`` (same order as Hamm
 jitter in ``[0, 0.5)`` per (user, item); ``"pessimistic"`` adds nothing (the framework's rule:
 ties count against the held-out item); :func:`rank_metrics` also gives the authors' optimistic rule.
 
-Simulation: clients are batched (numpy); the client-side work is identical to per-client work.
+Simulation: clients are batched (numpy); the client-side work is identical to per-client work
+(tested: a cohort's step equals each member's step alone on its own device).
 """
 
 from __future__ import annotations

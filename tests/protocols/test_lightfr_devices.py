@@ -53,8 +53,10 @@ def _devices(data: Interactions, cfg: LightFRConfig, seed: int) -> tuple[LightFR
 
 
 def _plain_records(m: LightFR) -> list[tuple]:
+    """The server's plaintext sends and receives (a secure upload's records come from the runtime)."""
+    plain = ("model", "lightfr:union") + (("update",) if m.config.secure_aggregation == "none" else ())
     return [(r.round, r.sender, r.receiver, r.kind, r.nbytes) for r in m.transport.transcript.view("server")
-            if r.kind in ("model", "update", "lightfr:union") and not (r.kind == "update" and m.config.secure_aggregation != "none")]
+            if r.kind in plain]
 
 
 @pytest.mark.parametrize("server_update, secure, rows", VARIANTS)

@@ -538,6 +538,11 @@ class LightFR:
             return out
         return {u: {"vector": self._dense(up, None)} for u, up in ups.items()}
 
+    def device_requires_secure(self, kind: str) -> bool:
+        """With ``secure_aggregation`` set every step's reply goes only through secure aggregation:
+        a client asked for any step in plaintext refuses (a plaintext ``"train"`` would reveal its upload)."""
+        return self.config.secure_aggregation != "none"
+
     def _local_round(self, users: np.ndarray, round_: int, d: np.ndarray) -> dict[int, Upload]:
         """Local DCD of ``users``' codes against ``d`` and their uploads (batched; per user alone the same)."""
         cfg, f = self.config, self.f

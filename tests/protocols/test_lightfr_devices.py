@@ -217,6 +217,21 @@ def test_a_client_refuses_a_malformed_broadcast_before_changing_its_code():
         m.device_step("aggregate", 0, np.array([u]), good, {})
 
 
+def test_a_secure_client_refuses_a_plaintext_request_for_its_upload():
+    """A server that asks a SecAgg+-configured client for a plaintext "train" gets nothing from it."""
+    data = _data(2)
+    cfg = _cfg("grad", "secagg+", client_fraction=1.0)
+    server, clients = _devices(data, cfg, seed=2)
+    assert all(c.device_requires_secure(k) for c in clients.values() for k in ("train", "train_rated", "union_update"))
+    assert not LightFR(data, _cfg(), seed=2).device_requires_secure("train")
+    plain = LightFR(census(np.unique(data.users), data.n_users, data.n_items), _cfg(client_fraction=1.0), seed=2)
+    d0 = plain.d.copy()
+    stats = run_on_devices(plain, clients)  # a (malicious) plaintext server half against secure clients
+    assert set(plain.dropped) == set(clients) and all("refused" in why for why in plain.dropped.values())
+    assert stats.extra["clients_answered"] == 0 and np.isnan(stats.loss)
+    np.testing.assert_array_equal(plain.d, d0)
+
+
 def test_device_state_round_trips_and_refuses_a_bad_code():
     data = _data(1)
     m = LightFR(data, _cfg(secure="secagg+"), seed=1)

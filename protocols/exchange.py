@@ -75,7 +75,7 @@ __all__ = [
 
 #: Client-values per secure-aggregation instance in process (memory bound: a chunk of a wide
 #: vector is summed at a time; the sum is exact in Z_2^64, so chunking never changes it).
-SECURE_CHUNK = 4_000_000
+SECURE_CHUNK = 1 << 24
 
 ArrayDict = Mapping[str, np.ndarray]
 DeviceRound = Generator["Exchange", "Replies", RoundStats]
@@ -244,8 +244,14 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
                    client_seconds=client_s, server_seconds=server_s)
 
 
-def _answer(server: Any, ex: Exchange, round_: int, replies: Mapping[int, Any], dropped: dict[int, str]) -> Replies:
-    """Validate each reply (structurally, then the exchange's ``validate``); secure: sum the vectors."""
+def _answer(server: Any, ex: Exchange, round_: int, replies: Mapping[int, Any], dropped: dict[int, str], *,
+            devices: bool = False) -> Replies:
+    """Validate each reply (structurally, then the exchange's ``validate``); secure: sum the vectors.
+
+    With ``devices`` a secure vector holding a non-finite value or one beyond ``value_clip`` drops
+    its client (as a device's secure-aggregation mod refuses to encode it); in one process it
+    stops the run in words (:func:`protocols.secure_sum.secure_sum`: a configuration to fix).
+    """
     values: dict[int, Any] = {}
     for u in ex.users.tolist():
         if u in dropped:
@@ -254,7 +260,13 @@ def _answer(server: Any, ex: Exchange, round_: int, replies: Mapping[int, Any], 
             dropped[u] = "no reply"
             continue
         try:
-            values[u] = ex.check_reply(u, replies[u])
+            value = ex.check_reply(u, replies[u])
+            if devices and ex.secure is not None:
+                v = value["vector"]
+                if not np.all(np.isfinite(v)) or float(np.abs(v).max(initial=0.0)) > ex.secure.value_clip:
+                    raise ValueError(f"user {u}: its vector holds a non-finite value or one beyond "
+                                     f"{ex.secure.where}={ex.secure.value_clip:g}; refused before encoding")
+            values[u] = value
         except ValueError as exc:
             dropped[u] = str(exc)
     if ex.secure is not None:
@@ -285,7 +297,7 @@ def run_exchanges(server: Any, step: Step) -> RoundStats:
 
     def answer(ex: Exchange) -> Replies:
         replies = step(ex.kind, round_, ex.users, ex.broadcast, ex.per_user) if len(ex.users) else {}
-        return _answer(server, ex, round_, replies, {})
+        return _answer(server, ex, round_, replies, {}, devices=False)
 
     return drive(server.device_round(), answer)
 
@@ -324,7 +336,7 @@ def run_on_devices(server: Any, clients: Mapping[int, Any], *, silent: Callable[
                 dropped[u] = "no reply"
                 continue
             replies[u] = tamper(ex, u, reply) if tamper is not None else reply
-        return _answer(server, ex, round_, replies, dropped)
+        return _answer(server, ex, round_, replies, dropped, devices=True)
 
     return drive(server.device_round(), answer)
 

@@ -128,6 +128,25 @@ def test_a_malformed_reply_drops_only_that_client(bad):
     assert h["sum"] == [5.0, 3.0] and stats.clients == 3
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 2e4])
+def test_a_non_finite_or_out_of_range_secure_vector_drops_its_device_but_stops_one_process(bad):
+    data = _data([2, 2, 2])
+    server, clients = _devices(data)
+    run_on_devices(server, clients, tamper=lambda ex, u, r: {"vector": np.array([bad, 1.0])} if ex.kind == "count" and u == 1 else r)
+    h = server.history[-1]
+    assert "refused before encoding" in h["dropped"][1] and h["sum"] == [4.0, 2.0]
+
+    class Broken(Toy):
+        def device_step(self, kind, round_, users, broadcast, per_user):
+            out = super().device_step(kind, round_, users, broadcast, per_user)
+            if kind == "count":
+                out[1] = {"vector": np.array([bad, 1.0])}
+            return out
+
+    with pytest.raises(ValueError, match="non-finite|above value_clip"):
+        Broken(data).run_round()
+
+
 def test_a_wrong_width_secure_vector_is_refused_before_summing():
     data = _data([2, 2, 2])
     server, clients = _devices(data)

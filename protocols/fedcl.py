@@ -227,6 +227,7 @@ class FedCL:
         # TEST-ONLY deterministic LDP noise (dp.rng.DeterministicTestSource); None: the OS CSPRNG.
         self._test_source = _test_source
         self.last_aggregate: np.ndarray | None = None  # the averaged gradient the server applied last
+        self.last_dropped: dict[int, str] = {}  # the clients the server dropped last round, with the reasons
         self.transport = transport if transport is not None else InProcessTransport()
         self.exclude, self.round = exclude, 0
         cfg, n_users, n_items = self.config, train.n_users, train.n_items
@@ -501,10 +502,12 @@ class FedCL:
         keep = self.transport.transcript.keep_payloads
         accepted = np.zeros(0, np.int64)
         per_user: dict[int, dict[str, np.ndarray]] = {}
+        self.last_dropped = {}
         if cfg.semi_hard:
             if len(uploaders):
                 got: Replies = yield Exchange("embedding", uploaders, broadcast=model,
                                               reply_keys=frozenset({"embedding"}), validate=self._check_embedding)
+                self.last_dropped.update(got.dropped)
                 accepted = np.asarray(sorted(got.values), np.int64)
                 for u in accepted.tolist():
                     e = got.values[u]
@@ -541,6 +544,7 @@ class FedCL:
             total, loss = res.total[:n], float(res.total[n] / n_sum)
             dropped, up_bytes = int(round(res.total[n + 1])), res.bytes_per_client
             members = res.survivors.tolist()
+        self.last_dropped.update(res.dropped)
         # a sampled client the server sent no negatives (no cached embedding) lost all T of them
         dropped += sum(cfg.semi_hard for u in members if cfg.semi_hard and not len(per_user[u]["negatives"]))
         self.last_aggregate = total / max(n_sum, 1)
@@ -552,7 +556,8 @@ class FedCL:
         return RoundStats(
             round=t, loss=loss, clients=n_sum,
             bytes_per_client=self.model_bytes + up_bytes + (4 * cfg.semi_hard if cfg.semi_hard else 0),
-            extra={"uploads": int(len(accepted)), "semi_hard_dropped": int(dropped) if cfg.semi_hard else 0},
+            extra={"uploads": int(len(accepted)), "semi_hard_dropped": int(dropped) if cfg.semi_hard else 0,
+                   "dropped_clients": len(self.last_dropped)},
             releases=tuple(releases),
         )
 

@@ -39,8 +39,16 @@ post-processing of its LDP upload and cost nothing more; the LDP noise is float 
 :mod:`dp.mechanisms`' floating-point caveat).
 
 Simulation: the sampled clients' losses are computed as one batched computation; each client's
-gradient is then taken separately (its own loss only), so the uploads are exactly what each
-client would compute alone.
+gradient is then taken separately (its own loss only), so the uploads are what each client
+computes alone (to float32 rounding).
+
+On separate devices (protocols.exchange, docs/fedcl.md "On separate devices"): the round is the
+generator :meth:`FedCL.device_round` with the exchanges ``"embedding"`` (the due clients' LDP
+uploads, plaintext) and ``"train"`` (the sampled clients, each with its own semi-hard negatives;
+gradient, loss and dropped-negative count through secure aggregation as one vector, or in
+plaintext); :meth:`FedCL.device_step` is the client half. Client randomness (local pools, local
+negatives, dropout masks) comes from per-user keyed streams (:mod:`recmodels.streams`), so a
+client alone draws what it draws in the cohort; ``run_round`` drives the same generator.
 """
 
 from __future__ import annotations
@@ -95,7 +103,8 @@ class FedCLConfig:
         heads: attention heads of ``"sasrec"`` (1; must divide ``dim``).
         dropout: training-time dropout of the sequence encoders (``"gru"``: its input embeddings;
             ``"sasrec"``: embeddings, attention and feed-forward outputs); the masks are drawn
-            from a torch generator seeded by the run's numpy Generator, so resume is exact.
+            from one torch generator per client per round seeded from its keyed stream
+            (seed, round, user), so resume is exact and a client alone draws the same masks.
         dim: embedding and hidden size (64).
         max_len: most recent training items a client encodes and trains on.
         clients_per_round: clients per round (|U'| = 16).
@@ -548,7 +557,8 @@ class FedCL:
         # a sampled client the server sent no negatives (no cached embedding) lost all T of them
         dropped += sum(cfg.semi_hard for u in members if cfg.semi_hard and not len(per_user[u]["negatives"]))
         self.last_aggregate = total / max(n_sum, 1)
-        self._server_step(torch.as_tensor(self.last_aggregate, dtype=torch.float32))
+        if n_sum:  # no client in the sum (every one dropped): no update, Adam's state untouched
+            self._server_step(torch.as_tensor(self.last_aggregate, dtype=torch.float32))
         self.round += 1
         what = ("gradient sum, plaintext uploads" if cfg.secure_aggregation == "none"
                 else f"gradient sum through {cfg.secure_aggregation} (no DP noise)")

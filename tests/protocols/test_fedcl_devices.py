@@ -165,6 +165,15 @@ def test_a_silent_client_is_dropped_and_the_round_is_the_others(secure):
         assert stats.extra["semi_hard_dropped"] == round(want[n + 1] * len(others))
 
 
+def test_a_round_where_every_client_is_silent_changes_no_model():
+    _, server, clients = _setup({})
+    before = server.device_model()
+    stats = run_on_devices(server, clients, silent=lambda ex, u: ex.kind == "train")
+    assert stats.clients == 0 and np.isnan(stats.loss) and server.adam_step == 0 and server.round == 1
+    assert all(np.array_equal(v, server.device_model()[k]) for k, v in before.items())
+    assert len(server.last_dropped) == SMALL["clients_per_round"]
+
+
 def test_a_client_silent_at_upload_gets_no_negatives_and_no_ledger_entry():
     train, _ = _data()
     _, server, clients = _setup({})

@@ -39,29 +39,39 @@ post-processing of its LDP upload and cost nothing more; the LDP noise is float 
 :mod:`dp.mechanisms`' floating-point caveat).
 
 Simulation: the sampled clients' losses are computed as one batched computation; each client's
-gradient is then taken separately (its own loss only), so the uploads are exactly what each
-client would compute alone.
+gradient is then taken separately (its own loss only), so the uploads are what each client
+computes alone (to float32 rounding).
+
+On separate devices (protocols.exchange, docs/fedcl.md "On separate devices"): the round is the
+generator :meth:`FedCL.device_round` with the exchanges ``"embedding"`` (the due clients' LDP
+uploads, plaintext) and ``"train"`` (the sampled clients, each with its own semi-hard negatives;
+gradient, loss and dropped-negative count through secure aggregation as one vector, or in
+plaintext); :meth:`FedCL.device_step` is the client half. Client randomness (local pools, local
+negatives, dropout masks) comes from per-user keyed streams (:mod:`recmodels.streams`), so a
+client alone draws what it draws in the cohort; ``run_round`` drives the same generator.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from dp.events import NonPrivate
+from dp.events import Laplace, NonPrivate
 from dp.ldp import ldp_laplace
 from protocols.base import Release, RoundStats
+from protocols.exchange import DeviceRound, Exchange, Replies, SecureSum, _answer, drive, run_exchanges
 from protocols.fedcl_server import CLUSTERINGS, WARD_MAX_POINTS, cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
-from protocols.registry import ProtocolSpec, register
-from protocols.secure_sum import secure_sum
+from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions, pair_keys
 from recmodels.sasrec import SelfAttnEncoder
 from recmodels.seqrec import SeqEncoder, client_sequences, contrastive_loss
+from recmodels.streams import integers, stream_keys
 from secagg.params import check_fraction
 
 __all__ = ["CentralSeqRec", "FedCL", "FedCLConfig"]
@@ -69,6 +79,8 @@ __all__ = ["CentralSeqRec", "FedCL", "FedCLConfig"]
 _ENCODERS = ("gru", "id", "sasrec")
 _SECURE = ("none", "secagg", "secagg+")
 _HARD_MODES = ("sample", "hardest")
+#: Purposes of the clients' keyed streams (recmodels.streams): stream_keys(seed, purpose, ...).
+_STREAM_POOL, _STREAM_PICKS, _STREAM_DROPOUT = 15, 16, 17
 
 
 def _in_sorted(keys: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -91,7 +103,8 @@ class FedCLConfig:
         heads: attention heads of ``"sasrec"`` (1; must divide ``dim``).
         dropout: training-time dropout of the sequence encoders (``"gru"``: its input embeddings;
             ``"sasrec"``: embeddings, attention and feed-forward outputs); the masks are drawn
-            from a torch generator seeded by the run's numpy Generator, so resume is exact.
+            from one torch generator per client per round seeded from its keyed stream
+            (seed, round, user), so resume is exact and a client alone draws the same masks.
         dim: embedding and hidden size (64).
         max_len: most recent training items a client encodes and trains on.
         clients_per_round: clients per round (|U'| = 16).
@@ -223,6 +236,7 @@ class FedCL:
         # TEST-ONLY deterministic LDP noise (dp.rng.DeterministicTestSource); None: the OS CSPRNG.
         self._test_source = _test_source
         self.last_aggregate: np.ndarray | None = None  # the averaged gradient the server applied last
+        self.last_dropped: dict[int, str] = {}  # the clients the server dropped last round, with the reasons
         self.transport = transport if transport is not None else InProcessTransport()
         self.exclude, self.round = exclude, 0
         cfg, n_users, n_items = self.config, train.n_users, train.n_items
@@ -240,7 +254,8 @@ class FedCL:
         if exclude is not None:
             keys.append(pair_keys(exclude.users, exclude.items, n_items))
         self._own = np.unique(np.concatenate(keys))  # what each client knows it has interacted with
-        self._pool = self._local_pools(np.random.default_rng([seed, 15]))
+        self.seed = int(seed)
+        self._pool = self._keyed_pools()
         gen = torch.Generator().manual_seed(int(seed))
         if cfg.encoder == "sasrec":
             self.model = SelfAttnEncoder(n_items, cfg.dim, cfg.max_len, blocks=cfg.blocks, heads=cfg.heads,
@@ -261,6 +276,23 @@ class FedCL:
         self.uploads = np.zeros(n_users, dtype=np.int64)
 
     # -- set-up ---------------------------------------------------------------------------------
+    def _keyed_pools(self) -> np.ndarray:
+        """``[n_users, local_pool]`` items each client stores as local negatives (never its own),
+        each row from its user's keyed stream: entry ``j`` is drawn with counters ``j``,
+        ``j + local_pool``, ... until it is not one of the user's own items, so a client on its
+        own data draws the row it has in process."""
+        n_users, n_items, k = self.train.n_users, self.train.n_items, self.config.local_pool
+        users = np.repeat(np.arange(n_users), k).reshape(n_users, k)
+        keys = stream_keys(self.seed, _STREAM_POOL, users)
+        ctr = np.broadcast_to(np.arange(k), (n_users, k)).copy()
+        pool = integers(keys, ctr, n_items)
+        bad = _in_sorted(pair_keys(users, pool, n_items), self._own)
+        while bad.any():
+            ctr[bad] += k
+            pool[bad] = integers(keys[bad], ctr[bad], n_items)
+            bad = _in_sorted(pair_keys(users, pool, n_items), self._own)
+        return pool
+
     def _local_pools(self, rng: np.random.Generator) -> np.ndarray:
         """``[n_users, local_pool]`` items each client stores as local negatives (never its own)."""
         n_users, n_items, k = self.train.n_users, self.train.n_items, self.config.local_pool
@@ -291,27 +323,21 @@ class FedCL:
             due &= (self.uploads[users] + 1) * cfg.epsilon <= cfg.user_budget * (1 + 1e-12)
         return users[due]
 
-    def _upload_embeddings(self, t: int, uploaders: np.ndarray) -> list[Release]:
-        """Step 2: each uploader's LDP embedding into the server's cache; one release per upload."""
+    def _upload_release(self, u: int) -> Release:
+        """The ledger entry of one accepted upload (its event follows from the public config)."""
         cfg = self.config
-        if not len(uploaders):
-            return []
-        with torch.no_grad():
-            emb = self.user_embeddings(uploaders).double().numpy()
-        keep = self.transport.transcript.keep_payloads
-        releases = []
-        for u, e in zip(uploaders, emb):
-            rel = ldp_laplace(e, clip_bound=cfg.clip, epsilon=cfg.epsilon, _test_source=self._test_source)
-            self.transport.send(client(u), SERVER, t, "embedding", rel.values.copy() if keep else None, 4 * cfg.dim)
-            self.cache[u], self.has_cache[u] = rel.values, True
-            releases.append(Release(rel.event, who=client(u), what="LDP user embedding", cohort=f"user:{int(u)}",
-                                    params={"epsilon": cfg.epsilon, "clip": cfg.clip, "laplace_scale": rel.noise_scale}))
-        self.last_upload[uploaders] = t
-        self.uploads[uploaders] += 1
-        return releases
+        return Release(Laplace.from_epsilon(cfg.epsilon), who=client(u), what="LDP user embedding",
+                       cohort=f"user:{int(u)}",
+                       params={"epsilon": cfg.epsilon, "clip": cfg.clip, "laplace_scale": cfg.laplace_scale})
 
-    def _semi_hard(self, t: int, sampled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Step 3 and the client's filter: ``(negatives [m, T], kept [m, T])``."""
+    def _source_for(self, user: int) -> Any:
+        """TEST-ONLY noise source of ``user``: one shared source, or one per user (a mapping)."""
+        src = self._test_source
+        return src.get(int(user)) if isinstance(src, Mapping) else src
+
+    def _negatives(self, t: int, sampled: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
+        """Step 3 at the server: each sampled client's semi-hard negatives (``[T]``; none, ``[0]``,
+        for a client without a cached embedding), recorded as sent."""
         cfg = self.config
         cached = np.flatnonzero(self.has_cache)
         cent = np.zeros((self.train.n_users, cfg.dim))
@@ -320,34 +346,85 @@ class FedCL:
         neg = sample_semi_hard(hard_candidates(cent[sampled], item, cfg.hard_percent), cfg.semi_hard,
                                cfg.semi_hard_mode, self.rng)
         keep = self.transport.transcript.keep_payloads
-        for c, u in enumerate(sampled):
-            self.transport.send(SERVER, client(u), t, "negatives", neg[c].copy() if keep else None, 4 * neg.shape[1])
-        users = np.broadcast_to(sampled[:, None], neg.shape)
-        kept = ~_in_sorted(pair_keys(users, neg, self.train.n_items), self._own)  # the client drops its own items
-        kept &= self.has_cache[sampled][:, None]  # no cached embedding (budget spent early): no semi-hard
-        return neg, kept
+        out = {}
+        for c, u in enumerate(sampled.tolist()):
+            mine = neg[c].copy() if self.has_cache[u] else np.zeros(0, np.int64)  # no cache: no semi-hard
+            self.transport.send(SERVER, client(u), t, "negatives", mine.copy() if keep else None, 4 * len(mine))
+            out[u] = {"negatives": mine}
+        return out
+
+    def _client_negatives(self, users: np.ndarray, per_user: Mapping[int, Mapping[str, np.ndarray]]
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The client's side of step 3: ``(negatives [m, T], kept [m, T], dropped [m])``.
+
+        Each client drops received negatives in its own history (notes 8.6); ``dropped`` counts
+        them. A client that received none (``[0]``) gets an all-masked row (the same loss as no
+        semi-hard negatives: masked logits add exactly zero to the softmax)."""
+        n_items = self.train.n_items
+        rows = []
+        for u in users.tolist():
+            got = per_user.get(u, {}).get("negatives")
+            if got is None:
+                raise ValueError(f"user {u}: the train step needs its semi-hard negatives")
+            got = np.asarray(got)
+            if got.ndim != 1 or got.dtype.kind not in "iu" or (got.size and (got.min() < 0 or got.max() >= n_items)):
+                raise ValueError(f"user {u}: semi-hard negatives must be item ids in [0, {n_items}); found "
+                                 f"{got.dtype} {got.shape}")
+            rows.append(got.astype(np.int64))
+        width = max((len(r) for r in rows), default=0)
+        neg = np.zeros((len(users), width), np.int64)
+        sent = np.zeros((len(users), width), bool)
+        for c, r in enumerate(rows):
+            if len(r) not in (0, width):
+                raise ValueError(f"user {users[c]}: {len(r)} semi-hard negatives where the others have {width}")
+            neg[c, : len(r)], sent[c, : len(r)] = r, True
+        own = _in_sorted(pair_keys(np.broadcast_to(users[:, None], neg.shape), neg, n_items), self._own) & sent
+        return neg, sent & ~own, own.sum(1)
 
     def _names(self) -> tuple[str, ...]:
         """The shared parameters (the order of :attr:`params` and of the upload vector)."""
         return ("item",) if self.config.encoder == "id" else tuple(self.model.shared_weights())
 
+    def _local_picks(self, users: np.ndarray, t: int, positions: int) -> np.ndarray:
+        """Each client's local negatives of round ``t``: ``[m, positions, local_negatives]`` indices
+        into its pool, from its own keyed stream (recmodels.streams), so a client alone draws what
+        it draws in a cohort."""
+        keys = stream_keys(self.seed, _STREAM_PICKS, t, np.asarray(users, np.int64))[:, None, None]
+        k = self.config.local_negatives
+        return integers(keys, np.arange(positions * k).reshape(1, positions, k), self.config.local_pool)
+
+    def _dropout_generators(self, users: np.ndarray, t: int) -> list[torch.Generator] | torch.Generator:
+        """The dropout masks' torch generators of round ``t``: one per client, seeded from its keyed stream."""
+        keys = stream_keys(self.seed, _STREAM_DROPOUT, t, np.asarray(users, np.int64))
+        return [torch.Generator().manual_seed(int(k)) for k in keys]
+
     def client_losses(self, sampled: np.ndarray, neg: np.ndarray | None, kept: np.ndarray | None, *,
-                      per_client: bool = True):
-        """Eq. (1) of every sampled client with the current global model.
+                      per_client: bool = True, t: int | None = None):
+        """Eq. (1) of every sampled client with the current global model, in round ``t`` (default:
+        the trainer's round; it keys the clients' random streams).
 
         Returns ``(losses [m], user rows or None, weights)``; with ``per_client`` every client
         computes with its own copy of the shared parameters (``weights``), so that one backward
         pass gives each client's own gradient (:meth:`client_gradients`).
         """
         cfg, m = self.config, len(sampled)
+        t = self.round if t is None else int(t)
         w = self.model.per_row_weights(m, self._names()) if per_client else self.model.shared_weights()
         local = None
         if cfg.encoder != "id":
             seqs, lengths = self._seq
             s = torch.as_tensor(seqs[sampled])
             n_pos = torch.as_tensor(lengths[sampled] - 1)
-            gen = (torch.Generator().manual_seed(int(self.rng.integers(2**62))) if cfg.dropout else None)
-            user_emb = self.model.states(s[:, :-1], n_pos, w, dropout=cfg.dropout, generator=gen)
+            gens = self._dropout_generators(sampled, t) if cfg.dropout else None
+            if gens is None or isinstance(gens, torch.Generator):  # no dropout, or one generator for the batch
+                user_emb = self.model.states(s[:, :-1], n_pos, w, dropout=cfg.dropout, generator=gens)
+            else:  # one client at a time, each with its own masks
+                names = self._names() if per_client else ()
+                user_emb = torch.cat([
+                    self.model.states(s[c : c + 1, :-1], n_pos[c : c + 1],
+                                      {k: v[c : c + 1] if k in names else v for k, v in w.items()},
+                                      dropout=cfg.dropout, generator=gens[c])
+                    for c in range(m)])
             pos = s[:, 1:].clamp_min(0)
             pos_mask = torch.arange(cfg.max_len).unsqueeze(0) < n_pos.unsqueeze(1)
             rows = None
@@ -358,7 +435,7 @@ class FedCL:
             rows = self.user[torch.as_tensor(sampled)].clone().requires_grad_(True)
             user_emb = rows.unsqueeze(1).expand(-1, cfg.max_len, -1)
         if cfg.local_negatives:
-            pick = self.rng.integers(0, cfg.local_pool, size=(m, pos.shape[1], cfg.local_negatives))
+            pick = self._local_picks(sampled, t, pos.shape[1])
             local = torch.as_tensor(self._pool[sampled][np.arange(m)[:, None, None], pick])
         losses = contrastive_loss(
             user_emb, pos, pos_mask, w["item"], local_neg=local,
@@ -388,9 +465,38 @@ class FedCL:
         flat = torch.cat([g.reshape(m, -1) for g in grads[: len(self._names())]], dim=1)
         return flat.double().numpy(), (grads[-1] if rows is not None else None)
 
-    # -- one round ------------------------------------------------------------------------------
+    # -- one round: the server's exchanges (protocols.exchange) ---------------------------------
     def run_round(self) -> RoundStats:
-        """Steps 1-5 of the module docstring."""
+        """Steps 1-5 of the module docstring, as the exchanges of :meth:`device_round`."""
+        if self._sum_only():
+            return drive(self.device_round(), self._answer_summed)
+        return run_exchanges(self, self.device_step)
+
+    def _sum_only(self) -> bool:
+        """Plaintext sum and no payload kept: in process the gradient of the summed losses IS the
+        sum of the clients' gradients, so the cohort's train step skips the per-client copies
+        (same values up to float32 summation order;
+        test_plaintext_fast_path_equals_the_sum_of_per_client_gradients)."""
+        return self.config.secure_aggregation == "none" and self.transport.transcript.keep_payloads is False
+
+    def _answer_summed(self, ex: Exchange) -> Replies:
+        """In process, the fast path of :meth:`_sum_only`: the train exchange is answered with the
+        cohort's summed gradient (``Replies.total``) and each client's loss and dropped count."""
+        t = int(self.round)
+        if ex.kind != "train":
+            return _answer(self, ex, t, self.device_step(ex.kind, t, ex.users, ex.broadcast, ex.per_user), {})
+        total, losses, dropped = self._train(ex.kind, t, ex.users, ex.broadcast, ex.per_user, summed=True)
+        values = {u: {"loss": float(losses[c]), "semi_hard_dropped": int(dropped[c]), "gradient": None}
+                  for c, u in enumerate(ex.users.tolist())}
+        return Replies(values=values, total=total, survivors=ex.users.copy())
+
+    def device_round(self) -> DeviceRound:
+        """The server's half of a round (protocols.exchange): it never reads client data.
+
+        Exchanges: ``"embedding"`` (the clients due upload their LDP embedding; plaintext: it is
+        already LDP) and ``"train"`` (the sampled clients, each with its own semi-hard negatives,
+        return their gradient, loss and count of dropped negatives: through secure aggregation
+        as one vector, or in plaintext with ``secure_aggregation = "none"``)."""
         cfg, t, rng = self.config, self.round, self.rng
         m = min(cfg.clients_per_round, len(self._clients))
         sampled = np.sort(rng.choice(self._clients, size=m, replace=False))
@@ -401,50 +507,180 @@ class FedCL:
             uploaders = self._due(candidates, t)
         for u in np.union1d(sampled, uploaders):
             self.transport.send(SERVER, client(u), t, "model", None, self.model_bytes)
-        neg = kept = None
-        if cfg.semi_hard:
-            releases += self._upload_embeddings(t, uploaders)
-            neg, kept = self._semi_hard(t, sampled)
+        model = self.device_model()
         keep = self.transport.transcript.keep_payloads
-        if cfg.secure_aggregation == "none" and keep is False:
-            # Plaintext sum and no payload kept: the gradient of the summed losses IS the sum of the
-            # clients' gradients, so skip the per-client copies (same values up to float32 summation
-            # order; test_plaintext_fast_path_equals_the_sum_of_per_client_gradients).
-            losses, rows, _ = self.client_losses(sampled, neg, kept, per_client=False)
-            g = torch.autograd.grad(losses.sum(), self.params + ([rows] if rows is not None else []))
-            g_rows = g[-1] if rows is not None else None
-            total = torch.cat([x.reshape(-1) for x in g[: len(self.params)]]).double().numpy()
-        else:
-            losses, rows, w = self.client_losses(sampled, neg, kept)
-            grads, g_rows = self.client_gradients(losses, rows, w)
-        if g_rows is not None:  # the private user rows: local Adam, never uploaded
-            self._local_user_step(sampled, g_rows)
+        accepted = np.zeros(0, np.int64)
+        per_user: dict[int, dict[str, np.ndarray]] = {}
+        self.last_dropped = {}
+        if cfg.semi_hard:
+            if len(uploaders):
+                got: Replies = yield Exchange("embedding", uploaders, broadcast=model,
+                                              reply_keys=frozenset({"embedding"}), validate=self._check_embedding)
+                self.last_dropped.update(got.dropped)
+                accepted = np.asarray(sorted(got.values), np.int64)
+                for u in accepted.tolist():
+                    e = got.values[u]
+                    self.transport.send(client(u), SERVER, t, "embedding", e.copy() if keep else None, 4 * cfg.dim)
+                    self.cache[u], self.has_cache[u] = e, True
+                    releases.append(self._upload_release(u))
+                self.last_upload[accepted] = t
+                self.uploads[accepted] += 1
+            per_user = self._negatives(t, sampled)
+        n = self._n_params()
         if cfg.secure_aggregation == "none":
-            for c, u in enumerate(sampled):
-                self.transport.send(client(u), SERVER, t, "update", None if keep is False else grads[c].copy(),
-                                    self.model_bytes)
-            if keep is not False:
-                total = grads.sum(0)
-            n_sum, up_bytes = m, float(self.model_bytes)
+            res: Replies = yield Exchange("train", sampled, broadcast=model, per_user=per_user,
+                                          reply_keys=frozenset({"gradient", "loss", "semi_hard_dropped"}),
+                                          validate=self._train_validator(per_user))
+            members = list(res.values)
+            for u in members:
+                g = res.values[u]["gradient"]
+                self.transport.send(client(u), SERVER, t, "update", None if keep is False else g.copy(), self.model_bytes)
+            if res.total is not None:  # in process: the summed gradient (_sum_only)
+                total = res.total
+            else:
+                total = np.stack([res.values[u]["gradient"] for u in members]).sum(0) if members else np.zeros(n)
+            losses = [res.values[u]["loss"] for u in members]
+            loss = float(np.mean(losses)) if losses else float("nan")
+            dropped = sum(res.values[u]["semi_hard_dropped"] for u in members)
+            n_sum, up_bytes = len(members), float(self.model_bytes)
         else:
-            res = secure_sum(grads, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
-                             value_clip=cfg.value_clip, round=t, transport=self.transport,
-                             senders=[client(u) for u in sampled], where="fedcl.value_clip",
-                             dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
-            total, n_sum, up_bytes = res.total, len(res.survivors), res.bytes_per_client
+            res = yield Exchange("train", sampled, broadcast=model, per_user=per_user, secure=SecureSum(
+                cfg.secure_aggregation, width=n + 2, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
+                where="fedcl.value_clip", dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt))
+            n_sum = len(res.survivors)
+            if res.total is None or not n_sum:
+                raise RuntimeError(f"fedcl round {t}: secure aggregation produced no sum ({res.aborted})")
+            total, loss = res.total[:n], float(res.total[n] / n_sum)
+            dropped, up_bytes = int(round(res.total[n + 1])), res.bytes_per_client
+            members = res.survivors.tolist()
+        self.last_dropped.update(res.dropped)
+        # a sampled client the server sent no negatives (no cached embedding) lost all T of them
+        dropped += sum(cfg.semi_hard for u in members if cfg.semi_hard and not len(per_user[u]["negatives"]))
         self.last_aggregate = total / max(n_sum, 1)
-        self._server_step(torch.as_tensor(self.last_aggregate, dtype=torch.float32))
+        if n_sum:  # no client in the sum (every one dropped): no update, Adam's state untouched
+            self._server_step(torch.as_tensor(self.last_aggregate, dtype=torch.float32))
         self.round += 1
         what = ("gradient sum, plaintext uploads" if cfg.secure_aggregation == "none"
                 else f"gradient sum through {cfg.secure_aggregation} (no DP noise)")
         releases.append(Release(NonPrivate(), who="clients", what=what, params={"clients": m}))
         return RoundStats(
-            round=t, loss=float(losses.detach().mean()), clients=m,
+            round=t, loss=loss, clients=n_sum,
             bytes_per_client=self.model_bytes + up_bytes + (4 * cfg.semi_hard if cfg.semi_hard else 0),
-            extra={"uploads": int(len(uploaders)),
-                   "semi_hard_dropped": 0 if kept is None else int((~kept).sum())},
+            extra={"uploads": int(len(accepted)), "semi_hard_dropped": int(dropped) if cfg.semi_hard else 0,
+                   "dropped_clients": len(self.last_dropped)},
             releases=tuple(releases),
         )
+
+    def _n_params(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def _check_embedding(self, user: int, reply: dict[str, np.ndarray]) -> np.ndarray:
+        e = reply["embedding"]
+        if e.shape != (self.config.dim,) or e.dtype != np.float64 or not np.isfinite(e).all():
+            raise ValueError(f"user {user}: an embedding must be {self.config.dim} finite float64 values; "
+                             f"found {e.dtype} {e.shape}")
+        return e.copy()
+
+    def _train_validator(self, per_user: Mapping[int, Mapping[str, np.ndarray]]):
+        n = self._n_params()
+
+        def check(user: int, reply: dict[str, np.ndarray]) -> dict[str, Any]:
+            g, loss, dropped = reply["gradient"], reply["loss"], reply["semi_hard_dropped"]
+            if g.shape != (n,) or g.dtype != np.float64 or not np.isfinite(g).all():
+                raise ValueError(f"user {user}: a gradient must be {n} finite float64 values; found {g.dtype} {g.shape}")
+            if loss.shape != () or loss.dtype.kind != "f" or not (np.isfinite(loss) and loss >= 0):
+                raise ValueError(f"user {user}: the loss must be one finite number >= 0; found {loss!r}")
+            sent = len(per_user[user]["negatives"]) if user in per_user else 0
+            if dropped.shape != () or dropped.dtype.kind not in "iu" or not (0 <= int(dropped) <= sent):
+                raise ValueError(f"user {user}: semi_hard_dropped must be an integer in [0, {sent}]; found {dropped!r}")
+            return {"gradient": g.copy(), "loss": float(loss), "semi_hard_dropped": int(dropped)}
+
+        return check
+
+    # -- one round: the client's steps ----------------------------------------------------------
+    def device_step(self, kind: str, round_: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
+                    per_user: Mapping[int, Mapping[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
+        """The client's half (protocols.exchange): ``users`` on this trainer's own data."""
+        users = np.asarray(users, np.int64)
+        if kind == "embedding":
+            self.load_device_model(broadcast)
+            cfg = self.config
+            with torch.no_grad():
+                emb = self.user_embeddings(users).double().numpy()
+            out = {}
+            for u, e in zip(users.tolist(), emb):
+                rel = ldp_laplace(e, clip_bound=cfg.clip, epsilon=cfg.epsilon, _test_source=self._source_for(u))
+                out[u] = {"embedding": np.asarray(rel.values, np.float64)}
+            return out
+        if kind == "train":
+            grads, losses, dropped = self._train(kind, round_, users, broadcast, per_user, summed=False)
+            if self.config.secure_aggregation == "none":
+                return {u: {"gradient": grads[c], "loss": np.array(float(losses[c])),
+                            "semi_hard_dropped": np.array(int(dropped[c]), np.int64)}
+                        for c, u in enumerate(users.tolist())}
+            vec = np.concatenate([grads, losses[:, None].astype(np.float64), dropped[:, None].astype(np.float64)], 1)
+            return {u: {"vector": vec[c]} for c, u in enumerate(users.tolist())}
+        raise ValueError(f"fedcl has no client step {kind!r}")
+
+    def _train(self, kind: str, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
+               per_user: Mapping[int, Mapping[str, np.ndarray]], *, summed: bool
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Step 4 for ``users``: ``(gradients float64 [m, n] or their sum [n], losses [m], dropped [m])``;
+        the ``"id"`` encoder's private rows take their local Adam step here."""
+        cfg = self.config
+        self.load_device_model(broadcast)
+        neg = kept = None
+        dropped = np.zeros(len(users), np.int64)
+        if cfg.semi_hard:
+            neg, kept, dropped = self._client_negatives(users, per_user)
+        losses, rows, w = self.client_losses(users, neg, kept, per_client=not summed, t=t)
+        if summed:
+            g = torch.autograd.grad(losses.sum(), self.params + ([rows] if rows is not None else []))
+            g_rows = g[-1] if rows is not None else None
+            out = torch.cat([x.reshape(-1) for x in g[: len(self.params)]]).double().numpy()
+        else:
+            out, g_rows = self.client_gradients(losses, rows, w)
+        if g_rows is not None:  # the private user rows: local Adam, never uploaded
+            self._local_user_step(users, g_rows)
+        return out, losses.detach().double().numpy(), dropped
+
+    # -- the global model and the client's own state (protocols.exchange) -------------------------
+    def device_model(self) -> dict[str, np.ndarray]:
+        """The shared parameters a client needs (the ``"model"`` message): copies, by name."""
+        w = self.model.shared_weights()
+        return {k: w[k].detach().numpy().copy() for k in self._names()}
+
+    def load_device_model(self, model: Mapping[str, np.ndarray]) -> None:
+        """Install the server's shared parameters (checked: names, shapes, dtype, finite)."""
+        w = self.model.shared_weights()
+        names = self._names()
+        if set(model) != set(names):
+            raise ValueError(f"fedcl model: expected arrays {sorted(names)}; found {sorted(model)}")
+        for k in names:
+            a = np.asarray(model[k])
+            if a.shape != tuple(w[k].shape) or a.dtype != np.float32 or not np.isfinite(a).all():
+                raise ValueError(f"fedcl model: {k!r} must be finite float32 {tuple(w[k].shape)}; found {a.dtype} {a.shape}")
+        with torch.no_grad():
+            for k in names:
+                w[k].copy_(torch.from_numpy(np.asarray(model[k])))
+
+    def device_state(self, user: int) -> dict[str, np.ndarray]:
+        """What stays on ``user``'s device: the ``"id"`` encoder's private row and its Adam state."""
+        if self.config.encoder != "id":
+            return {}
+        u = int(user)
+        return {"user": self.user[u].numpy().copy(), "m": self.user_m[u].numpy().copy(),
+                "v": self.user_v[u].numpy().copy(), "steps": np.array(float(self.user_steps[u]), np.float32)}
+
+    def load_device_state(self, user: int, state: Mapping[str, np.ndarray]) -> None:
+        if self.config.encoder != "id":
+            if state:
+                raise ValueError(f"fedcl {self.config.encoder!r} clients keep no state; found {sorted(state)}")
+            return
+        u = int(user)
+        self.user[u] = torch.as_tensor(state["user"])
+        self.user_m[u], self.user_v[u] = torch.as_tensor(state["m"]), torch.as_tensor(state["v"])
+        self.user_steps[u] = float(state["steps"])
 
     def _server_step(self, grad: torch.Tensor) -> None:
         """Adam (torch.optim.Adam's update, betas 0.9/0.999, eps 1e-8) on the averaged gradient."""
@@ -521,6 +757,16 @@ def _build(ctx: Any) -> FedCL:
     return FedCL(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport, exclude=ctx.exclude)
 
 
+def _check_devices(config: FedCLConfig) -> None:
+    """Every FedCL configuration separates onto devices (docs/fedcl.md, "On separate devices"):
+    in-batch negatives are the client's own other positives, logQ offsets are public numbers,
+    the full softmax needs the item table every client receives anyway, and dropout, local
+    pools and local negatives come from per-client keyed streams. What is refused is refused
+    for every run (FedCLConfig, and Ward above WARD_MAX_POINTS clients when built)."""
+    if not isinstance(config, FedCLConfig):
+        raise ValueError(f"fedcl on devices needs a FedCLConfig; found {type(config).__name__}")
+
+
 register(ProtocolSpec(
     name="fedcl",
     summary="FedCL: LDP user embeddings, clustered semi-hard negatives, contrastive loss, updates through SecAgg+",
@@ -528,6 +774,7 @@ register(ProtocolSpec(
     section="fedcl",
     config_cls=FedCLConfig,
     privacy_report=per_user_report,
+    exchanges=Exchanges(check=_check_devices),
 ))
 
 
@@ -542,6 +789,14 @@ class CentralSeqRec(FedCL):
                  exclude: Interactions | None = None):
         super().__init__(train, config, seed=seed, exclude=exclude)
         self.transport = None
+
+    def _local_picks(self, users: np.ndarray, t: int, positions: int) -> np.ndarray:
+        """Central: from the run's generator (no parties)."""
+        return self.rng.integers(0, self.config.local_pool, size=(len(users), positions, self.config.local_negatives))
+
+    def _dropout_generators(self, users: np.ndarray, t: int) -> torch.Generator:
+        """Central: one generator for the whole batch, seeded from the run's generator."""
+        return torch.Generator().manual_seed(int(self.rng.integers(2**62)))
 
     def run_round(self) -> RoundStats:
         cfg, t = self.config, self.round

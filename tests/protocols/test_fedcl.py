@@ -132,16 +132,18 @@ def test_semi_hard_sampling_is_independent_per_client():
 
 def test_client_drops_negatives_from_its_own_history():
     fc = make({"hard_percent": 100.0, "semi_hard": 60}, keep=True)  # negatives cover half the items
-    sampled = np.arange(8)
-    fc._upload_embeddings(0, np.arange(60))
-    neg, kept = fc._semi_hard(0, sampled)
+    stats = fc.run_round()
     train = fc.train
-    own = {u: set(train.items[train.users == u].tolist()) for u in sampled}
-    expected = np.array([[int(i) not in own[u] for i in row] for u, row in zip(sampled, neg)])
+    sent = {int(r.receiver.split(":")[1]): r.payload for r in fc.transport.transcript.view(kind="negatives")}
+    assert len(sent) == 8 and all(len(v) == 60 for v in sent.values())  # the server sent them; the client filters
+    users = np.array(sorted(sent))
+    neg, kept, dropped = fc._client_negatives(users, {u: {"negatives": sent[u]} for u in users})
+    own = {u: set(train.items[train.users == u].tolist()) for u in users}
+    expected = np.array([[int(i) not in own[u] for i in sent[u]] for u in users])
+    np.testing.assert_array_equal(neg, np.stack([sent[u] for u in users]))
     np.testing.assert_array_equal(kept, expected)
-    assert (~kept).any()
-    sent = [r.payload for r in fc.transport.transcript.view(client(0), kind="negatives")]
-    np.testing.assert_array_equal(sent[0], neg[0])  # the server sent them; the client filters
+    assert (~kept).any() and dropped.tolist() == (~expected).sum(1).tolist()
+    assert stats.extra["semi_hard_dropped"] == int((~expected).sum())  # the clients' counts, summed
 
 
 # -- Eq. (1) ---------------------------------------------------------------------------------------

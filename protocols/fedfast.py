@@ -291,6 +291,8 @@ class FedFastGMF(FedAvgGMF):
         self._trained = np.full(n, -1, np.int64)  # the last round the client trained in
         self._weight = np.zeros(n, np.float32)  # its n_k in that round
         self._profile = np.zeros((n, 3))  # its raw profile statistics (round 0)
+        #: the last round's clients left out of an exchange: ``(kind, user, reason)``
+        self.dropped: list[tuple[str, int, str]] = []
         if config.secure_aggregation != "none" and config.clustered:  # k-means sums run over all clients
             check_budget(n_summands=len(self._clients), clip=config.value_clip, frac_bits=config.frac_bits)
 
@@ -330,6 +332,11 @@ class FedFastGMF(FedAvgGMF):
             return 0.0
         self._send_all(t, kind, nbytes, self._clients)
         return float(nbytes)
+
+    def _note(self, kind: str, got: Replies) -> Replies:
+        """Remember who ``got`` left out (for the stats and the tests)."""
+        self.dropped.extend((kind, int(u), why) for u, why in got.dropped.items())
+        return got
 
     def _send_all(self, t: int, kind: str, nbytes: int, users) -> None:
         for u in users:
@@ -437,15 +444,17 @@ class FedFastGMF(FedAvgGMF):
         """Plaintext round 0: the clients send their positive items (the popularity is their sum), get
         the popularity back and send their statistics; the server runs k-means on them."""
         cfg, cl, n_items = self.config, self._clients, self.train.n_items
-        got = yield Exchange("fedfast:popularity", cl, reply_keys=frozenset({"items"}), validate=self._check_items)
+        got = self._note("fedfast:popularity", (yield Exchange("fedfast:popularity", cl, reply_keys=frozenset({"items"}),
+                                                                   validate=self._check_items)))
         self._receive(t, "fedfast:popularity", {u: r["items"] for u, r in got.values.items()},
                       lambda r: 4 * len(r), payload=lambda r: r.copy())
         items = [r["items"] for r in got.values.values()]
         pop = np.bincount(np.concatenate(items) if items else np.zeros(0, np.int64), minlength=n_items)
         pop = pop.astype(np.float64)
         self._send_all(t, "fedfast:popularity", 4 * n_items, cl)
-        got = yield Exchange("fedfast:profile", cl, broadcast={"popularity": pop}, reply_keys=frozenset({"profile"}),
-                             validate=self._check_profile)
+        got = self._note("fedfast:profile", (yield Exchange(
+            "fedfast:profile", cl, broadcast={"popularity": pop}, reply_keys=frozenset({"profile"}),
+            validate=self._check_profile)))
         self._receive(t, "fedfast:profile", got.values, lambda r: 12, payload=lambda r: r.copy())
         users = np.asarray(list(got.values), np.int64)
         if not len(users):
@@ -470,15 +479,17 @@ class FedFastGMF(FedAvgGMF):
         other Lloyd steps, all through secure aggregation over every client; then each client
         assigns itself and reports its cluster (ActvSAMP draws from the clusters)."""
         cfg, cl, n_items, p, f = self.config, self._clients, self.train.n_items, self.config.clusters, 3
-        got = yield Exchange("fedfast:popularity", cl, secure=self._spec(n_items, "fedfast:popularity"))
+        got = self._note("fedfast:popularity", (yield Exchange("fedfast:popularity", cl,
+                                                               secure=self._spec(n_items, "fedfast:popularity"))))
         if got.total is None:
             raise RuntimeError(f"fedfast: round 0's popularity sum failed ({got.aborted}); no partition")
         pop = np.rint(got.total)
         self._send_all(t, "fedfast:popularity", 4 * n_items, cl)
         tell = {int(u): {"cluster": np.array(s, np.int64)} for u, s in zip(cl, start)}
         self._send_all(t, "fedfast:cluster", 4, cl)
-        got = yield Exchange("fedfast:kmeans", cl, broadcast={"popularity": pop}, per_user=tell,
-                             secure=self._spec(p * (f + 1) + 2 * f + 1, "fedfast:kmeans"))
+        got = self._note("fedfast:kmeans", (yield Exchange(
+            "fedfast:kmeans", cl, broadcast={"popularity": pop}, per_user=tell,
+            secure=self._spec(p * (f + 1) + 2 * f + 1, "fedfast:kmeans"))))
         if got.total is None:
             raise RuntimeError(f"fedfast: round 0's first k-means sum failed ({got.aborted}); no partition")
         nbytes = got.bytes_per_client + 4.0
@@ -505,8 +516,8 @@ class FedFastGMF(FedAvgGMF):
         self.kmeans_steps = 0
         for _ in range(iters):
             bc = dict(feature) if announce is None else {**feature, "centroids": announce}
-            got = yield Exchange("fedfast:kmeans", self._clients, broadcast=bc,
-                                 secure=self._spec(p * (f + 1), "fedfast:kmeans"))
+            got = self._note("fedfast:kmeans", (yield Exchange(
+                "fedfast:kmeans", self._clients, broadcast=bc, secure=self._spec(p * (f + 1), "fedfast:kmeans"))))
             if got.total is None:  # aborted: keep the last centroids
                 break
             sums = got.total.reshape(p, f + 1)
@@ -525,8 +536,9 @@ class FedFastGMF(FedAvgGMF):
         cluster. Returns the bytes per client."""
         per_user = {u: {"cluster": np.array(c, np.int64)} for u, c in (tell or {}).items()}
         self._send_all(t, "fedfast:cluster", 4, per_user)
-        got = yield Exchange("fedfast:assign", self._clients, broadcast=broadcast, per_user=per_user,
-                             reply_keys=frozenset({"cluster"}), validate=self._check_cluster)
+        got = self._note("fedfast:assign", (yield Exchange(
+            "fedfast:assign", self._clients, broadcast=broadcast, per_user=per_user,
+            reply_keys=frozenset({"cluster"}), validate=self._check_cluster)))
         for u, c in got.values.items():
             self.assign[u] = c
         self._receive(t, "fedfast:cluster", got.values, lambda r: 4)
@@ -548,7 +560,7 @@ class FedFastGMF(FedAvgGMF):
         cfg, t = self.config, self.round
         start = time.perf_counter()
         cluster_s, cluster_bytes, steps = 0.0, 0.0, 0
-        dropped: dict[int, str] = {}
+        self.dropped = []
         if cfg.clustered and t == 0 and self.assign[self._clients[0]] < 0:
             t0 = time.perf_counter()
             cluster_bytes += yield from self._initial_exchanges(t)
@@ -563,9 +575,8 @@ class FedFastGMF(FedAvgGMF):
         self.load[sampled] += 1
 
         t_train = time.perf_counter()
-        got = yield self._train_exchange(t, sampled)
+        got = self._note("train", (yield self._train_exchange(t, sampled)))
         t_train = time.perf_counter() - t_train
-        dropped.update(got.dropped)
         if self._secure:
             delegates, loss, examples, w_sum, upload_bytes = self._secure_aggregate(got)
         else:
@@ -573,9 +584,9 @@ class FedFastGMF(FedAvgGMF):
         if cfg.aggregation == "fedavg" and cfg.user_update == "average" and len(delegates) and not self._mirror:
             # Eq. 1 on p_u (A6) where p_u is the client's: it dilutes its own change by n_k / n_sigma
             self._send_all(t, "fedfast:dilute", 4, delegates)
-            done = yield Exchange("fedfast:dilute", delegates, broadcast={"n_sigma": np.array(float(w_sum), np.float32)},
-                                  reply_keys=frozenset({"done"}), validate=_check_done)
-            dropped.update(done.dropped)
+            self._note("fedfast:dilute", (yield Exchange(
+                "fedfast:dilute", delegates, broadcast={"n_sigma": np.array(float(w_sum), np.float32)},
+                reply_keys=frozenset({"done"}), validate=_check_done)))
 
         reclustered = False
         if cfg.clustered and cfg.kmeans_iters and t % cfg.kmeans_every == 0:  # re-cluster on the embeddings (A9)
@@ -614,7 +625,7 @@ class FedFastGMF(FedAvgGMF):
             # server's (aggregation, clustering), the secure-aggregation protocol's and the other exchanges'
             seconds={"round": total, "client": t_train / max(m, 1), "server": total - t_train},
             extra={"examples": examples, "cluster_seconds": cluster_s, "cluster_bytes_per_client": cluster_bytes,
-                   "kmeans_steps": steps, "dropped": len(dropped),
+                   "kmeans_steps": steps, "dropped": len(self.dropped),
                    "clusters_used": int(len(np.unique(self.assign[self._clients]))) if cfg.clustered else 0},
             releases=(Release(NonPrivate(), who="clients", what=what, params={"clients": m}),),
         )
@@ -715,8 +726,9 @@ class FedFastGMF(FedAvgGMF):
         their cluster's block; the server broadcasts each cluster's mean change and every client
         moves its own ``p_u`` if it was not a delegate. Returns ``(delegate bytes, all-client bytes)``."""
         p, d = self.config.clusters, self.config.dim
-        got = yield Exchange("fedfast:delegate-change", delegates, broadcast=announce,
-                             secure=self._spec(p * (d + 1), "fedfast:delegate-change"))
+        got = self._note("fedfast:delegate-change", (yield Exchange(
+            "fedfast:delegate-change", delegates, broadcast=announce,
+            secure=self._spec(p * (d + 1), "fedfast:delegate-change"))))
         nbytes = got.bytes_per_client
         mean = np.zeros((p, d))
         if got.total is not None:

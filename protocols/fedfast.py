@@ -44,6 +44,13 @@ and by how much in total), the per-cluster counts (cluster sizes, and how many d
 cluster had), the centroids, the per-cluster mean delegate change and the item popularity vector.
 Clients learn their own cluster. The k-means sums run over *all* clients every round (every client
 must be online for them, like the paper's server-side clustering over all users).
+
+On separate devices: the round is named exchanges (:mod:`protocols.exchange`; :meth:`FedFastGMF.device_round`
+and :meth:`FedFastGMF.device_step`), the same code path as in process. Round 0's popularity comes from
+the clients (plaintext: their positive item ids; secure: a secure sum of their indicators); the
+plaintext server with clusters sends each delegate its ``p_u`` from the mirror and takes the new one
+back; secure clients report their cluster after each clustering (ActvSAMP draws from the clusters),
+and move or dilute their own ``p_u``. docs/fedfast.md, "On separate devices", lists the exchanges.
 """
 
 from __future__ import annotations

@@ -274,3 +274,38 @@ def test_check_and_the_client_builder_refuse_what_they_cannot_run():
         clients[0].load_device_model({**server.device_model(), "h": np.zeros(6)})
     with pytest.raises(ValueError, match="device state: keys"):
         clients[0].load_device_state(0, {"user": np.zeros(6, np.float32)})
+
+
+# -- ml-latest-small: the presets, every user on its own device (slow) ----------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["fedfast", "fedfast-fedavg"])
+def test_ml_latest_small_presets_on_devices(ml_latest_small, preset):
+    """The preset's first rounds on 610 devices equal the in-process rounds (to float32 rounding);
+    prints the seconds of both (``-s``; docs/fedfast.md, "On separate devices"). Not the secure
+    preset: one all-client SecAgg+ sum over 610 clients takes minutes (docs/fedfast.md)."""
+    import time
+
+    from experiments.config import load_preset
+    from recmodels.data import binarize
+    from recmodels.loaders import load_interactions
+    from recmodels.splits import leave_one_out
+
+    train = leave_one_out(binarize(load_interactions(ml_latest_small)), seed=0).train
+    cfg, rounds = load_preset(preset).protocol_config, 2
+    t0 = time.perf_counter()
+    local = FedFastGMF(train, cfg, seed=0)
+    a = [local.run_round() for _ in range(rounds)]
+    t1 = time.perf_counter()
+    server, clients = devices(train, cfg, 0)
+    t2 = time.perf_counter()
+    b = [run_on_devices(server, clients) for _ in range(rounds)]
+    t3 = time.perf_counter()
+    print(f"\n{preset}: {len(clients)} clients, in process {t1 - t0:.1f} s for {rounds} rounds; on devices "
+          f"{t3 - t2:.1f} s (+{t2 - t1:.1f} s building the halves); losses {[s.loss for s in a]} vs {[s.loss for s in b]}; "
+          f"max |item diff| {float((server.item - local.item).abs().max()):.2e}; "
+          f"bytes/client {[s.bytes_per_client for s in a]} vs {[s.bytes_per_client for s in b]}")
+    for x, y in zip(a, b):
+        assert y.loss == pytest.approx(x.loss, rel=1e-6) and y.extra["kmeans_steps"] == x.extra["kmeans_steps"]
+    np.testing.assert_array_equal(server.assign, local.assign)
+    for k in ("item", "h", "b"):
+        np.testing.assert_allclose(getattr(server, k).numpy(), getattr(local, k).numpy(), rtol=1e-5, atol=1e-6, err_msg=k)

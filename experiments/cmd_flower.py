@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset", nargs="?", help="preset name (a FedAvg-GMF or FEL preset, e.g. fedavg-gmf, fel-mean)")
+    p.add_argument("preset", nargs="?", help="preset name (e.g. fedavg-gmf, fel-mean; see docs/flower.md for what runs on Flower)")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file overriding the preset's keys")
     p.add_argument("--data", metavar="PATH", help="MovieLens file or folder, or CSV (default: the preset's data)")
     p.add_argument("--seed", type=int, metavar="S", help="seed of every simulation choice")
@@ -101,6 +101,9 @@ def _config(args: argparse.Namespace):
     if getattr(args, "clients_per_round", None) is not None:
         if args.clients_per_round < 1:
             raise UserError(f"--clients-per-round must be >= 1; found {args.clients_per_round}")
+        if not hasattr(config.protocol_config, "clients_per_round"):
+            raise UserError(f"protocol {config.run.protocol!r} has no clients_per_round: set its cohort in "
+                            f"[{config.spec.section}] of a --config file instead")
         over[config.spec.section] = {"clients_per_round": args.clients_per_round}
     return preset, cfgmod.merge(config, over) if over else config
 

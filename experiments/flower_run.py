@@ -53,6 +53,8 @@ def check_protocol(config: cfgmod.RunConfig) -> None:
         check_runs_on_flower(spec, config.protocol_config)
     except ValueError as exc:
         raise UserError(f"{exc} (see docs/flower.md)") from None
+    if spec.exchanges is not None:  # the protocol's own check said which of its settings separate
+        return
     if config.protocol_config.secure_aggregation not in ("none", "secagg", "secagg+"):
         raise UserError(
             f"{spec.section}.secure_aggregation = {config.protocol_config.secure_aggregation!r} does not run on Flower "

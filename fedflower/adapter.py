@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from protocols.exchange import census
 from protocols.fedavg import LocalRound
 from protocols.registry import BuildContext, ProtocolSpec
 from protocols.transport import InProcessTransport
@@ -131,14 +132,15 @@ class Partition:
     items: np.ndarray
     excluded: np.ndarray
     unit: int | None = None  # the client's public unit (split protocols), else None
+    ratings: np.ndarray | None = None  # its ratings, aligned with ``items`` (None: every row a positive, 1.0)
 
     def train(self) -> Interactions:
         """The client's training interactions on the global id space (only its own rows)."""
         n = len(self.items)
         return Interactions(
             users=np.full(n, self.user, np.int64), items=self.items.astype(np.int64),
-            ratings=np.ones(n, np.float32), timestamps=np.zeros(n, np.int64),
-            user_ids=np.arange(self.n_users), item_ids=np.arange(self.n_items),
+            ratings=np.ones(n, np.float32) if self.ratings is None else self.ratings.astype(np.float32),
+            timestamps=np.zeros(n, np.int64), user_ids=np.arange(self.n_users), item_ids=np.arange(self.n_items),
         )
 
     def exclude(self) -> Interactions | None:
@@ -167,6 +169,9 @@ def write_partitions(train: Interactions, exclude: Interactions | None, director
     order = np.argsort(train.users, kind="stable")
     start = np.concatenate([[0], np.cumsum(np.bincount(train.users, minlength=train.n_users))])
     items = train.items[order]
+    # explicit ratings go with the items (protocols that train on them: LightFR, FedMF); binarised
+    # data (every rating 1) writes none, as before
+    ratings = None if np.all(train.ratings == 1) else train.ratings[order].astype(np.float32)
     ex_items = ex_start = None
     if exclude is not None and len(exclude):
         ex_order = np.argsort(exclude.users, kind="stable")
@@ -177,10 +182,12 @@ def write_partitions(train: Interactions, exclude: Interactions | None, director
         raise ValueError(f"units must give each of {train.n_users} users one unit; found shape {np.shape(units)}")
     for pid, u in enumerate(users):
         excluded = np.zeros(0, np.int64) if ex_items is None else ex_items[ex_start[u] : ex_start[u + 1]]
-        own_unit = {} if units is None else {"unit": np.int64(units[u])}
+        own = {} if units is None else {"unit": np.int64(units[u])}
+        if ratings is not None:
+            own["ratings"] = ratings[start[u] : start[u + 1]]
         np.savez(out / _PART_NAME.format(pid), user=np.int64(u), n_users=np.int64(train.n_users),
                  n_items=np.int64(train.n_items), items=items[start[u] : start[u + 1]].astype(np.int64),
-                 excluded=np.asarray(excluded, np.int64), **own_unit)
+                 excluded=np.asarray(excluded, np.int64), **own)
     meta = PartitionMeta(n_users=train.n_users, n_items=train.n_items, clients=len(users),
                          users=tuple(int(u) for u in users),
                          units=None if units is None else tuple(int(units[u]) for u in users))
@@ -213,7 +220,8 @@ def load_partition(directory: str | Path, partition_id: int) -> Partition:
     with np.load(path, allow_pickle=False) as z:
         return Partition(partition_id=int(partition_id), user=int(z["user"]), n_users=int(z["n_users"]),
                          n_items=int(z["n_items"]), items=z["items"].copy(), excluded=z["excluded"].copy(),
-                         unit=int(z["unit"]) if "unit" in z.files else None)
+                         unit=int(z["unit"]) if "unit" in z.files else None,
+                         ratings=z["ratings"].copy() if "ratings" in z.files else None)
 
 
 # -- a node's own store of its user state (resume) ------------------------------------------------
@@ -264,11 +272,14 @@ class _OwnData:
 
 def check_runs_on_flower(spec: ProtocolSpec, config: Any) -> None:
     """Raise ``ValueError`` (in words) if the adapter cannot run ``spec`` with ``config``."""
-    if spec.name not in SUPPORTED and spec.split is None:
-        raise ValueError(f"protocol {spec.name!r} does not run on Flower yet: the adapter runs FedAvg-GMF and the "
-                         "protocols made of FedAvg-GMF units (FEL with GMF leaves)")
+    if spec.name not in SUPPORTED and spec.split is None and spec.exchanges is None:
+        raise ValueError(f"protocol {spec.name!r} does not run on Flower yet: the adapter runs FedAvg-GMF, the "
+                         "protocols made of FedAvg-GMF units (FEL with GMF leaves) and the protocols whose round is "
+                         "named exchanges (protocols/exchange.py)")
     if spec.split is not None:
         spec.split.check(config)
+    if spec.exchanges is not None:
+        spec.exchanges.check(config)
 
 
 def units_of(trainer: Any) -> list[Any]:
@@ -276,7 +287,17 @@ def units_of(trainer: Any) -> list[Any]:
     return list(trainer.round_units()) if hasattr(trainer, "round_units") else [trainer]
 
 
+#: What a protocol of exchanges implements (protocols/exchange.py).
+EXCHANGE_HOOKS = ("device_round", "device_step", "device_state", "load_device_state", "device_model",
+                  "load_device_model")
+
+
 def _check_hooks(spec: ProtocolSpec, trainer: Any) -> None:
+    if spec.exchanges is not None:
+        missing = [h for h in EXCHANGE_HOOKS if not hasattr(trainer, h)]
+        if missing:
+            raise ValueError(f"protocol {spec.name!r} registers exchanges but lacks {missing} (protocols/exchange.py)")
+        return
     for unit in units_of(trainer):
         for hook in ("_sample_clients", "_local_round", "_aggregate", *GLOBAL_STATE, CLIENT_STATE):
             if not hasattr(unit, hook):
@@ -300,12 +321,7 @@ def _build(spec: ProtocolSpec, config: Any, seed: int, train: Interactions, excl
 
 
 def _census(users: np.ndarray, n_users: int, n_items: int, user_ids: np.ndarray | None) -> Interactions:
-    users = np.asarray(users, np.int64)
-    return Interactions(
-        users=users, items=np.zeros(len(users), np.int64), ratings=np.ones(len(users), np.float32),
-        timestamps=np.zeros(len(users), np.int64),
-        user_ids=np.arange(n_users) if user_ids is None else np.asarray(user_ids), item_ids=np.arange(n_items),
-    )
+    return census(users, n_users, n_items, user_ids)
 
 
 def public_units(spec: ProtocolSpec, config: Any, seed: int, train: Interactions, source: str = "flower") -> np.ndarray | None:
@@ -354,6 +370,11 @@ def build_client_trainer(spec: ProtocolSpec, config: Any, seed: int, part: Parti
     builds its units without secure aggregation itself: its config may need it, e.g. FEL's
     distributed DP), with ``unit_clients``, the unit's public pool size the server sent.
     """
+    if spec.exchanges is not None:  # the client half on its own rows; secure sums are the runtime's
+        build = spec.exchanges.build_client or spec.build
+        trainer = build(_context(config, seed, part.train(), part.exclude(), None, "flower"))
+        _check_hooks(spec, trainer)
+        return trainer
     if spec.split is None:
         if getattr(config, "secure_aggregation", "none") != "none":
             config = dataclasses.replace(config, secure_aggregation="none")

@@ -63,10 +63,13 @@ from fedflower.adapter import (
     stack_updates,
     units_of,
 )
+from fedflower.chain_flower import CHAIN_KEY, chain_mod
+from fedflower.exchange_apps import EXCHANGE_KEY, answer_exchange, client_exchange, client_score_setup
 from fedflower.records import RECORD_KEY
 from fedflower.secagg_mod import VECTOR_KEY, secagg_mod
 from fedflower.secagg_workflow import SecAggWorkflow
 from protocols.base import RoundStats
+from protocols.exchange import drive
 from protocols.fedavg import LocalRound
 from protocols.registry import get_protocol
 from protocols.transport import SERVER, client
@@ -117,6 +120,8 @@ def _secure_route(msg: Message, context: Context, call_next) -> Message:  # noqa
     """Hand ``TRAIN`` messages of a secure aggregation (they carry our record) to :func:`secagg_mod`."""
     if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY in msg.content.config_records:
         return secagg_mod(msg, context, call_next)
+    if msg.metadata.message_type == MessageType.TRAIN and CHAIN_KEY in msg.content.config_records:
+        return chain_mod(msg, context, call_next)  # (a secure exchange through the circular chain)
     return call_next(msg, context)
 
 
@@ -165,10 +170,19 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
         spec = get_protocol(str(run["protocol"]))
         config = config_from_json(spec, str(run["config"]))
         secure = bool(run.get("secure", False))
-        in_secagg = RECORD_KEY in msg.content.config_records  # routed through secagg_mod (masked_input)
+        # routed through secagg_mod (masked_input) or chain_mod (setup)
+        in_secagg = RECORD_KEY in msg.content.config_records or CHAIN_KEY in msg.content.config_records
         if secure and not in_secagg:
             raise ValueError("a secure round's training request arrived outside secure aggregation; this client "
                              "never sends its update unmasked")
+        if EXCHANGE_KEY in msg.content.config_records:  # one step of a protocol of exchanges
+            trainer = build_client_trainer(spec, config, int(run["seed"]), part)
+            reply = client_exchange(msg, context, trainer, part, run, secure=secure,
+                                    require_secure=_requires_secure(context, require_secure),
+                                    store=_state_dir(context, sdir), vector_key=VECTOR_KEY)
+            return Message(reply, reply_to=msg)
+        if spec.exchanges is not None:
+            raise ValueError(f"protocol {spec.name!r} runs in exchanges; a training request must name its step")
         wants_secure = getattr(config, "secure_aggregation", "none") != "none"
         if not secure and (wants_secure or _requires_secure(context, require_secure)):
             raise ValueError("this client trains only through secure aggregation "
@@ -200,10 +214,13 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
         spec = get_protocol(str(run["protocol"]))
         trainer = build_client_trainer(spec, config_from_json(spec, str(run["config"])), int(run["seed"]), part)
         model = _arrays(msg.content["model"])
-        state = _user_state(context, _state_dir(context, sdir), part.partition_id, int(run["round"]))
-        if spec.split is not None:
-            _install_units(trainer, part, model, state)
+        store = _state_dir(context, sdir)
+        if spec.exchanges is not None:  # the protocol's own global arrays and this client's own state
+            client_score_setup(trainer, part, model, context, store, int(run["round"]))
+        elif spec.split is not None:
+            _install_units(trainer, part, model, _user_state(context, store, part.partition_id, int(run["round"])))
         else:
+            state = _user_state(context, store, part.partition_id, int(run["round"]))
             with torch.no_grad():
                 for name in GLOBAL_STATE:
                     setattr(trainer, name, torch.as_tensor(model[name]).clone())
@@ -281,8 +298,14 @@ class GridTrainer:
         #: the protocol's units (its own sub-rounds: FEL's leaves), or the server itself
         self.units = units_of(server)
         self.split = hasattr(server, "round_units")
+        #: a protocol of named exchanges (protocols/exchange.py): its own generator drives the round
+        self.exchanges = hasattr(server, "device_round")
         # (an evaluation message of a split protocol carries every unit's model)
-        model_bytes = sum(getattr(u, n).numel() * getattr(u, n).element_size() for u in self.units for n in GLOBAL_STATE)
+        if self.exchanges:
+            model_bytes = sum(np.asarray(a).nbytes for a in server.device_model().values())
+        else:
+            model_bytes = sum(getattr(u, n).numel() * getattr(u, n).element_size() for u in self.units
+                              for n in GLOBAL_STATE)
         if model_bytes > MAX_MESSAGE_BYTES:
             raise ValueError(f"the global model is {model_bytes:,} bytes, over Flower's {MAX_MESSAGE_BYTES:,}-byte gRPC "
                              "message limit; reduce the catalogue or fedavg.dim")
@@ -302,6 +325,8 @@ class GridTrainer:
             self.resumable = self.resumable or (bool(self.node_store) and all(self.node_store.values()))
         self.flower_bytes = {"down": 0, "up": 0}
         self._secagg: SecAggWorkflow | None = None
+        self._workflows: dict[tuple, SecAggWorkflow] = {}  # exchange protocols: one per encoding
+        self._pinned: dict[int, bytes] = {}  # ... sharing the run's pinned identity keys
         if self.split:
             if meta.units is None:
                 raise ValueError(f"protocol {protocol!r} runs in units; the partitions carry none (rewrite them)")
@@ -377,6 +402,8 @@ class GridTrainer:
     def run_round(self) -> RoundStats:
         if self.split:
             return self._split_round()
+        if self.exchanges:
+            return self._exchange_round()
         srv, t = self.server, self.server.round
         t0 = time.perf_counter()
         sampled = srv._sample_clients()
@@ -478,6 +505,35 @@ class GridTrainer:
         per_client = unit.model_bytes + (rep.bytes_from_clients + rep.bytes_to_clients) / len(sampled)
         return rep, user_of, width, per_client
 
+    def _exchange_round(self) -> RoundStats:
+        """One round of a protocol of named exchanges: its own generator, every exchange over the grid
+        (:func:`fedflower.exchange_apps.answer_exchange`); the dropped clients are counted per exchange."""
+        drops: list[str] = []
+        steps = iter(range(1 << 30))
+
+        def answer(ex):  # noqa: ANN001, ANN202
+            rep = answer_exchange(self, ex, next(steps))
+            drops.extend(f"{ex.kind}: user {u}: {why}" for u, why in rep.dropped.items())
+            return rep
+
+        stats = drive(self.server.device_round(), answer)
+        extra = {**stats.extra, "dropped": len(drops), "drop_reasons": drops[:5],
+                 "flower_bytes_down": self.flower_bytes["down"], "flower_bytes_up": self.flower_bytes["up"]}
+        return dataclasses.replace(stats, extra=extra)
+
+    def exchange_workflow(self, spec: Any) -> SecAggWorkflow:
+        """The SecAgg workflow for a secure exchange's encoding (one per distinct encoding in a run,
+        all pinning the nodes' identity keys in one table)."""
+        key = (spec.protocol, spec.frac_bits, float(spec.value_clip), spec.dropout, spec.corrupt, spec.k, spec.t)
+        if key not in self._workflows:
+            extra = {k: v for k, v in (("dropout", spec.dropout), ("corrupt", spec.corrupt), ("k", spec.k),
+                                       ("t", spec.t)) if v is not None}
+            wf = SecAggWorkflow(protocol=spec.protocol, clipping_range=float(spec.value_clip), frac_bits=spec.frac_bits,
+                                timeout=self.timeout, rounding="nearest", **extra)
+            wf.pinned = self._pinned
+            self._workflows[key] = wf
+        return self._workflows[key]
+
     def _split_round(self) -> RoundStats:
         """One round of a protocol made of units: the protocol's own ``run_round``, each unit's
         cohort reached through the grid (:class:`_BoundUnit`)."""
@@ -523,8 +579,12 @@ class GridTrainer:
             extra={"examples": examples, **extra}, releases=(srv._update_release(survivors),),
         )
 
-    def _scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
-        model = self._all_units_record() if self.split else self._model_record()
+    def _score_lists(self, users: np.ndarray, items: list[np.ndarray] | None) -> list[np.ndarray]:
+        """Ask each user's node to score ``items[c]`` (every item if ``None``) with its own state."""
+        if self.exchanges:
+            model = ArrayRecord({k: _np_array(np.asarray(v)) for k, v in self.server.device_model().items()})
+        else:
+            model = self._all_units_record() if self.split else self._model_record()
         msgs = []
         for c, u in enumerate(np.asarray(users)):
             content = {"model": model, "run": self._run_record(u, all=items is None)}
@@ -532,18 +592,38 @@ class GridTrainer:
                 content["items"] = ArrayRecord({"items": _np_array(np.asarray(items[c], np.int64))})
             msgs.append(Message(RecordDict(content), dst_node_id=self.node_of[int(u)], message_type="query.score"))
         replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(msgs, timeout=self.timeout)}
-        width = self.meta.n_items if items is None else np.asarray(items).shape[1]
-        out = np.empty((len(msgs), width), np.float32)
+        out = []
         for c, u in enumerate(np.asarray(users)):
             reply = replies.get(self.node_of[int(u)])
             if reply is None or reply.has_error():
                 raise RoundFailed(f"evaluation: user {int(u)} did not return its scores "
                                   f"({'timeout' if reply is None else reply.error.reason})")
             s = reply.content["scores"]["scores"].numpy()
+            width = self.meta.n_items if items is None else len(items[c])
             if s.shape != (width,) or s.dtype != np.float32:
                 raise RoundFailed(f"evaluation: user {int(u)} returned scores of shape {s.shape} {s.dtype}")
-            out[c] = s
+            out.append(s)
         return out
+
+    def _scores(self, users: np.ndarray, items: np.ndarray | None) -> np.ndarray:
+        width = self.meta.n_items if items is None else np.asarray(items).shape[1]
+        rows = self._score_lists(users, None if items is None else list(np.asarray(items)))
+        return np.stack(rows) if rows else np.empty((0, width), np.float32)
+
+    def evaluate(self, test: Any) -> dict[str, float]:
+        """Rating protocols: each test user's node predicts its own held-out items (with its own state
+        and the model the server sends); the metrics are the protocol's (``metrics_from_predictions``)."""
+        metrics = getattr(self.server, "metrics_from_predictions", None)
+        if metrics is None:
+            raise ValueError(f"protocol {self.protocol!r} rates but has no metrics_from_predictions(test, predictions)")
+        users, items = np.asarray(test.users, np.int64), np.asarray(test.items, np.int64)
+        order = np.argsort(users, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(users[order])) + 1) if len(order) else []
+        pred = np.empty(len(users), np.float64)
+        rows = self._score_lists(np.array([users[g[0]] for g in groups], np.int64), [items[g] for g in groups])
+        for g, r in zip(groups, rows, strict=True):
+            pred[g] = r
+        return metrics(test, pred)
 
     def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         """Each user's node scores its candidates with its own user state (evaluation)."""

@@ -55,7 +55,7 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.serverapp.grid import Grid
 
 from fedflower.records import RecordError, check_record, make_record
-from fedflower.secagg_mod import encode_update
+from fedflower.secagg_mod import VECTOR_KEY, encode_update, encode_vector
 from fedflower.secagg_workflow import begin_fit, finish_fit
 from secagg.chain import ChainClient, ChainConfig, ClientStage
 from secagg.chain_server import ChainServer
@@ -171,8 +171,16 @@ def chain_mod(msg: Message, ctxt: Context, call_next) -> Message:  # noqa: ANN00
             if out.has_error():
                 raise RecordError(f"chain stage SETUP at {where}: the ClientApp failed: {out.error.reason}")
             content = out.content
-            fitres = compat.recorddict_to_fitres(content, keep_input=True)
-            x = encode_update(enc, parameters_to_ndarrays(fitres.parameters), fitres.num_examples)  # type: ignore[arg-type]
+            raw = content.array_records.get(VECTOR_KEY)
+            if raw is not None:  # a raw vector (ChainWorkflow.aggregate_vectors): encoded, never clipped
+                if set(raw.keys()) != {"vector"}:
+                    raise RecordError(f"chain stage SETUP at {where}: the '{VECTOR_KEY}' record must hold exactly "
+                                      f"'vector'; found {sorted(raw.keys())}")
+                x = encode_vector(enc, raw["vector"].numpy())  # type: ignore[arg-type]
+                del content[VECTOR_KEY]  # the plaintext input never leaves the client
+            else:
+                fitres = compat.recorddict_to_fitres(content, keep_input=True)
+                x = encode_update(enc, parameters_to_ndarrays(fitres.parameters), fitres.num_examples)  # type: ignore[arg-type]
             client = ChainClient(cfg, cid, x)
             reply = client.advertise()
             for arr in content.array_records.values():
@@ -220,6 +228,8 @@ class ChainReport:
     total: np.ndarray | None = None
     server_s: float = 0.0
     wait_s: float = 0.0
+    bytes_to_clients: int = 0
+    bytes_from_clients: int = 0
 
 
 class ChainWorkflow:
@@ -277,6 +287,24 @@ class ChainWorkflow:
         if not finish_fit(context, fit, vec, fit_results, failures):
             rep.abort, rep.total = "the survivors' weights sum to zero; nothing to average", None
         rep.server_s += time.perf_counter() - t0
+
+    def aggregate_vectors(self, grid: Grid, rnd: int, contents: dict[int, RecordDict], dim: int) -> ChainReport:
+        """Sum one raw vector per node through the chain, outside Flower's strategy (no weight slot).
+
+        As :meth:`fedflower.secagg_workflow.SecAggWorkflow.aggregate_vectors`: ``contents[node_id]``
+        is the content of that node's setup message (what its ClientApp needs to compute its input);
+        the ClientApp answers with an ArrayRecord :data:`fedflower.secagg_mod.VECTOR_KEY` holding
+        ``dim`` float64 values with ``|value| <= clipping_range``, which :func:`chain_mod` encodes
+        and strips. Returns the report (``total`` the ``uint64`` sum over the survivors, ``None``
+        after an abort).
+        """
+        node_ids = sorted(contents)
+        if len(node_ids) < self.min_survivors:
+            raise ValueError(f"the chain needs at least min_survivors = {self.min_survivors} clients; found "
+                             f"{len(node_ids)}")
+        self._aggregate(grid, rnd, node_ids, dict(contents), int(dim))
+        assert self.last_report is not None
+        return self.last_report
 
     def _aggregate(self, grid: Grid, rnd: int, node_ids: list[int], fitins: dict[int, RecordDict],
                    dim: int) -> list[tuple[int, RecordDict]]:
@@ -346,9 +374,11 @@ class ChainWorkflow:
         msgs = [Message(content=c, dst_node_id=node_ids[i], message_type=MessageType.TRAIN, group_id=str(rep.round))
                 for i, c in out.items()]
         expected = {node_ids[i] for i in out}
+        rep.bytes_to_clients += sum(_nbytes(c) for c in out.values())
         t0 = time.perf_counter()
         got = list(grid.send_and_receive(msgs, timeout=self.timeout))
         rep.wait_s += time.perf_counter() - t0
+        rep.bytes_from_clients += sum(_nbytes(r.content) for r in got if not r.has_error())
         seen: set[int] = set()
         kept = []
         for r in got:
@@ -365,3 +395,9 @@ class ChainWorkflow:
             rep.dropped.setdefault(nid, f"{stage}: did not answer")
         return kept
 
+
+
+def _nbytes(content: RecordDict) -> int:
+    """The chain record's bytes in a message (what the chain itself costs on the wire)."""
+    rec = content.config_records.get(CHAIN_KEY)
+    return 0 if rec is None else int(rec.count_bytes())

@@ -20,7 +20,10 @@ runtime-specific code of their own:
   and ``trainer.load_device_state(user, state)``, a dict of arrays that stays on the device
   between exchanges and rounds;
 * the **global model a client needs to score** is ``trainer.device_model()`` on the server and
-  ``trainer.load_device_model(model)`` on the client (evaluation runs where the user's state is).
+  ``trainer.load_device_model(model)`` on the client (evaluation runs where the user's state is);
+* ``trainer.device_requires_secure(kind) -> bool``: whether this configuration sends the reply of
+  step ``kind`` only through secure aggregation. A client asked for such a step in plaintext
+  refuses (so a server cannot simply ask for a raw update the protocol promises to sum).
 
 A protocol that runs this way sets ``ProtocolSpec.exchanges`` (:class:`protocols.registry.Exchanges`)
 and implements its in-process ``run_round`` as ``run_exchanges(self, self.device_step)``: one
@@ -57,7 +60,7 @@ import numpy as np
 
 from protocols.base import RoundStats
 from protocols.secure_sum import SecureSumAborted, secure_sum
-from protocols.transport import client
+from protocols.transport import SERVER, client
 
 __all__ = [
     "SECURE_CHUNK",
@@ -65,6 +68,7 @@ __all__ = [
     "Replies",
     "SecureSum",
     "census",
+    "drive",
     "run_exchanges",
     "run_on_devices",
 ]
@@ -89,6 +93,13 @@ class SecureSum:
         where: the configuration key named when a value exceeds ``value_clip``.
         kind: the transcript kind of the masked upload.
         dropout, corrupt: the fractions SecAgg+ chooses its ``k`` and ``t`` for.
+        receiver: the party that learns the sum (``"server"``; a protocol with two servers names
+            the one, e.g. STTFedRec's ``"sas"``).
+        k, t: the protocol's parameters (``None``: chosen; for the chain ``k`` is its ``s``
+            successors).
+        dropouts: simulated dropouts in process only (stage -> indices into the cohort's
+            senders, as :func:`protocols.secure_sum.secure_sum` takes them); a runtime with real
+            devices refuses them (its dropouts are real).
     """
 
     protocol: str
@@ -99,6 +110,10 @@ class SecureSum:
     kind: str = "update"
     dropout: float | None = None
     corrupt: float | None = None
+    receiver: str = SERVER
+    k: int | None = None
+    t: int | None = None
+    dropouts: Mapping[str, frozenset[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.width < 1:
@@ -200,8 +215,9 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
     spec = ex.secure
     assert spec is not None
     users = [u for u in ex.users.tolist() if u in vectors]
-    if not users:
-        return Replies(dropped={u: "no vector" for u in ex.users.tolist()}, aborted="no client sent a vector")
+    if len(users) < 2:  # (a sum of one is that client's vector: never released)
+        return Replies(dropped={u: "secure aggregation aborted" for u in users},
+                       aborted=f"secure aggregation needs at least 2 clients; {len(users)} sent a vector")
     values = np.stack([vectors[u] for u in users])
     senders = [client(u) for u in users]
     step = max(1, SECURE_CHUNK // len(users))
@@ -213,7 +229,8 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
             hi = min(spec.width, lo + step)
             res = secure_sum(values[:, lo:hi], protocol=spec.protocol, frac_bits=spec.frac_bits,
                              value_clip=spec.value_clip, round=round_, transport=server.transport, senders=senders,
-                             kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt)
+                             kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt,
+                             receiver=spec.receiver, k=spec.k, t=spec.t, dropouts=spec.dropouts)
             total[lo:hi] = res.total
             nbytes += res.bytes_per_client
             client_s += float(np.mean(res.client_seconds))
@@ -296,6 +313,9 @@ def run_on_devices(server: Any, clients: Mapping[int, Any], *, silent: Callable[
                 dropped[u] = "no such device"
                 continue
             ex.message_for(u)  # the names of the broadcast and of the client's own arrays must not clash
+            if ex.secure is None and clients[u].device_requires_secure(ex.kind):
+                dropped[u] = f"refused: step {ex.kind!r} is answered only through secure aggregation"
+                continue
             bcast = copy.deepcopy(dict(ex.broadcast))
             own = {u: copy.deepcopy(dict(ex.per_user[u]))} if u in ex.per_user else {}
             out = clients[u].device_step(ex.kind, round_, np.array([u], np.int64), bcast, own)

@@ -60,6 +60,9 @@ class Toy:
             return {int(u): {"y": np.array(self.x[u] + w)} for u in users}
         return {int(u): {"vector": np.array([self.x[u], 1.0])} for u in users}
 
+    def device_requires_secure(self, kind):
+        return kind == "count"
+
     def device_state(self, user):
         return {"steps": np.array(self.steps[user])}
 
@@ -146,6 +149,31 @@ def test_secure_sum_equals_the_plaintext_sum_over_whoever_answered(counts, data)
     alive = [u for u in range(len(counts)) if u not in silent]
     assert sorted(h["echo"]) == alive and h["survivors"] == alive
     assert h["sum"] == [float(sum(counts[u] for u in alive)), float(len(alive))]
+
+
+def test_a_client_refuses_to_answer_a_secure_step_in_plaintext():
+    class Greedy(Toy):  # a server that asks for the count without secure aggregation
+        def device_round(self):
+            got = yield Exchange("count", self.users, reply_keys=frozenset({"vector"}))
+            self.history.append(got)
+            self.round += 1
+            return RoundStats(round=0, loss=0.0)
+
+    data = _data([2, 3])
+    users = np.array([0, 1])
+    server = Greedy(census(users, 2, data.n_items))
+    clients = {u: Toy(_own(data, u)) for u in (0, 1)}
+    run_on_devices(server, clients)
+    got = server.history[-1]
+    assert not got.values and all("only through secure aggregation" in why for why in got.dropped.values())
+
+
+def test_a_secure_exchange_of_one_client_aborts_instead_of_releasing_its_vector():
+    data = _data([2, 3, 4])
+    server, clients = _devices(data)
+    run_on_devices(server, clients, silent=lambda ex, u: ex.kind == "echo" and u > 0)
+    h = server.history[-1]
+    assert h["sum"] is None and h["survivors"] == []
 
 
 def test_an_exchange_refuses_a_bad_cohort_or_a_missing_reply_schema():

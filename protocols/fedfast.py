@@ -958,6 +958,21 @@ class FedFastGMF(FedAvgGMF):
         self._slot_loss = slot_loss
         return P, Q, H, B, total_loss, total_examples
 
+    #: the client steps whose reply is summed through secure aggregation in the secure variant
+    SECURE_STEPS = frozenset({"train", "fedfast:popularity", "fedfast:kmeans", "fedfast:delegate-change"})
+
+    def device_requires_secure(self, kind: str) -> bool:
+        """Whether this configuration answers step ``kind`` only through secure aggregation (a
+        client of the secure variant refuses to send its update, item indicator, k-means point or
+        embedding change in plaintext)."""
+        return self._secure and kind in self.SECURE_STEPS
+
+    def device_state_from_server(self, user: int) -> dict[str, np.ndarray] | None:
+        """On the server half: the state to score ``user`` with when the server holds it (plaintext
+        with clusters: the mirror's ``p_u``, as the paper's server holds it), else ``None`` (the
+        user's own device state is authoritative)."""
+        return self.device_state(user) if self._mirror else None
+
     # -- the client's own state and the global model -------------------------------------------------------
     def device_state(self, user: int) -> dict[str, np.ndarray]:
         """User ``user``'s state on its device: ``p_u`` (in the plaintext variant with clusters the

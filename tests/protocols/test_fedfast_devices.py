@@ -14,7 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.exchange import census, run_on_devices
+from protocols.base import RoundStats
+from protocols.exchange import Exchange, census, run_on_devices
 from protocols.fedfast import FedFastConfig, FedFastGMF, check_devices
 from protocols.registry import BuildContext, get_protocol
 from protocols.transport import SERVER, InProcessTransport, Transcript
@@ -68,7 +69,9 @@ def devices(train: Interactions, cfg: FedFastConfig, seed: int):
 def user_state(server, clients, u: int) -> dict:
     """Where user ``u``'s state lives: the server's mirror in the plaintext variant with clusters,
     the client's device otherwise."""
-    return (server if server._mirror else clients[u]).device_state(u)
+    state = server.device_state_from_server(u)
+    assert (state is not None) == server._mirror
+    return clients[u].device_state(u) if state is None else state
 
 
 def transcript(m) -> Counter:
@@ -122,6 +125,50 @@ def test_separate_devices_give_the_one_process_run_over_seeds_and_sizes(seed, m,
     np.testing.assert_array_equal(server.assign, local.assign)
     for k in ("item", "h", "b", "user"):  # the plaintext server's mirror holds every p_u
         np.testing.assert_allclose(getattr(server, k).numpy(), getattr(local, k).numpy(), rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+class Stateless:
+    """A client that keeps nothing in memory between steps, as a Flower node: each step builds a
+    fresh half on the user's rows, loads the state kept after the last step, runs, keeps the state."""
+
+    def __init__(self, rows: Interactions, cfg: FedFastConfig, seed: int) -> None:
+        self.rows, self.cfg, self.seed, self.state = rows, cfg, seed, None
+
+    def fresh(self) -> FedFastGMF:
+        half = FedFastGMF.on_device(self.rows, self.cfg, seed=self.seed)
+        if self.state is not None:
+            half.load_device_state(int(self.rows.users[0]), self.state)
+        return half
+
+    def device_requires_secure(self, kind: str) -> bool:
+        return self.fresh().device_requires_secure(kind)
+
+    def device_step(self, kind, round_, users, broadcast, per_user):
+        half = self.fresh()
+        out = half.device_step(kind, round_, users, broadcast, per_user)
+        self.state = half.device_state(int(self.rows.users[0]))
+        return out
+
+
+@pytest.mark.parametrize("name", ["fedfast", "secagg-random-every2", "literal-average"])
+def test_the_device_state_is_all_a_client_keeps(name):
+    train, seed = data(users=12), 6
+    cfg = config(**VARIANTS[name])
+    local = FedFastGMF(train, cfg, seed=seed)
+    server, _ = devices(train, cfg, seed)
+    clients = {int(u): Stateless(own(train, int(u)), cfg, seed) for u in np.unique(train.users)}
+    for _ in range(3):
+        assert run_on_devices(server, clients).loss == pytest.approx(local.run_round().loss, rel=1e-6)
+    for k in ("item", "h", "b"):
+        np.testing.assert_allclose(getattr(server, k).numpy(), getattr(local, k).numpy(), rtol=1e-5, atol=1e-6)
+    items = np.arange(train.n_items)
+    for u in list(clients)[:4]:
+        scorer = clients[u].fresh()
+        scorer.load_device_model(server.device_model())
+        if server.device_state_from_server(u) is not None:
+            scorer.load_device_state(u, server.device_state_from_server(u))
+        np.testing.assert_allclose(scorer.score(np.full(len(items), u), items), local.score(np.full(len(items), u), items),
+                                   rtol=1e-5, atol=1e-6)
 
 
 def test_the_server_half_never_holds_the_clients_data():
@@ -252,6 +299,29 @@ def test_a_silent_and_a_wrong_width_kmeans_client_are_left_out_of_the_centroids(
         np.testing.assert_allclose(server.centroids[k], x[c == k].mean(0), atol=1e-8)
     for u in prev:  # and every client, the two included, assigned itself by the new centroids
         assert server.assign[u] == clients[u].assign[u]
+
+
+def test_a_secure_client_refuses_to_send_its_update_or_its_points_in_plaintext():
+    class Greedy(FedFastGMF):  # a server that asks for everything in plaintext
+        def device_round(self):
+            for kind in ("fedfast:popularity", "train", "fedfast:kmeans", "fedfast:delegate-change"):
+                got = yield Exchange(kind, self._clients, reply_keys=frozenset({"vector"}))
+                self.history.append((kind, got))
+            self.round += 1
+            return RoundStats(round=0, loss=0.0)
+
+    train = data()
+    cfg = config(secure_aggregation="secagg+")
+    users = np.unique(train.users)
+    server = Greedy(census(users, train.n_users, train.n_items), cfg, seed=0)
+    server.history = []
+    clients = {int(u): FedFastGMF.on_device(own(train, int(u)), cfg, seed=0) for u in users}
+    run_on_devices(server, clients)
+    assert len(server.history) == 4
+    for kind, got in server.history:
+        assert not got.values and all("only through secure aggregation" in why for why in got.dropped.values()), kind
+    assert not clients[0].device_requires_secure("fedfast:assign")  # the cluster report is plaintext
+    assert not FedFastGMF.on_device(own(train, 0), config(), seed=0).device_requires_secure("train")
 
 
 # -- configuration and construction --------------------------------------------------------------------

@@ -648,6 +648,7 @@ class FedFastGMF(FedAvgGMF):
         per_user = {}
         if self._mirror:  # the paper's server holds p_u: the delegate gets it and sends the new one back
             per_user = {int(u): {"user": self.user[int(u)].numpy().copy()} for u in sampled}
+            self._sent = per_user  # the rows the delegates start from (dP is taken against them)
             self._send_all(t, "fedfast:user", 4 * self.config.dim, sampled)
             keys.add("user")
         return Exchange("train", sampled, broadcast=bc, per_user=per_user, reply_keys=frozenset(keys),
@@ -685,9 +686,10 @@ class FedFastGMF(FedAvgGMF):
             self._apply_actvagg(num, den, h_num, b_num, w_sum, 0.0)
         dP = None
         if self._mirror:
-            dP = P - self.user[torch.as_tensor(users)]
+            prev = torch.as_tensor(np.stack([self._sent[int(u)]["user"] for u in users]))
+            dP = P - prev
             if cfg.aggregation == "fedavg" and cfg.user_update == "average":  # Eq. 1 on p_u too (A6)
-                P = self.user[torch.as_tensor(users)] + dP * (weight / weight.sum()).unsqueeze(1)
+                P = prev + dP * (weight / weight.sum()).unsqueeze(1)
             self.user[torch.as_tensor(users)] = P
         return users, loss, examples, weight.sum(), upload, dP
 
@@ -885,8 +887,7 @@ class FedFastGMF(FedAvgGMF):
         lr_ = self._train(users)
         self._trained[users] = self.round
         self._weight[users] = lr_.weight.numpy()
-        if not self._mirror:  # p_u is the client's
-            self.user[idx] = lr_.P
+        self.user[idx] = lr_.P  # the client's (with the mirror: its copy until the server moves it)
         slot_loss = self._slot_loss.numpy()
         if self._secure:
             vec = self._update_vectors(users, lr_, slot_loss)

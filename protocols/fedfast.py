@@ -876,7 +876,7 @@ class FedFastGMF(FedAvgGMF):
 
     def _client_train(self, users: np.ndarray, bc, per_user) -> dict[int, dict[str, np.ndarray]]:
         """The delegates' local training (FedAvg-GMF's, batched) and their replies."""
-        cfg, d, n_items = self.config, self.config.dim, self.train.n_items
+        d, n_items = self.config.dim, self.train.n_items
         self.load_device_model({"item": self._expect(bc, "item", (n_items, d)), "h": self._expect(bc, "h", (d,)),
                                 "b": self._expect(bc, "b", ())})
         idx = torch.as_tensor(users)

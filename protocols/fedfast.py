@@ -44,13 +44,20 @@ and by how much in total), the per-cluster counts (cluster sizes, and how many d
 cluster had), the centroids, the per-cluster mean delegate change and the item popularity vector.
 Clients learn their own cluster. The k-means sums run over *all* clients every round (every client
 must be online for them, like the paper's server-side clustering over all users).
+
+On separate devices: the round is named exchanges (:mod:`protocols.exchange`; :meth:`FedFastGMF.device_round`
+and :meth:`FedFastGMF.device_step`), the same code path as in process. Round 0's popularity comes from
+the clients (plaintext: their positive item ids; secure: a secure sum of their indicators); the
+plaintext server with clusters sends each delegate its ``p_u`` from the mirror and takes the new one
+back; secure clients report their cluster after each clustering (ActvSAMP draws from the clusters),
+and move or dilute their own ``p_u``. docs/fedfast.md, "On separate devices", lists the exchanges.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -58,11 +65,12 @@ import torch
 
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
-from protocols.fedavg import ClientUpdate, FedAvgConfig, FedAvgGMF
-from protocols.registry import ProtocolSpec, register
-from protocols.secure_sum import secure_sum
+from protocols.exchange import Exchange, Replies, SecureSum, _answer, run_exchanges
+from protocols.fedavg import ClientUpdate, FedAvgConfig, FedAvgGMF, LocalRound, _LazyAdam
+from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
+from recmodels.models import gmf_logits
 from secagg.encoding import check_budget
 
 __all__ = [
@@ -83,6 +91,8 @@ _AGG = ("actvagg", "fedavg")
 _WEIGHTING = ("component", "row")
 _USER_UPDATE = ("copy", "average")
 _FEATURES = ("profile", "random")
+#: the k-means points a client uses (``feature`` of a k-means or assign exchange)
+_PROFILE, _USER = 0, 1
 
 
 @dataclass(frozen=True)
@@ -235,6 +245,19 @@ def propagate_to_subordinates(user: torch.Tensor, assign: np.ndarray, delegates:
     return out
 
 
+def _check_done(u: int, r: dict) -> bool:
+    if r["done"].shape != () or r["done"].dtype != np.bool_ or not bool(r["done"]):
+        raise ValueError(f"done must be one bool True; found {r['done']!r}")
+    return True
+
+
+def check_devices(config: FedFastConfig) -> None:
+    """Every FedFast configuration separates onto devices (docs/fedfast.md, "On separate devices"):
+    this only checks that ``config`` is a :class:`FedFastConfig`."""
+    if not isinstance(config, FedFastConfig):
+        raise ValueError(f"fedfast on devices needs a FedFastConfig; found {type(config).__name__}")
+
+
 def _one_hot_blocks(values: np.ndarray, assign: np.ndarray, p: int) -> np.ndarray:
     """Each row ``[x, 1]`` placed in block ``assign[i]`` of a ``p * (F + 1)`` vector (zeros elsewhere)."""
     n, f = values.shape
@@ -253,138 +276,301 @@ class FedFastUpload(ClientUpdate):
 
 
 class FedFastGMF(FedAvgGMF):
-    """FedFast over GMF (see the module docstring); FedAvgGMF's local training, batched."""
+    """FedFast over GMF (see the module docstring); FedAvgGMF's local training, batched.
+
+    The round is a sequence of named exchanges (:mod:`protocols.exchange`): :meth:`device_round`
+    is the server's half, :meth:`device_step` the clients' (every client at once in process, one
+    client on a device); :meth:`run_round` drives the two in one process.
+    """
 
     upload_cls = FedFastUpload
 
     def __init__(self, train: Interactions, config: FedFastConfig, *, seed: int,
                  transport: InProcessTransport | None = None, exclude: Interactions | None = None):
         super().__init__(train, config, seed=seed, transport=transport, exclude=exclude)
-        self.assign = np.full(train.n_users, -1, np.int64)  # -1: no cluster yet / not a client
+        n = train.n_users
+        self.assign = np.full(n, -1, np.int64)  # -1: no cluster yet / not a client
         self.centroids = np.zeros((0, 0))
-        self.load = np.zeros(train.n_users, np.int64)  # times each client was drawn
+        self.load = np.zeros(n, np.int64)  # times each client was drawn
         self.kmeans_steps = 0  # Lloyd steps of the last clustering call
+        # The clients' state between the exchanges of a round (:meth:`device_state`).
+        self._before = self.user.clone()  # p_u before the client's last local training
+        self._trained = np.full(n, -1, np.int64)  # the last round the client trained in
+        self._weight = np.zeros(n, np.float32)  # its n_k in that round
+        self._profile = np.zeros((n, 3))  # its raw profile statistics (round 0)
+        #: the last round's clients left out of an exchange: ``(kind, user, reason)``
+        self.dropped: list[tuple[str, int, str]] = []
         if config.secure_aggregation != "none" and config.clustered:  # k-means sums run over all clients
             check_budget(n_summands=len(self._clients), clip=config.value_clip, frac_bits=config.frac_bits)
 
-    # -- sums: plaintext at the server, or through secure aggregation ----------------------------------
-    def _sum(self, vectors: np.ndarray, users: np.ndarray, t: int, kind: str) -> tuple[np.ndarray, float]:
-        """Column sums of ``vectors`` (row i from client ``users[i]``) and the bytes per client.
+    @classmethod
+    def on_device(cls, train: Interactions, config: FedFastConfig, *, seed: int,
+                  transport: InProcessTransport | None = None, exclude: Interactions | None = None) -> FedFastGMF:
+        """One client's half on its own device (``train`` holds only its rows).
 
-        Plaintext: the server computes them from what it holds (the embedding mirror, the profile
-        statistics): no message. Secure: through :func:`secure_sum`, recorded as ``kind``.
+        Built like the in-process trainer (same seed, so the same initial ``p_u`` and item table),
+        without the server's checks of the secure-aggregation budget and of SecAgg+'s cohort size
+        (a client alone is a cohort of one; the server half checks them).
         """
+        users = np.unique(train.users)
+        if len(users) != 1:
+            raise ValueError(f"FedFastGMF.on_device builds one client's half; its data holds {len(users)} users")
+        self = cls(train, replace(config, secure_aggregation="none"), seed=seed, transport=transport, exclude=exclude)
+        self.config = config
+        return self
+
+    @property
+    def _secure(self) -> bool:
+        return self.config.secure_aggregation != "none"
+
+    @property
+    def _mirror(self) -> bool:
+        """Plaintext with clusters: the server holds every ``p_u`` (the paper's server, notes A5)."""
+        return not self._secure and self.config.clustered
+
+    def _spec(self, width: int, kind: str) -> SecureSum:
         cfg = self.config
-        if cfg.secure_aggregation == "none":
-            return vectors.sum(0), 0.0
-        res = secure_sum(
-            vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
-            round=t, transport=self.transport, senders=[client(u) for u in users], kind=kind,
-            where="fedfast.value_clip", dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
-        )
-        return res.total, res.bytes_per_client
+        return SecureSum(cfg.secure_aggregation, width=width, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
+                         where="fedfast.value_clip", kind=kind, dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
 
     def _broadcast(self, t: int, kind: str, nbytes: int) -> float:
         """Secure variant: the server sends ``nbytes`` to every client (plaintext needs no message)."""
-        if self.config.secure_aggregation == "none":
+        if not self._secure:
             return 0.0
-        for u in self._clients:
-            self.transport.send(SERVER, client(u), t, kind, None, nbytes)
+        self._send_all(t, kind, nbytes, self._clients)
         return float(nbytes)
 
-    # -- clustering ---------------------------------------------------------------------------------
-    def _profile_features(self, t: int) -> np.ndarray:
-        """Raw ``[log(1+n_k), mean, std of log(1+popularity)]`` per client (notes A8); standardised
-        by :meth:`_initial_clusters` with moments summed in the first Lloyd step."""
-        cl = self._clients
-        counts = (self._pos_start[cl + 1] - self._pos_start[cl]).astype(np.float64)
-        pos_items = np.concatenate([self._pos_items[self._pos_start[u]: self._pos_start[u + 1]] for u in cl])
-        slot = np.repeat(np.arange(len(cl)), counts.astype(np.int64))
-        if self.config.secure_aggregation == "none":
-            pop = np.bincount(pos_items, minlength=self.train.n_items).astype(np.float64)
-        else:  # the clients' item indicators, summed securely
-            ind = np.zeros((len(cl), self.train.n_items))
-            ind[slot, pos_items] = 1.0
-            pop, _ = self._sum(ind, cl, t, "fedfast:popularity")
-            pop = np.rint(pop)
-        lp = np.log1p(pop[pos_items])
-        mean = np.bincount(slot, lp, len(cl)) / counts
-        std = np.sqrt(np.maximum(np.bincount(slot, lp**2, len(cl)) / counts - mean**2, 0.0))
-        x = np.stack([np.log1p(counts), mean, std], 1)
-        if self.config.secure_aggregation == "none":  # the paper's server receives the statistics
-            keep = self.transport.transcript.keep_payloads
-            for i, u in enumerate(cl):
-                self.transport.send(client(u), SERVER, t, "fedfast:profile", x[i].copy() if keep else None, 12)
-        return x
+    def _note(self, kind: str, got: Replies) -> Replies:
+        """Remember who ``got`` left out (for the stats and the tests)."""
+        self.dropped.extend((kind, int(u), why) for u, why in got.dropped.items())
+        return got
 
-    def _lloyd(self, x: np.ndarray, assign: np.ndarray, iters: int, t: int) -> tuple[np.ndarray, float]:
-        """Up to ``iters`` Lloyd steps from ``assign`` over the clients' rows ``x``; returns the
-        assignment and the bytes per client. Stops early once a step leaves the centroids unchanged
-        (bit for bit): the assignment is then a fixed point, so every further step would repeat it,
-        and the result equals the one of all ``iters`` steps. The server sees this from the
-        centroids it publishes anyway, so the stop reveals nothing more."""
-        p, total_bytes = self.config.clusters, 0.0
+    def _send_all(self, t: int, kind: str, nbytes: int, users) -> None:
+        for u in users:
+            self.transport.send(SERVER, client(int(u)), t, kind, None, nbytes)
+
+    def _receive(self, t: int, kind: str, values: dict, nbytes, payload=None) -> None:
+        """Record the plaintext replies ``values`` (``nbytes(reply)`` each) as received by the server."""
+        keep = self.transport.transcript.keep_payloads
+        for u, r in values.items():
+            self.transport.send(client(int(u)), SERVER, t, kind, payload(r) if keep and payload else None, nbytes(r))
+
+    @property
+    def _update_width(self) -> int:
+        """The secure update: the sums of the item rule and the output layer, and the loss."""
+        n_items, d = self.train.n_items, self.config.dim
+        if self.config.aggregation == "actvagg":
+            return 2 * n_items * d + d + 3
+        return n_items * d + (n_items if self.config.item_aggregation == "touched" else 0) + d + 3
+
+    # -- the statistics a client computes ----------------------------------------------------------------
+    def _profile_of(self, users: np.ndarray, pop: np.ndarray) -> np.ndarray:
+        """Raw ``[log(1+n_k), mean, std of log(1+popularity)]`` of ``users`` from their own positives
+        and the published popularity (notes A8); per client, so batched equals alone."""
+        counts = (self._pos_start[users + 1] - self._pos_start[users]).astype(np.float64)
+        pos_items = np.concatenate([self._pos_items[self._pos_start[u]: self._pos_start[u + 1]] for u in users])
+        slot = np.repeat(np.arange(len(users)), counts.astype(np.int64))
+        lp = np.log1p(pop[pos_items])
+        mean = np.bincount(slot, lp, len(users)) / counts
+        std = np.sqrt(np.maximum(np.bincount(slot, lp**2, len(users)) / counts - mean**2, 0.0))
+        return np.stack([np.log1p(counts), mean, std], 1)
+
+    def _profile_features(self, t: int) -> np.ndarray:
+        """Every client's raw profile statistics computed centrally (the oracle the tests use; the
+        round gets them from the clients)."""
+        cl = self._clients
+        pos = np.concatenate([self._pos_items[self._pos_start[u]: self._pos_start[u + 1]] for u in cl])
+        return self._profile_of(cl, np.bincount(pos, minlength=self.train.n_items).astype(np.float64))
+
+    # -- clustering at the server (plaintext: it holds the points) ------------------------------------
+    def _lloyd(self, x: np.ndarray, assign: np.ndarray, iters: int, t: int, users: np.ndarray) -> np.ndarray:
+        """Up to ``iters`` Lloyd steps from ``assign`` over the rows ``x`` of ``users``, at the
+        plaintext server. Stops early once a step leaves the centroids unchanged (bit for bit):
+        the assignment is then a fixed point, so every further step would repeat it, and the result
+        equals the one of all ``iters`` steps. The server sees this from the centroids it publishes
+        anyway, so the stop reveals nothing more (the secure variant stops the same way)."""
+        p = self.config.clusters
         self.kmeans_steps = 0
         for _ in range(iters):
-            sums, nbytes = self._sum(_one_hot_blocks(x, assign, p), self._clients, t, "fedfast:kmeans")
-            sums = sums.reshape(p, x.shape[1] + 1)
+            sums = _one_hot_blocks(x, assign, p).sum(0).reshape(p, x.shape[1] + 1)
             prev = self.centroids
             self.centroids = update_centroids(sums[:, :-1], np.rint(sums[:, -1]), prev)
-            nbytes += self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size)
-            assign = assign_clusters(x, self.centroids)  # each client, from the published centroids
-            total_bytes += nbytes
+            assign = assign_clusters(x, self.centroids)
             self.kmeans_steps += 1
             if prev.shape == self.centroids.shape and np.array_equal(prev, self.centroids, equal_nan=True):
                 break
-        self.assign[self._clients] = assign
-        return assign, total_bytes
+        self.assign[users] = assign
+        return assign
+
+    def _first_centroids(self, sums: np.ndarray, f: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Round 0's first centroids (standardised) and the moments ``mu``, ``sd`` from the sum of
+        ``[blocks(x, start) | x | x^2 | 1]`` (see :meth:`_initial_exchanges`)."""
+        p = self.config.clusters
+        moments = sums[p * (f + 1):]
+        mu = moments[:f] / moments[2 * f]
+        sd = np.sqrt(np.maximum(moments[f: 2 * f] / moments[2 * f] - mu**2, 0.0))
+        sd = np.where(sd > 1e-12, sd, 1.0)
+        blocks = sums[: p * (f + 1)].reshape(p, f + 1)
+        return (update_centroids(blocks[:, :-1], np.rint(blocks[:, -1]), None) - mu) / sd, mu, sd
 
     def _initial_clusters(self, t: int) -> float:
-        """Round 0's partition: k-means on the standardised profile statistics (A8).
+        """Round 0's partition in one process (the exchanges of :meth:`_initial_exchanges`, answered
+        by this trainer's own clients); returns the clustering bytes per client."""
+        gen = self._initial_exchanges(t)
+        try:
+            ex = next(gen)
+            while True:
+                ex = gen.send(_answer(self, ex, t, self.device_step(ex.kind, t, ex.users, ex.broadcast, ex.per_user)
+                                      if len(ex.users) else {}, {}))
+        except StopIteration as stop:
+            return float(stop.value)
+
+    def _initial_exchanges(self, t: int):
+        """Round 0's partition: k-means on the standardised profile statistics (A8), a generator of
+        exchanges returning the clustering bytes per client.
 
         The first Lloyd step and the standardisation moments share one sum: each client adds its raw
         statistics ``x`` into its (random) start cluster's block, and ``[x, x^2, 1]`` beside them; the
         mean of standardised rows is the standardised mean, so the first centroids follow from the raw
         per-cluster sums (one secure sum fewer than summing the moments on their own).
         """
-        cfg = self.config
-        start = self.rng.integers(cfg.clusters, size=len(self._clients))
+        cfg, cl = self.config, self._clients
+        start = self.rng.integers(cfg.clusters, size=len(cl))
         self.kmeans_steps = 0
+        self.assign[cl] = start
         if cfg.initial_features == "random" or cfg.kmeans_init_iters == 0:
-            self.assign[self._clients] = start
+            if not self._secure:
+                return 0.0
+            # the clients need their start cluster for the k-means and delegate-change sums
+            return (yield from self._assign_exchange(t, {}, tell=dict(zip(cl.tolist(), start.tolist()))))
+        if self._secure:
+            return (yield from self._secure_initial(t, start))
+        return (yield from self._plain_initial(t, start))
+
+    def _plain_initial(self, t: int, start: np.ndarray):
+        """Plaintext round 0: the clients send their positive items (the popularity is their sum), get
+        the popularity back and send their statistics; the server runs k-means on them."""
+        cfg, cl, n_items = self.config, self._clients, self.train.n_items
+        got = self._note("fedfast:popularity", (yield Exchange("fedfast:popularity", cl, reply_keys=frozenset({"items"}),
+                                                                   validate=self._check_items)))
+        self._receive(t, "fedfast:popularity", {u: r["items"] for u, r in got.values.items()},
+                      lambda r: 4 * len(r), payload=lambda r: r.copy())
+        items = [r["items"] for r in got.values.values()]
+        pop = np.bincount(np.concatenate(items) if items else np.zeros(0, np.int64), minlength=n_items)
+        pop = pop.astype(np.float64)
+        self._send_all(t, "fedfast:popularity", 4 * n_items, cl)
+        got = self._note("fedfast:profile", (yield Exchange(
+            "fedfast:profile", cl, broadcast={"popularity": pop}, reply_keys=frozenset({"profile"}),
+            validate=self._check_profile)))
+        self._receive(t, "fedfast:profile", got.values, lambda r: 12, payload=lambda r: r.copy())
+        users = np.asarray(list(got.values), np.int64)
+        if not len(users):
             return 0.0
-        cl, p = self._clients, cfg.clusters
-        x = self._profile_features(t)
-        f = x.shape[1]
-        vec = np.concatenate([_one_hot_blocks(x, start, p), x, x**2, np.ones((len(cl), 1))], 1)
-        sums, nbytes = self._sum(vec, cl, t, "fedfast:kmeans")
-        moments = sums[p * (f + 1):]
-        mu = moments[:f] / moments[2 * f]
-        sd = np.sqrt(np.maximum(moments[f: 2 * f] / moments[2 * f] - mu**2, 0.0))
-        sd = np.where(sd > 1e-12, sd, 1.0)
-        blocks = sums[: p * (f + 1)].reshape(p, f + 1)
-        self.centroids = (update_centroids(blocks[:, :-1], np.rint(blocks[:, -1]), None) - mu) / sd
-        nbytes += self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size + 8 * 2 * f)
-        x = (x - mu) / sd  # each client standardises its own statistics with the published moments
+        x = np.stack([got.values[u] for u in users.tolist()])
+        f, p = x.shape[1], cfg.clusters
+        start = start[np.searchsorted(cl, users)]
+        vec = np.concatenate([_one_hot_blocks(x, start, p), x, x**2, np.ones((len(users), 1))], 1)
+        self.centroids, mu, sd = self._first_centroids(vec.sum(0), f)
+        x = (x - mu) / sd
         assign = assign_clusters(x, self.centroids)
         steps = 1
         if cfg.kmeans_init_iters > 1:
-            assign, more = self._lloyd(x, assign, cfg.kmeans_init_iters - 1, t)
-            nbytes += more
+            assign = self._lloyd(x, assign, cfg.kmeans_init_iters - 1, t, users)
             steps += self.kmeans_steps
-        self.assign[cl] = assign
+        self.assign[users] = assign
         self.kmeans_steps = steps
+        return 0.0
+
+    def _secure_initial(self, t: int, start: np.ndarray):
+        """Secure round 0: the popularity, then the first Lloyd step with the moments, then the
+        other Lloyd steps, all through secure aggregation over every client; then each client
+        assigns itself and reports its cluster (ActvSAMP draws from the clusters)."""
+        cfg, cl, n_items, p, f = self.config, self._clients, self.train.n_items, self.config.clusters, 3
+        got = self._note("fedfast:popularity", (yield Exchange("fedfast:popularity", cl,
+                                                               secure=self._spec(n_items, "fedfast:popularity"))))
+        if got.total is None:
+            raise RuntimeError(f"fedfast: round 0's popularity sum failed ({got.aborted}); no partition")
+        pop = np.rint(got.total)
+        self._send_all(t, "fedfast:popularity", 4 * n_items, cl)
+        tell = {int(u): {"cluster": np.array(s, np.int64)} for u, s in zip(cl, start)}
+        self._send_all(t, "fedfast:cluster", 4, cl)
+        got = self._note("fedfast:kmeans", (yield Exchange(
+            "fedfast:kmeans", cl, broadcast={"popularity": pop}, per_user=tell,
+            secure=self._spec(p * (f + 1) + 2 * f + 1, "fedfast:kmeans"))))
+        if got.total is None:
+            raise RuntimeError(f"fedfast: round 0's first k-means sum failed ({got.aborted}); no partition")
+        nbytes = got.bytes_per_client + 4.0
+        self.centroids, mu, sd = self._first_centroids(got.total, f)
+        nbytes += self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size + 8 * 2 * f)
+        feature = {"feature": np.array(_PROFILE, np.int64), "mu": mu, "sd": sd}
+        steps = 1
+        if cfg.kmeans_init_iters > 1:
+            nbytes += yield from self._secure_lloyd(t, cfg.kmeans_init_iters - 1, feature, announce=self.centroids)
+            steps += self.kmeans_steps
+        self.kmeans_steps = steps
+        nbytes += yield from self._assign_exchange(t, {**feature, "centroids": self.centroids})
         return nbytes
+
+    def _secure_lloyd(self, t: int, iters: int, feature: dict, announce: np.ndarray | None):
+        """Up to ``iters`` Lloyd steps through secure aggregation over every client: each client
+        assigns itself by the centroids ``announce`` (if any; else keeps its cluster) and adds its
+        point and a 1 into its cluster's block; the server publishes the new centroids. Stops
+        like :meth:`_lloyd`. Returns the bytes per client; the clients assign themselves by the
+        last centroids in the exchange that follows."""
+        p = self.config.clusters
+        f = 3 if int(feature["feature"]) == _PROFILE else self.config.dim
+        total = 0.0
+        self.kmeans_steps = 0
+        for _ in range(iters):
+            bc = dict(feature) if announce is None else {**feature, "centroids": announce}
+            got = self._note("fedfast:kmeans", (yield Exchange(
+                "fedfast:kmeans", self._clients, broadcast=bc, secure=self._spec(p * (f + 1), "fedfast:kmeans"))))
+            if got.total is None:  # aborted: keep the last centroids
+                break
+            sums = got.total.reshape(p, f + 1)
+            prev = self.centroids
+            self.centroids = update_centroids(sums[:, :-1], np.rint(sums[:, -1]), prev)
+            total += got.bytes_per_client + self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size)
+            self.kmeans_steps += 1
+            announce = self.centroids
+            if prev.shape == self.centroids.shape and np.array_equal(prev, self.centroids, equal_nan=True):
+                break
+        return total
+
+    def _assign_exchange(self, t: int, broadcast: dict, tell: dict | None = None):
+        """Every client applies ``broadcast`` (assigns itself by ``centroids``, moves by its
+        cluster's ``change``), or takes the cluster the server chose (``tell``), and reports its
+        cluster. Returns the bytes per client."""
+        per_user = {u: {"cluster": np.array(c, np.int64)} for u, c in (tell or {}).items()}
+        self._send_all(t, "fedfast:cluster", 4, per_user)
+        got = self._note("fedfast:assign", (yield Exchange(
+            "fedfast:assign", self._clients, broadcast=broadcast, per_user=per_user,
+            reply_keys=frozenset({"cluster"}), validate=self._check_cluster)))
+        for u, c in got.values.items():
+            self.assign[u] = c
+        self._receive(t, "fedfast:cluster", got.values, lambda r: 4)
+        return 4.0 * (1 + bool(per_user))
 
     # -- one round -----------------------------------------------------------------------------------
     def run_round(self) -> RoundStats:
-        """ActvSAMP, local training (FedAvg's), ActvAGG or FedAvg, re-clustering, propagation."""
+        """ActvSAMP, local training (FedAvg's), ActvAGG or FedAvg, re-clustering, propagation: the
+        exchanges of :meth:`device_round`, every client played by this trainer."""
+        return run_exchanges(self, self.device_step)
+
+    def device_round(self):
+        """The server's half of round ``t``: yields the exchanges, returns the round's stats.
+
+        Never reads client data: what it needs from the clients comes back in replies (plaintext)
+        or as sums (secure). A client left out of an exchange (silent, malformed reply) is left
+        out of that exchange's sums; the round finishes with the others.
+        """
         cfg, t = self.config, self.round
         start = time.perf_counter()
         cluster_s, cluster_bytes, steps = 0.0, 0.0, 0
+        self.dropped = []
         if cfg.clustered and t == 0 and self.assign[self._clients[0]] < 0:
             t0 = time.perf_counter()
-            cluster_bytes += self._initial_clusters(t)
+            cluster_bytes += yield from self._initial_exchanges(t)
             cluster_s += time.perf_counter() - t0
             steps += self.kmeans_steps
         m = cfg.clients_in_round(len(self._clients))
@@ -394,100 +580,438 @@ class FedFastGMF(FedAvgGMF):
             load = self.load[self._clients] if cfg.without_replacement else None
             sampled = self._clients[round_robin_sample(self.assign[self._clients], m, self.rng, load)]
         self.load[sampled] += 1
-        t_train = time.perf_counter()
-        lr_ = self._local_round(sampled)
-        t_train = time.perf_counter() - t_train
-        P, dQ, dH, dB, weight = lr_.P, lr_.dQ, lr_.dH, lr_.dB, lr_.weight
-        pair_slot, pair_item, loss, examples = lr_.pair_slot, lr_.pair_item, lr_.loss, lr_.examples
-        dP = P - self.user[torch.as_tensor(sampled)]
-        upload_bytes = self._aggregate(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight, P)
 
-        if cfg.aggregation == "fedavg" and cfg.user_update == "average":  # Eq. 1 on p_u too (A6)
-            P = self.user[torch.as_tensor(sampled)] + dP * (weight / weight.sum()).unsqueeze(1)
-        self.user[torch.as_tensor(sampled)] = P
-        if cfg.clustered and cfg.kmeans_iters and t % cfg.kmeans_every == 0:  # re-cluster on the embeddings, delegates already copied (A9)
+        t_train = time.perf_counter()
+        got = self._note("train", (yield self._train_exchange(t, sampled)))
+        t_train = time.perf_counter() - t_train
+        if self._secure:
+            delegates, loss, examples, w_sum, upload_bytes = self._secure_aggregate(got)
+        else:
+            delegates, loss, examples, w_sum, upload_bytes, dP = self._plain_aggregate(t, got)
+        if cfg.aggregation == "fedavg" and cfg.user_update == "average" and len(delegates) and not self._mirror:
+            # Eq. 1 on p_u (A6) where p_u is the client's: it dilutes its own change by n_k / n_sigma
+            self._send_all(t, "fedfast:dilute", 4, delegates)
+            self._note("fedfast:dilute", (yield Exchange(
+                "fedfast:dilute", delegates, broadcast={"n_sigma": np.array(float(w_sum), np.float32)},
+                reply_keys=frozenset({"done"}), validate=_check_done)))
+
+        reclustered = False
+        if cfg.clustered and cfg.kmeans_iters and t % cfg.kmeans_every == 0:  # re-cluster on the embeddings (A9)
             t0 = time.perf_counter()
-            x = self.user[torch.as_tensor(self._clients)].numpy().astype(np.float64)
-            cluster_bytes += self._lloyd(x, self.assign[self._clients], cfg.kmeans_iters, t)[1]
+            if self._secure:
+                cluster_bytes += yield from self._secure_lloyd(t, cfg.kmeans_iters, {"feature": np.array(_USER)}, None)
+                reclustered = True
+            else:
+                x = self.user[torch.as_tensor(self._clients)].numpy().astype(np.float64)
+                self._lloyd(x, self.assign[self._clients], cfg.kmeans_iters, t, self._clients)
             cluster_s += time.perf_counter() - t0
             steps += self.kmeans_steps
+        announce = {"feature": np.array(_USER), "centroids": self.centroids} if reclustered else {}
         if cfg.aggregation == "actvagg" and cfg.propagate:
-            upload_bytes += self._propagate(t, sampled, dP)
+            if self._secure:
+                nbytes, more = yield from self._secure_propagate(t, delegates, announce)
+                upload_bytes += nbytes
+                cluster_bytes += more
+            else:
+                self._plain_propagate(t, delegates, dP)
+        elif reclustered and cfg.sampling == "active":  # ActvSAMP needs every client's new cluster
+            cluster_bytes += yield from self._assign_exchange(t, announce)
 
         self.round += 1
-        secure = cfg.secure_aggregation != "none"
+        secure = self._secure
         what = ("delegate updates in plaintext: item changes (I_k and |delta|), output layer, user embeddings, "
                 "profile statistics" if not secure else
                 f"sums through {cfg.secure_aggregation} (no DP noise): ActvAGG numerators/denominators, output "
                 "layer, per-cluster k-means and delegate-change sums and counts")
         total = time.perf_counter() - start
+        down = self.model_bytes + (4.0 * cfg.dim if self._mirror else 0.0)  # the model, and p_u from the mirror
         return RoundStats(
             round=t, loss=loss / max(examples, 1), clients=m,
-            bytes_per_client=self.model_bytes + upload_bytes,
-            # the batched local training of all m clients, as a mean per client; the rest is the server's
-            # (aggregation, clustering) and the secure-aggregation protocol's
+            bytes_per_client=down + upload_bytes,
+            # the delegates' local training (one exchange), as a mean per client; the rest is the
+            # server's (aggregation, clustering), the secure-aggregation protocol's and the other exchanges'
             seconds={"round": total, "client": t_train / max(m, 1), "server": total - t_train},
             extra={"examples": examples, "cluster_seconds": cluster_s, "cluster_bytes_per_client": cluster_bytes,
-                   "kmeans_steps": steps,
+                   "kmeans_steps": steps, "dropped": len(self.dropped),
                    "clusters_used": int(len(np.unique(self.assign[self._clients]))) if cfg.clustered else 0},
             releases=(Release(NonPrivate(), who="clients", what=what, params={"clients": m}),),
         )
 
-    def _aggregate(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight, P) -> float:
-        """Update ``(Q, h, b)`` from the delegates' changes; returns the upload bytes per delegate."""
-        cfg = self.config
-        plain = cfg.secure_aggregation == "none"
-        if plain:  # the paper's server also receives p_u when it clusters on it
-            self._send_updates(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight,
-                               user=P if cfg.clustered else None)
-            upload = self.model_bytes + 4.0 + (4.0 * cfg.dim if cfg.clustered else 0.0)
+    def _train_exchange(self, t: int, sampled: np.ndarray) -> Exchange:
+        """The delegates get ``(Q, h, b)`` (and, from the plaintext mirror, their ``p_u``), train
+        locally and send their update (plaintext) or its vector (secure)."""
+        self._send_all(t, "model", self.model_bytes, sampled)
+        bc = {"item": self.item.numpy().copy(), "h": self.h.numpy().copy(), "b": self.b.numpy().copy()}
+        if self._secure:
+            return Exchange("train", sampled, broadcast=bc, secure=self._spec(self._update_width, "update"))
+        keys = {"rows", "item_delta", "h_delta", "b_delta", "weight", "loss"}
+        per_user = {}
+        if self._mirror:  # the paper's server holds p_u: the delegate gets it and sends the new one back
+            per_user = {int(u): {"user": self.user[int(u)].numpy().copy()} for u in sampled}
+            self._sent = per_user  # the rows the delegates start from (dP is taken against them)
+            self._send_all(t, "fedfast:user", 4 * self.config.dim, sampled)
+            keys.add("user")
+        return Exchange("train", sampled, broadcast=bc, per_user=per_user, reply_keys=frozenset(keys),
+                        validate=self._check_update)
+
+    @staticmethod
+    def _weight_of(got: Replies, users: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.array([got.values[int(u)]["weight"] for u in users], np.float32))
+
+    def _plain_aggregate(self, t: int, got: Replies):
+        """The plaintext server's update from the delegates' replies (ActvAGG or FedAvg's rule); the
+        delegates keep their new ``p_u`` in the mirror. Returns ``(delegates, loss sum, examples,
+        n_sigma, upload bytes, dP)``."""
+        cfg, d, n_items = self.config, self.config.dim, self.train.n_items
+        users = np.asarray(list(got.values), np.int64)
+        upload = self.model_bytes + 4.0 + (4.0 * d if cfg.clustered else 0.0)
+        if not len(users):
+            return users, 0.0, 0, torch.tensor(0.0), upload, None
+        reps = [got.values[int(u)] for u in users]
+        pair_slot = np.repeat(np.arange(len(users)), [len(r["rows"]) for r in reps])
+        pair_item = np.concatenate([r["rows"] for r in reps])
+        dQ = torch.as_tensor(np.concatenate([r["item_delta"] for r in reps]).reshape(-1, d))
+        dH = torch.as_tensor(np.stack([r["h_delta"] for r in reps]))
+        dB = torch.as_tensor(np.stack([r["b_delta"] for r in reps]))
+        weight = self._weight_of(got, users)
+        P = torch.as_tensor(np.stack([r["user"] for r in reps])) if self._mirror else None
+        loss = sum(float(r["loss"]) for r in reps)
+        examples = int(sum(int(r["weight"]) for r in reps))
+        self._send_updates(t, users, pair_slot, pair_item, dQ, dH, dB, weight, user=P)
         if cfg.aggregation == "fedavg":
-            if plain:
-                sums = self._plain_sums(torch.as_tensor(pair_slot), torch.as_tensor(pair_item), dQ, dH, dB, weight)
-            else:
-                sums, upload = self._secure_sums(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
-            self._apply(*sums)
-            return upload
-        n_items, d = self.train.n_items, cfg.dim
-        if plain:
+            self._apply(*self._plain_sums(torch.as_tensor(pair_slot), torch.as_tensor(pair_item), dQ, dH, dB, weight))
+        else:
             num, den = actvagg_sums(pair_item, dQ, n_items, cfg.item_weighting)
             h_num, b_num, w_sum = (dH * weight.unsqueeze(1)).sum(0), (dB * weight).sum(), weight.sum()
-            floor = 0.0
+            self._apply_actvagg(num, den, h_num, b_num, w_sum, 0.0)
+        dP = None
+        if self._mirror:
+            prev = torch.as_tensor(np.stack([self._sent[int(u)]["user"] for u in users]))
+            dP = P - prev
+            if cfg.aggregation == "fedavg" and cfg.user_update == "average":  # Eq. 1 on p_u too (A6)
+                P = prev + dP * (weight / weight.sum()).unsqueeze(1)
+            self.user[torch.as_tensor(users)] = P
+        return users, loss, examples, weight.sum(), upload, dP
+
+    def _secure_aggregate(self, got: Replies):
+        """The server's update from the decoded sum of the delegates' vectors (nothing if it failed)."""
+        cfg, d, n_items = self.config, self.config.dim, self.train.n_items
+        if got.total is None:
+            return np.zeros(0, np.int64), 0.0, 0, torch.tensor(0.0), got.bytes_per_client
+        total, loss = got.total[:-1], float(got.total[-1])
+        if cfg.aggregation == "fedavg":
+            sums = self._sums_from_total(total)
+            self._apply(*sums)
+            w_sum = sums[-1]
         else:
-            vec = np.zeros((len(sampled), 2 * n_items * d + d + 2))
-            q = actvagg_weights(dQ.double(), cfg.item_weighting)
-            blocks = vec[:, : 2 * n_items * d].reshape(len(sampled), 2, n_items, d)
-            blocks[pair_slot, 0, pair_item] = (q * dQ.double()).numpy()
-            blocks[pair_slot, 1, pair_item] = q.numpy()
-            w = weight.double().numpy()
-            vec[:, 2 * n_items * d: -2] = dH.double().numpy() * w[:, None]
-            vec[:, -2], vec[:, -1] = dB.double().numpy() * w, w
-            total, upload = self._sum(vec, sampled, t, "update")
             num = torch.as_tensor(total[: n_items * d].reshape(n_items, d), dtype=torch.float32)
             den = torch.as_tensor(total[n_items * d: 2 * n_items * d].reshape(n_items, d), dtype=torch.float32)
             h_num = torch.as_tensor(total[2 * n_items * d: -2], dtype=torch.float32)
             b_num, w_sum = torch.tensor(float(total[-2])), torch.tensor(float(total[-1]))
-            floor = 2.0 ** -cfg.frac_bits
+            self._apply_actvagg(num, den, h_num, b_num, w_sum, 2.0 ** -cfg.frac_bits)
+        return got.survivors, loss, int(round(float(total[-1]))), w_sum, got.bytes_per_client
+
+    def _apply_actvagg(self, num, den, h_num, b_num, w_sum, floor: float) -> None:
+        """ActvAGG's item rule (components nobody changed keep their value) and FedAvg's output layer."""
+        cfg = self.config
         change = torch.where(den > floor, num / den.clamp_min(1e-30), torch.zeros_like(num))
         self.item += cfg.server_lr * change
         self.h += cfg.server_lr * h_num / w_sum
         self.b += cfg.server_lr * b_num / w_sum
-        return upload
 
-    def _propagate(self, t: int, sampled: np.ndarray, dP: torch.Tensor) -> float:
-        """Subordinates move by ``gamma_t`` x their new cluster's mean delegate change (A9, A10)."""
-        cfg, p, d = self.config, self.config.clusters, self.config.dim
-        gamma = math.exp(-cfg.gamma_rate * t)
-        blocks = _one_hot_blocks(dP.double().numpy(), self.assign[sampled], p)
-        if cfg.secure_aggregation == "none":  # the server has every p_u: it computes this itself
-            total, nbytes = blocks.sum(0), 0.0
-        else:
-            total, nbytes = self._sum(blocks, sampled, t, "fedfast:delegate-change")
-            nbytes += self._broadcast(t, "fedfast:cluster-change", 4 * p * d)
-        total = total.reshape(p, d + 1)
-        self.user = propagate_to_subordinates(self.user, self.assign, sampled, total[:, :d],
+    def _plain_propagate(self, t: int, delegates: np.ndarray, dP: torch.Tensor | None) -> None:
+        """Subordinates move by ``gamma_t`` x their new cluster's mean delegate change (A9, A10); the
+        plaintext server has every ``p_u`` and computes it itself."""
+        if dP is None:
+            return
+        p, d = self.config.clusters, self.config.dim
+        gamma = math.exp(-self.config.gamma_rate * t)
+        total = _one_hot_blocks(dP.double().numpy(), self.assign[delegates], p).sum(0).reshape(p, d + 1)
+        self.user = propagate_to_subordinates(self.user, self.assign, delegates, total[:, :d],
                                               np.rint(total[:, d]), gamma)
-        return nbytes
+
+    def _secure_propagate(self, t: int, delegates: np.ndarray, announce: dict):
+        """Secure: the delegates (assigned by the new centroids) sum their ``p_u`` change and a 1 in
+        their cluster's block; the server broadcasts each cluster's mean change and every client
+        moves its own ``p_u`` if it was not a delegate. Returns ``(delegate bytes, all-client bytes)``."""
+        p, d = self.config.clusters, self.config.dim
+        got = self._note("fedfast:delegate-change", (yield Exchange(
+            "fedfast:delegate-change", delegates, broadcast=announce,
+            secure=self._spec(p * (d + 1), "fedfast:delegate-change"))))
+        nbytes = got.bytes_per_client
+        mean = np.zeros((p, d))
+        if got.total is not None:
+            total = got.total.reshape(p, d + 1)
+            counts = np.rint(total[:, d])
+            live = counts > 0.5
+            mean[live] = total[live, :d] / counts[live, None]
+        nbytes += self._broadcast(t, "fedfast:cluster-change", 4 * p * d)
+        more = yield from self._assign_exchange(t, {**announce, "change": mean})
+        return nbytes, more
+
+    # -- the server's checks of a reply (ValueError: the client is dropped, with the reason) ------------
+    def _check_items(self, u: int, r: dict) -> dict:
+        items = r["items"]
+        if items.dtype != np.int64 or items.ndim != 1 or not len(items):
+            raise ValueError(f"items must be a non-empty int64 vector; found {items.dtype} {items.shape}")
+        if items.min() < 0 or items.max() >= self.train.n_items or (np.diff(items) < 0).any():
+            raise ValueError(f"items must be sorted item ids in 0..{self.train.n_items - 1}")
+        return r
+
+    @staticmethod
+    def _check_profile(u: int, r: dict) -> np.ndarray:
+        x = r["profile"]
+        if x.dtype != np.float64 or x.shape != (3,) or not np.isfinite(x).all() or x[0] <= 0 or (x[1:] < 0).any():
+            raise ValueError(f"profile must be 3 finite float64 statistics, log(1+n_k) > 0; found {x!r}")
+        return x
+
+    def _check_cluster(self, u: int, r: dict) -> int:
+        c = r["cluster"]
+        if c.dtype != np.int64 or c.shape != () or not (0 <= int(c) < self.config.clusters):
+            raise ValueError(f"cluster must be one int64 in 0..{self.config.clusters - 1}; found {c!r}")
+        return int(c)
+
+    def _check_update(self, u: int, r: dict) -> dict:
+        d, n_items = self.config.dim, self.train.n_items
+        rows = r["rows"]
+        if rows.dtype != np.int64 or rows.ndim != 1:
+            raise ValueError(f"rows must be an int64 vector; found {rows.dtype} {rows.shape}")
+        if len(rows) and (rows.min() < 0 or rows.max() >= n_items or (np.diff(rows) <= 0).any()):
+            raise ValueError(f"rows must be distinct sorted item ids in 0..{n_items - 1}")
+        shapes = {"item_delta": (len(rows), d), "h_delta": (d,), "b_delta": (), "weight": (), "user": (d,)}
+        for name, shape in shapes.items():
+            if name in r and (r[name].dtype != np.float32 or r[name].shape != shape or not np.isfinite(r[name]).all()):
+                raise ValueError(f"{name} must be finite float32 {shape}; found {r[name].dtype} {r[name].shape}")
+        if not (float(r["weight"]) >= 1 and float(r["weight"]) == int(r["weight"])):
+            raise ValueError(f"weight (n_k) must be a positive whole number; found {float(r['weight'])}")
+        loss = r["loss"]
+        if loss.dtype != np.float64 or loss.shape != () or not (np.isfinite(loss) and loss >= 0):
+            raise ValueError(f"loss must be one finite float64 >= 0; found {loss!r}")
+        return r
+
+    # -- the client's half -------------------------------------------------------------------------------
+    def device_step(self, kind: str, round_: int, users, broadcast, per_user) -> dict[int, dict[str, np.ndarray]]:
+        """Client step ``kind`` for ``users`` (batched in process, one user on a device): reads only
+        their rows, the broadcast and their own ``per_user`` arrays; writes only their state."""
+        self.round = int(round_)
+        users = np.asarray(users, np.int64)
+        if not np.isin(users, self._clients).all():
+            raise ValueError(f"fedfast: users {users[~np.isin(users, self._clients)][:5].tolist()} have no data here")
+        p = self.config.clusters
+        for u in users.tolist():  # a cluster the server chose (round 0's start partition)
+            if "cluster" in per_user.get(u, {}):
+                c = np.asarray(per_user[u]["cluster"])
+                if c.shape != () or not (0 <= int(c) < p):
+                    raise ValueError(f"fedfast: the server sent cluster {c!r}; expected 0..{p - 1}")
+                self.assign[u] = int(c)
+        if kind == "train":
+            return self._client_train(users, broadcast, per_user)
+        if kind == "fedfast:popularity":
+            if self._secure:
+                ind = np.zeros((len(users), self.train.n_items))
+                for i, u in enumerate(users):
+                    ind[i, self._pos_items[self._pos_start[u]: self._pos_start[u + 1]]] = 1.0
+                return {int(u): {"vector": ind[i]} for i, u in enumerate(users)}
+            return {int(u): {"items": np.sort(self._pos_items[self._pos_start[u]: self._pos_start[u + 1]]).astype(np.int64)}
+                    for u in users}
+        if kind == "fedfast:profile":
+            x = self._profile_of(users, self._expect(broadcast, "popularity", (self.train.n_items,)))
+            return {int(u): {"profile": x[i].copy()} for i, u in enumerate(users)}
+        if kind == "fedfast:kmeans":
+            if "popularity" in broadcast:  # round 0's first step: the raw statistics and their moments
+                x = self._profile_of(users, self._expect(broadcast, "popularity", (self.train.n_items,)))
+                self._profile[users] = x
+                vec = np.concatenate([_one_hot_blocks(x, self.assign[users], p), x, x**2, np.ones((len(users), 1))], 1)
+            else:
+                x = self._assign_by(users, broadcast)
+                vec = _one_hot_blocks(x, self.assign[users], p)
+            return {int(u): {"vector": vec[i]} for i, u in enumerate(users)}
+        if kind == "fedfast:assign":
+            self._assign_by(users, broadcast)
+            if "change" in broadcast:  # subordinates move by their cluster's mean delegate change
+                mean = self._expect(broadcast, "change", (p, self.config.dim))
+                gamma = math.exp(-self.config.gamma_rate * self.round)
+                rows = users[(self._trained[users] != self.round) & (self.assign[users] >= 0)]
+                self.user[torch.as_tensor(rows)] += gamma * torch.as_tensor(mean[self.assign[rows]], dtype=self.user.dtype)
+            return {int(u): {"cluster": np.array(self.assign[u], np.int64)} for u in users}
+        if kind == "fedfast:delegate-change":
+            self._assign_by(users, broadcast)
+            dP = self.user[torch.as_tensor(users)] - self._before[torch.as_tensor(users)]
+            vec = _one_hot_blocks(dP.double().numpy(), self.assign[users], p)
+            return {int(u): {"vector": vec[i]} for i, u in enumerate(users)}
+        if kind == "fedfast:dilute":
+            n_sigma = float(self._expect(broadcast, "n_sigma", ()))
+            if not n_sigma > 0:
+                raise ValueError(f"fedfast: n_sigma must be positive; found {n_sigma}")
+            idx = torch.as_tensor(users)
+            before = self._before[idx]
+            w = torch.as_tensor(self._weight[users])
+            self.user[idx] = before + (self.user[idx] - before) * (w / torch.tensor(n_sigma)).unsqueeze(1)
+            return {int(u): {"done": np.array(True)} for u in users}
+        raise ValueError(f"fedfast has no client step {kind!r}")
+
+    @staticmethod
+    def _expect(broadcast, name: str, shape: tuple) -> np.ndarray:
+        """A broadcast array, checked (the client refuses a malformed message)."""
+        if name not in broadcast:
+            raise ValueError(f"fedfast: the server's message lacks {name!r}")
+        a = np.asarray(broadcast[name])
+        if a.shape != shape:
+            raise ValueError(f"fedfast: {name!r} has shape {a.shape}; expected {shape}")
+        return a
+
+    def _assign_by(self, users: np.ndarray, broadcast) -> np.ndarray:
+        """The clients' k-means points (``feature``: standardised profile or ``p_u``), assigned to
+        the nearest of the broadcast ``centroids`` if there are any."""
+        if "feature" not in broadcast:
+            return np.zeros((len(users), 0))
+        if int(np.asarray(broadcast["feature"])) == _PROFILE:
+            mu, sd = self._expect(broadcast, "mu", (3,)), self._expect(broadcast, "sd", (3,))
+            x = (self._profile[users] - mu) / sd
+        else:
+            x = self.user[torch.as_tensor(users)].numpy().astype(np.float64)
+        if "centroids" in broadcast:
+            self.assign[users] = assign_clusters(x, self._expect(broadcast, "centroids", (self.config.clusters, x.shape[1])))
+        return x
+
+    def _client_train(self, users: np.ndarray, bc, per_user) -> dict[int, dict[str, np.ndarray]]:
+        """The delegates' local training (FedAvg-GMF's, batched) and their replies."""
+        d, n_items = self.config.dim, self.train.n_items
+        self.load_device_model({"item": self._expect(bc, "item", (n_items, d)), "h": self._expect(bc, "h", (d,)),
+                                "b": self._expect(bc, "b", ())})
+        idx = torch.as_tensor(users)
+        if self._mirror:  # the server's copy of p_u
+            for u in users.tolist():
+                self.user[u] = torch.as_tensor(self._expect(per_user.get(u, {}), "user", (d,)), dtype=torch.float32)
+        self._before[idx] = self.user[idx]
+        lr_ = self._train(users)
+        self._trained[users] = self.round
+        self._weight[users] = lr_.weight.numpy()
+        self.user[idx] = lr_.P  # the client's (with the mirror: its copy until the server moves it)
+        slot_loss = self._slot_loss.numpy()
+        if self._secure:
+            vec = self._update_vectors(users, lr_, slot_loss)
+            return {int(u): {"vector": vec[i]} for i, u in enumerate(users)}
+        bounds = np.searchsorted(lr_.pair_slot, np.arange(len(users) + 1))
+        out = {}
+        for c, u in enumerate(users.tolist()):
+            lo, hi = bounds[c], bounds[c + 1]
+            out[u] = {"rows": lr_.pair_item[lo:hi].astype(np.int64), "item_delta": lr_.dQ[lo:hi].numpy().copy(),
+                      "h_delta": lr_.dH[c].numpy().copy(), "b_delta": lr_.dB[c].numpy().copy(),
+                      "weight": lr_.weight[c].numpy().copy(), "loss": np.array(float(slot_loss[c]))}
+            if self._mirror:
+                out[u]["user"] = lr_.P[c].numpy().copy()
+        return out
+
+    def _update_vectors(self, users: np.ndarray, lr_: LocalRound, slot_loss: np.ndarray) -> np.ndarray:
+        """Each delegate's secure update: the item rule's sums, the output layer's, and its loss."""
+        cfg, n_items, d, m = self.config, self.train.n_items, self.config.dim, len(users)
+        pair_slot, pair_item, dQ, weight = lr_.pair_slot, lr_.pair_item, lr_.dQ, lr_.weight
+        if cfg.aggregation == "fedavg":
+            vec = self._client_vectors(users, pair_slot, pair_item, dQ, lr_.dH, lr_.dB, weight)
+            return np.concatenate([vec, slot_loss[:, None]], 1)
+        vec = np.zeros((m, self._update_width))
+        q = actvagg_weights(dQ.double(), cfg.item_weighting)
+        blocks = vec[:, : 2 * n_items * d].reshape(m, 2, n_items, d)
+        blocks[pair_slot, 0, pair_item] = (q * dQ.double()).numpy()
+        blocks[pair_slot, 1, pair_item] = q.numpy()
+        w = weight.double().numpy()
+        vec[:, 2 * n_items * d: -3] = lr_.dH.double().numpy() * w[:, None]
+        vec[:, -3], vec[:, -2], vec[:, -1] = lr_.dB.double().numpy() * w, w, slot_loss
+        return vec
+
+    def _train(self, sampled: np.ndarray) -> LocalRound:
+        """FedAvg-GMF's local round of ``sampled`` (:meth:`FedAvgGMF._local_round` without the
+        model download, which the server half records)."""
+        cfg = self.config
+        counts, epochs = self._local_data(sampled)
+        keys = np.concatenate([e[0] for e in epochs]) * self.train.n_items + np.concatenate([e[1] for e in epochs])
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        pair_slot, pair_item = uniq // self.train.n_items, uniq % self.train.n_items
+        P, Q, H, B, loss, examples = self._train_locally(sampled, epochs, pair_slot, pair_item, torch.as_tensor(inverse))
+        weight = torch.as_tensor(counts * (1 + cfg.train_negatives) * cfg.local_epochs, dtype=torch.float32)
+        return LocalRound(
+            P=P, pair_slot=pair_slot, pair_item=pair_item, dQ=Q - self.item[torch.as_tensor(pair_item)],
+            dH=H - self.h, dB=B.squeeze(1) - self.b, weight=weight, loss=loss, examples=examples,
+        )
+
+    def _train_locally(self, sampled, epochs, pair_slot, pair_item, pair_of_example):
+        """FedAvg-GMF's local epochs, also summing each client's loss on its own (``_slot_loss``,
+        float64, in its examples' order: the same batched or alone, to float rounding)."""
+        cfg, m = self.config, len(sampled)
+        P = self.user[torch.as_tensor(sampled)].clone()
+        Q = self.item[torch.as_tensor(pair_item)].clone()
+        H = self.h.expand(m, -1).clone()
+        B = self.b.expand(m).clone().unsqueeze(1)
+        opts = [_LazyAdam(x, cfg.lr, cfg.optimizer, sparse=x is P or x is Q) for x in (P, Q, H, B)]
+        client_steps = torch.zeros(m, dtype=torch.float32)
+        pair_slot_t = torch.as_tensor(pair_slot)
+        slot_loss = torch.zeros(m, dtype=torch.float64)
+
+        def step(slot, pair, label):
+            # the binary cross-entropy of each example, in float64 (softplus(z) - z*y: torch's
+            # binary_cross_entropy_with_logits costs ~20 ms a call on this CPU build, whatever the size)
+            z = gmf_logits(P[slot], Q[pair], H[slot], B[slot, 0]).double()
+            slot_loss.index_add_(0, slot, torch.nn.functional.softplus(z) - z * label.double())
+            return self._step(P, Q, H, B, opts, slot, pair, label, client_steps, pair_slot_t)
+
+        total_loss, total_examples = self._minibatches(sampled, epochs, pair_of_example, step)
+        self._slot_loss = slot_loss
+        return P, Q, H, B, total_loss, total_examples
+
+    #: the client steps whose reply is summed through secure aggregation in the secure variant
+    SECURE_STEPS = frozenset({"train", "fedfast:popularity", "fedfast:kmeans", "fedfast:delegate-change"})
+
+    def device_requires_secure(self, kind: str) -> bool:
+        """Whether this configuration answers step ``kind`` only through secure aggregation (a
+        client of the secure variant refuses to send its update, item indicator, k-means point or
+        embedding change in plaintext)."""
+        return self._secure and kind in self.SECURE_STEPS
+
+    def device_state_from_server(self, user: int) -> dict[str, np.ndarray] | None:
+        """On the server half: the state to score ``user`` with when the server holds it (plaintext
+        with clusters: the mirror's ``p_u``, as the paper's server holds it), else ``None`` (the
+        user's own device state is authoritative)."""
+        return self.device_state(user) if self._mirror else None
+
+    # -- the client's own state and the global model -------------------------------------------------------
+    def device_state(self, user: int) -> dict[str, np.ndarray]:
+        """User ``user``'s state on its device: ``p_u`` (in the plaintext variant with clusters the
+        server's mirror is authoritative: take this from the server half), its cluster, and what it
+        keeps between the exchanges of a round."""
+        u = int(user)
+        return {"user": self.user[u].numpy().copy(), "before": self._before[u].numpy().copy(),
+                "cluster": np.array(self.assign[u], np.int64), "trained": np.array(self._trained[u], np.int64),
+                "weight": np.array(self._weight[u], np.float32), "profile": self._profile[u].copy()}
+
+    def load_device_state(self, user: int, state: dict[str, np.ndarray]) -> None:
+        u, d = int(user), self.config.dim
+        shapes = {"user": (d,), "before": (d,), "cluster": (), "trained": (), "weight": (), "profile": (3,)}
+        if set(state) != set(shapes):
+            raise ValueError(f"fedfast device state: keys {sorted(state)}; expected {sorted(shapes)}")
+        for name, shape in shapes.items():
+            if np.asarray(state[name]).shape != shape:
+                raise ValueError(f"fedfast device state: {name!r} has shape {np.shape(state[name])}; expected {shape}")
+        self.user[u] = torch.as_tensor(np.asarray(state["user"], np.float32))
+        self._before[u] = torch.as_tensor(np.asarray(state["before"], np.float32))
+        self.assign[u] = int(state["cluster"])
+        self._trained[u] = int(state["trained"])
+        self._weight[u] = float(state["weight"])
+        self._profile[u] = np.asarray(state["profile"], np.float64)
+
+    def device_model(self) -> dict[str, np.ndarray]:
+        """The global arrays a client scores with: ``(Q, h, b)``."""
+        return {"item": self.item.numpy().copy(), "h": self.h.numpy().copy(), "b": self.b.numpy().copy()}
+
+    def load_device_model(self, model: dict[str, np.ndarray]) -> None:
+        d, n_items = self.config.dim, self.train.n_items
+        for name, shape in (("item", (n_items, d)), ("h", (d,)), ("b", ())):
+            a = np.asarray(model[name])
+            if a.shape != shape or a.dtype != np.float32 or not np.isfinite(a).all():
+                raise ValueError(f"fedfast model: {name!r} must be finite float32 {shape}; found {a.dtype} {a.shape}")
+        self.item = torch.as_tensor(np.array(model["item"]))
+        self.h = torch.as_tensor(np.array(model["h"]))
+        self.b = torch.as_tensor(np.array(model["b"]))
 
     # -- public info and checkpoints ---------------------------------------------------------------------
     def public_info(self) -> dict[str, Any]:
@@ -517,4 +1041,9 @@ register(ProtocolSpec(
     build=lambda ctx: FedFastGMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport, exclude=ctx.exclude),
     section="fedfast",
     config_cls=FedFastConfig,
+    exchanges=Exchanges(
+        check=check_devices,
+        build_client=lambda ctx: FedFastGMF.on_device(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport,
+                                                      exclude=ctx.exclude),
+    ),
 ))

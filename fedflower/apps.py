@@ -216,7 +216,8 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
         model = _arrays(msg.content["model"])
         store = _state_dir(context, sdir)
         if spec.exchanges is not None:  # the protocol's own global arrays and this client's own state
-            client_score_setup(trainer, part, model, context, store, int(run["round"]))
+            sent = _arrays(msg.content["state"]) if "state" in msg.content.array_records else None
+            client_score_setup(trainer, part, model, context, store, int(run["round"]), sent)
         elif spec.split is not None:
             _install_units(trainer, part, model, _user_state(context, store, part.partition_id, int(run["round"])))
         else:
@@ -590,6 +591,10 @@ class GridTrainer:
             content = {"model": model, "run": self._run_record(u, all=items is None)}
             if items is not None:
                 content["items"] = ArrayRecord({"items": _np_array(np.asarray(items[c], np.int64))})
+            held = self.server.device_state_from_server(int(u)) if self.exchanges and hasattr(
+                self.server, "device_state_from_server") else None
+            if held is not None:  # the server holds this user's state (plaintext FedFast): it sends it
+                content["state"] = ArrayRecord({k: _np_array(np.asarray(v)) for k, v in held.items()})
             msgs.append(Message(RecordDict(content), dst_node_id=self.node_of[int(u)], message_type="query.score"))
         replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(msgs, timeout=self.timeout)}
         out = []

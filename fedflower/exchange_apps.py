@@ -138,10 +138,14 @@ def client_exchange(msg: Message, context: Context, trainer: Any, part: Any, run
 
 
 def client_score_setup(trainer: Any, part: Any, model: dict[str, np.ndarray], context: Context, store: str | None,
-                       round_: int) -> None:
-    """Install the global arrays the server sent and the client's own state, for scoring."""
+                       round_: int, sent_state: dict[str, np.ndarray] | None = None) -> None:
+    """Install the global arrays the server sent and the client's own state, for scoring.
+
+    ``sent_state``: the user's state as the server holds it, for a protocol whose server keeps the
+    user vectors (plaintext FedFast's mirror, ``device_state_from_server``); it replaces the node's.
+    """
     trainer.load_device_model(model)
-    state = _restore(context, store, part.partition_id, round_)
+    state = sent_state if sent_state is not None else _restore(context, store, part.partition_id, round_)
     if state is not None:
         trainer.load_device_state(int(part.user), state)
 

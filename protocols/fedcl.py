@@ -645,6 +645,11 @@ class FedCL:
         return out, losses.detach().double().numpy(), dropped
 
     # -- the global model and the client's own state (protocols.exchange) -------------------------
+    def device_requires_secure(self, kind: str) -> bool:
+        """A client configured for secure aggregation sends its gradient (``"train"``) only through it;
+        the embedding upload is plaintext by design (Laplace-noised on the device)."""
+        return kind == "train" and self.config.secure_aggregation != "none"
+
     def device_model(self) -> dict[str, np.ndarray]:
         """The shared parameters a client needs (the ``"model"`` message): copies, by name."""
         w = self.model.shared_weights()

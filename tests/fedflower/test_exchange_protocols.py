@@ -39,12 +39,21 @@ eval_every = 1
 CASES: dict[str, str] = {
     "lightfr-grad": SMALL + "[eval]\nnegatives = 10\n[lightfr]\nbits = 8\nrating_min = 1.0\nrating_max = 5.0\n",
     "lightfr": SMALL + "[eval]\nnegatives = 10\n[lightfr]\nbits = 8\nrating_min = 1.0\nrating_max = 5.0\n",
+    "fedfast": SMALL + "[eval]\nnegatives = 10\n[fedfast]\ndim = 4\nclusters = 3\nclients_per_round = 4\n"
+                       "kmeans_init_iters = 2\n",
+    "fedfast-secagg": SMALL + "[eval]\nnegatives = 10\n[fedfast]\ndim = 4\nclusters = 3\nclients_per_round = 4\n"
+                              "kmeans_init_iters = 2\n",
+    # FedCL without semi-hard negatives (the paper's Fed): no LDP upload, so no noise, and the run is
+    # reproducible from its seed; with the LDP upload see test_fedcl_with_ldp_runs_on_flower
+    "fed-local-negatives": SMALL.replace("[run]", "[split]\nvalidation = false\n[run]")
+    + "[eval]\nnegatives = 10\nfull_ranking = false\n[fedcl]\ndim = 8\nmax_len = 5\nclients_per_round = 4\n"
+      "local_pool = 10\nlocal_negatives = 2\nsecure_aggregation = \"secagg+\"\n",
 }
 #: presets without secure aggregation: the Flower run's transcript is the in-process one, byte for byte
-PLAINTEXT = {"lightfr-grad"}
+PLAINTEXT = {"lightfr-grad", "fedfast"}
 #: checkpoint keys that hold the clients' own state: on Flower it stays on the nodes, and the
 #: server's checkpoint keeps only its initial placeholder (the metrics, computed on the nodes, compare)
-CLIENT_HELD = {"lightfr": ("b",)}
+CLIENT_HELD = {"lightfr": ("b",), "lightfr-grad": ("b",), "fedfast-secagg": ("user",)}
 
 
 def flower_loopback(preset: str, config: Path, out: Path, parts: Path) -> dict:
@@ -72,7 +81,7 @@ def compare_runs(flower_dir: Path, inproc_dir: Path, *, rtol: float = 1e-6, atol
                  client_held: tuple[str, ...] = ()) -> None:
     a = dict(_flat(RunDir.open_existing(flower_dir).load_checkpoint()["trainer"]))
     b = dict(_flat(RunDir.open_existing(inproc_dir).load_checkpoint()["trainer"]))
-    assert a.keys() == b.keys()
+    assert a.keys() == b.keys() and len(b) > 3
     for k in b:
         if k.split(".")[0] in client_held:
             continue
@@ -102,7 +111,22 @@ def test_flower_gives_the_in_process_run(tmp_path, preset):
     config.write_text(CASES[preset])
     assert secagg(["run", preset, "--config", str(config), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
     flower_loopback(preset, config, tmp_path / "flower", tmp_path / "parts")
-    protocol = cfgmod.load_preset(preset).run.protocol
-    compare_runs(tmp_path / "flower", tmp_path / "inproc", client_held=CLIENT_HELD.get(protocol, ()))
+    compare_runs(tmp_path / "flower", tmp_path / "inproc", client_held=CLIENT_HELD.get(preset, ()))
     if preset in PLAINTEXT:  # who saw what, message by message (secure steps differ in the protocol's own messages)
         assert (tmp_path / "flower" / "transcript.csv").read_text() == (tmp_path / "inproc" / "transcript.csv").read_text()
+
+
+def test_fedcl_with_ldp_runs_on_flower(tmp_path):
+    """FedCL's embedding upload is Laplace-noised on the device from the OS CSPRNG, so two runs differ;
+    on Flower the run completes with the in-process cohorts, bytes and privacy accounting."""
+    from experiments.cli import main as secagg
+
+    config = tmp_path / "small.toml"
+    config.write_text(CASES["fed-local-negatives"].replace("local_negatives = 2\n", "local_negatives = 2\nsemi_hard = 3\n"
+                                                           "clusters = 2\n"))
+    assert secagg(["run", "fedcl", "--config", str(config), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
+    flower_loopback("fedcl", config, tmp_path / "flower", tmp_path / "parts")
+    rows = [[json.loads(x) for x in (tmp_path / d / "costs.jsonl").read_text().splitlines()] for d in ("flower", "inproc")]
+    assert [(r["clients"], r["bytes_per_client"]) for r in rows[0]] == [(r["clients"], r["bytes_per_client"]) for r in rows[1]]
+    sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("flower", "inproc"))
+    assert sa["privacy"] == sb["privacy"] and "epsilon" in json.dumps(sa["privacy"])

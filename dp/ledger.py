@@ -169,7 +169,7 @@ class PrivacyLedger:
             self._db.execute("PRAGMA synchronous=FULL")
             tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if tables and not {"meta", "rounds", "entries"} <= tables:
-                raise LedgerError(f"{self.path} is an SQLite file but not a privacy ledger (tables {sorted(tables)}).")
+                raise LedgerError(f"{self.path} is an SQLite file but not a privacy ledger (tables {sorted(tables, key=repr)}).")
             fresh = not tables
             self._db.executescript(_SCHEMA)
             if fresh:

@@ -60,7 +60,7 @@ import numpy as np
 
 from protocols.base import RoundStats
 from protocols.secure_sum import SecureSumAborted, secure_sum
-from protocols.transport import client
+from protocols.transport import SERVER, client
 
 __all__ = [
     "SECURE_CHUNK",
@@ -93,6 +93,11 @@ class SecureSum:
         where: the configuration key named when a value exceeds ``value_clip``.
         kind: the transcript kind of the masked upload.
         dropout, corrupt: the fractions SecAgg+ chooses its ``k`` and ``t`` for.
+        receiver: the party that receives the sum (its transcript name; a protocol with two
+            servers keeps their views apart, e.g. STTFedRec's ``"rs"`` and ``"sas"``).
+        successors: the chain's ``s`` (``protocol="chain"``; ``None``: secure_sum's default).
+        dropouts: in process only, a test hook: ``stage -> cohort rows`` that drop out inside
+            the secure sum (:func:`protocols.secure_sum.secure_sum`'s ``dropouts``).
     """
 
     protocol: str
@@ -103,6 +108,9 @@ class SecureSum:
     kind: str = "update"
     dropout: float | None = None
     corrupt: float | None = None
+    receiver: str = SERVER
+    successors: int | None = None
+    dropouts: Mapping[str, frozenset[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.width < 1:
@@ -218,7 +226,8 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
             hi = min(spec.width, lo + step)
             res = secure_sum(values[:, lo:hi], protocol=spec.protocol, frac_bits=spec.frac_bits,
                              value_clip=spec.value_clip, round=round_, transport=server.transport, senders=senders,
-                             kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt)
+                             kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt,
+                             receiver=spec.receiver, k=spec.successors, dropouts=spec.dropouts)
             total[lo:hi] = res.total
             nbytes += res.bytes_per_client
             client_s += float(np.mean(res.client_seconds))

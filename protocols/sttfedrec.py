@@ -246,9 +246,7 @@ class STTFedRec:
 
     # -- one round ------------------------------------------------------------------------------
     def run_round(self) -> RoundStats:
-        if self.mode == "split":  # the same exchanges a runtime with separate devices drives
-            return run_exchanges(self, self.device_step)
-        return self._fl_run()
+        return run_exchanges(self, self.device_step)  # the same exchanges a runtime with separate devices drives
 
     def device_round(self) -> DeviceRound:
         """The server half of a split round (RS and SAS in one generator; module docstring, steps 1-5).
@@ -260,8 +258,8 @@ class STTFedRec:
         the round's union of ids, RS's public list; up: the per-id rows through
         ``item_aggregation`` to RS, or in plaintext under ``"none"``). Nothing here reads client data.
         """
-        if self.mode != "split":
-            raise ProtocolError("fl-twotower does not run as exchanges; only sttfedrec does")
+        if self.mode == "fl":
+            return (yield from self._fl_exchanges())
         cfg, t = self.config, self.round
         t0 = time.perf_counter()
         keep = self.transport.transcript.keep_payloads
@@ -405,13 +403,16 @@ class STTFedRec:
         if kind == "request":
             return self._step_request(int(round_), users)
         if kind == "train":
-            return self._step_train(int(round_), users, broadcast, per_user)
+            step = self._step_train if self.mode == "split" else self._step_fl_train
+            return step(int(round_), users, broadcast, per_user)
         if kind == "item-gradient":
             return self._step_rows(int(round_), users, broadcast)
         raise ProtocolError(f"sttfedrec has no client step {kind!r}")
 
     def device_requires_secure(self, kind: str) -> bool:
         """The user-tower gradient always goes through the chain; the rows unless ``item_aggregation = "none"``."""
+        if self.mode == "fl":  # FL-DSSM/CLSM's updates are plaintext by design (the baseline)
+            return False
         return kind == "train" or (kind == "item-gradient" and self.config.item_aggregation != "none")
 
     def _step_request(self, t: int, users: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
@@ -428,13 +429,17 @@ class STTFedRec:
         p = self._pending.get(u)
         return p if p is not None and int(p["round"]) == t and key in p else None
 
-    def _tower_of(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """The user tower a client received (names and shapes checked)."""
+    def _tower_of(self, arrays: Mapping[str, np.ndarray], like: dict[str, torch.Tensor] | None = None,
+                  prefix: str = "user.") -> dict[str, torch.Tensor]:
+        """The tower a client received (the user tower, or ``like``'s tower under ``prefix``; checked)."""
         out = {}
-        for n, p in self.user_params.items():
-            got = arrays.get(f"user.{n}")
+        for n, p in (self.user_params if like is None else like).items():
+            if n == ITEM_ID:
+                continue
+            got = arrays.get(f"{prefix}{n}")
             if not isinstance(got, np.ndarray) or tuple(got.shape) != tuple(p.shape) or got.dtype != np.float32:
-                raise ProtocolError(f"the user tower's {n!r} is missing or malformed (expected float32 {tuple(p.shape)})")
+                raise ProtocolError(f"the tower's {prefix}{n!r} is missing or malformed (expected float32 "
+                                    f"{tuple(p.shape)})")
             out[n] = torch.from_numpy(np.array(got))
         return out
 
@@ -520,49 +525,165 @@ class STTFedRec:
         self.user_params = params
         self._device_emb = torch.as_tensor(np.asarray(emb, np.float32))
 
-    def _fl_run(self) -> RoundStats:
-        cfg, t, rng = self.config, self.round, self.rng
+    def _fl_exchanges(self) -> DeviceRound:
+        """The server half of an ``fl-twotower`` round: ``"request"`` as under sttfedrec, then ``"train"``
+        (down: both towers, the dropout masks and id rows of the request's items; up: both towers'
+        gradients, the id rows' gradients and the loss, each client's in plaintext)."""
+        cfg, t = self.config, self.round
         t0 = time.perf_counter()
-        sampled = np.sort(rng.choice(self._clients, size=self.clients_per_round, replace=False))
-        names = [client(u) for u in sampled]
-        ids, labels = self.client_requests(sampled, t)  # the clients' own draws, as under sttfedrec
-        self.last_batches = (sampled, ids, labels)  # simulation ground truth for attack scoring; never sent
         everything = cfg.decoys == "download-all"
-        if everything:  # the defense: every client receives all M raw items and sends no ids
-            union, inverse = np.arange(self.n_items), ids
-        else:
-            union, inverse = np.unique(ids, return_inverse=True)
-            inverse = inverse.reshape(ids.shape)
-        # Dropout masks: one per item id of the round (the server's draw) and one per client (its own stream).
-        item_masks = self.item_tower.masks(len(union), self.dropout_gen)
-        user_masks = self.client_masks(sampled, t)
-        for name in names:
-            self.transport.send(RS, name, t, "user-tower", None, 4 * self.n_user_params)
-            self.transport.send(RS, name, t, "item-tower", None, 4 * self.n_item_params)
-        keep = self.transport.transcript.keep_payloads
-        for name, req in zip(names, ids):
-            if everything:  # a constant-size "send me every item" token: no item id leaves the device
-                self.check_request(t, name, None)
-                self.transport.send(name, RS, t, "request-all", None, 4)
-            else:
-                self.check_request(t, name, req)
-                self.transport.send(name, RS, t, "request", req.copy() if keep else None, 4 * cfg.request_size)
-            self._served.add((t, name))
-        item_x = self._inputs("item", union)
-        user_x = self.client_user_x(sampled, ids, labels)
-        t_server = time.perf_counter()
+        timed = len(self._device_seconds)
+        has_id = ITEM_ID in self.item_params
+        sampled = np.sort(self.rng.choice(self._clients, size=self.clients_per_round, replace=False))
         try:
-            stats = self._fl_round(t, sampled, names, union, inverse, labels, item_x, user_x, item_masks, user_masks)
+            got: Replies = yield Exchange("request", sampled, reply_keys=frozenset({"all" if everything else "ids"}),
+                                          validate=lambda u, reply: self._receive_request(t, u, reply))
+            self.last_dropped = {"request": dict(got.dropped)}
+            users = np.array(sorted(got.values), dtype=np.int64)
+            names = [client(u) for u in users]
+            reqs = None if everything else np.stack([got.values[u] for u in users]).reshape(len(users), -1)
+            union = np.arange(self.n_items) if everything else np.unique(reqs)
+            # The server's dropout mask per item id of the round (every client drops the same units of an item).
+            masks = [m.numpy() for m in self.item_tower.masks(len(union), self.dropout_gen)]
+            id_table = self.item_params[ITEM_ID][torch.as_tensor(union)].numpy() if has_id else None
+            down = {f"user.{n}": p.detach().numpy().copy() for n, p in self.user_params.items()}
+            down.update({f"item.{n}": p.detach().numpy().copy() for n, p in self.item_params.items() if n != ITEM_ID})
+            per_user: dict[int, dict[str, np.ndarray]] = {}
+            if everything:
+                down.update({f"mask.{i}": m for i, m in enumerate(masks)})
+                if has_id:
+                    down["id_rows"] = id_table
+            else:
+                for c, u in enumerate(users):
+                    pos = np.searchsorted(union, reqs[c])
+                    per_user[int(u)] = {f"mask.{i}": m[pos] for i, m in enumerate(masks)}
+                    if has_id:
+                        per_user[int(u)]["id_rows"] = id_table[pos]
+            id_bytes = 4 * cfg.request_size * cfg.dim if has_id else 0
+            rows_down = len(union) if everything else cfg.request_size
+            item_bytes = (int(self.data.item_x[union].nnz * 8 // max(len(union), 1)) * rows_down
+                          + id_bytes * rows_down // cfg.request_size)
+            for name in names:
+                self.transport.send(RS, name, t, "user-tower", None, 4 * self.n_user_params)
+                self.transport.send(RS, name, t, "item-tower", None, 4 * self.n_item_params)
+                self.transport.send(RS, name, t, "item-features", None, item_bytes)
+            keys = {"user", "item", "loss"} | ({"ids"} if has_id else set()) | ({"id_index"} if has_id and everything
+                                                                               else set())
+            upd: Replies = yield Exchange("train", users, broadcast=down, per_user=per_user, reply_keys=frozenset(keys),
+                                          validate=lambda u, reply: self._receive_update(t, u, reply))
+            self.last_dropped["train"] = dict(upd.dropped)
         finally:
             self._served = {s for s in self._served if s[0] != t}  # the round is over (or may be run again)
-        self._device_seconds.append(self._time_one_device(user_x, user_masks, item_x, item_masks, union, inverse,
-                                                          labels))
-        self._train_bytes.append(float(stats.bytes_per_client))
+        order = sorted(upd.values)
+        k = len(order)
+        if k == 0:
+            raise ProtocolError(f"round {t}: no client sent an update")
+        ts = time.perf_counter()
+        tower_v = {n: p for n, p in self.item_params.items() if n != ITEM_ID}
+        mean_u = self._unflatten(np.sum([upd.values[u]["user"].astype(np.float64) for u in order], 0) / k,
+                                 self.user_params)
+        gv = self._unflatten(np.sum([upd.values[u]["item"].astype(np.float64) for u in order], 0) / k, tower_v)
+        if has_id:  # the mean over clients of each client's gradient of the whole id table (its rows only)
+            g_id = torch.zeros_like(self.item_params[ITEM_ID])
+            row_of = {int(u): c for c, u in enumerate(users)}
+            for u in order:
+                idx = upd.values[u]["id_index"] if everything else reqs[row_of[u]]
+                g_id.index_add_(0, torch.as_tensor(idx), torch.as_tensor(upd.values[u]["ids"]) / k)
+            gv[ITEM_ID] = g_id
+        self.user_opt.step(self.user_params, mean_u, lr=cfg.lr_at(t))
+        self.item_opt.step(self.item_params, gv, lr=cfg.lr_at(t))
+        server_s = time.perf_counter() - ts
+        upload = 4 * (self.n_user_params + self.n_item_params) + 4 + id_bytes
+        train_bytes = 4 * (self.n_user_params + self.n_item_params) + upload + 4 * cfg.request_size + item_bytes
+        self._train_bytes.append(float(train_bytes))
         self.round += 1
         self._cache = None
-        stats.seconds.update({"round": time.perf_counter() - t0, "client": self._device_seconds[-1]})
-        stats.seconds.setdefault("server", time.perf_counter() - t_server)
-        return stats
+        seconds = {"server": server_s, "round": time.perf_counter() - t0}
+        if len(self._device_seconds) > timed:
+            seconds["client"] = self._device_seconds[-1]
+        loss = float(np.mean([float(upd.values[u]["loss"]) for u in order]))
+        return RoundStats(
+            round=t, loss=loss, clients=k, bytes_per_client=float(train_bytes), seconds=seconds,
+            extra={"train_bytes_per_client": float(train_bytes), "requests_refused": len(got.dropped)},
+            releases=(Release(NonPrivate(), who="clients", what="both towers' gradients, each in plaintext",
+                              params={"clients": k}),),
+        )
+
+    def _receive_update(self, t: int, u: int, reply: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The FL server's check of one client's plaintext update."""
+        cfg, name = self.config, client(u)
+        want = {"user": (self.n_user_params,), "item": (self.n_item_params,), "loss": (),
+                "ids": (cfg.request_size, cfg.dim), "id_index": (cfg.request_size,)}
+        for key, value in reply.items():
+            if value.shape != want[key]:
+                raise ProtocolError(f"round {t}: {name}'s {key!r} has shape {value.shape}; expected {want[key]}")
+            if key == "id_index":
+                if value.dtype.kind not in "iu" or value.min() < 0 or value.max() >= self.n_items:
+                    raise ProtocolError(f"round {t}: {name}'s id_index must be item ids in 0..{self.n_items - 1}")
+            elif value.dtype != (np.float64 if key == "loss" else np.float32) or not np.isfinite(value).all():
+                raise ProtocolError(f"round {t}: {name}'s {key!r} must be finite "
+                                    f"{'float64' if key == 'loss' else 'float32'}; found {value.dtype}")
+        nbytes = 4 * (self.n_user_params + self.n_item_params) + 4 + (4 * cfg.request_size * cfg.dim if "ids" in reply else 0)
+        self.transport.send(name, RS, t, "update", None, nbytes)
+        return reply
+
+    def _step_fl_train(self, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
+                       per_user: Mapping[int, Mapping[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
+        """An FL client: both towers' gradients on its request, from the downloaded towers, masks and id rows."""
+        cfg = self.config
+        mine = [u for u in users.tolist() if self._pending_of(u, t, "ids") is not None]
+        if not mine:
+            return {}
+        everything, has_id = cfg.decoys == "download-all", ITEM_ID in self.item_params
+        pu = self._tower_of(broadcast)
+        pv = self._tower_of(broadcast, self.item_params, "item.")
+        ids = np.stack([self._pending[u]["ids"] for u in mine])
+        labels = np.stack([self._pending[u]["labels"] for u in mine])
+        k, T = ids.shape
+        n_masks = len(self.item_tower.widths) - 1
+
+        def rows(key: str, width: int | None = None) -> np.ndarray:
+            if everything:
+                table = broadcast.get(key)
+                if not isinstance(table, np.ndarray) or table.shape[0] != self.n_items:
+                    raise ProtocolError(f"round {t}: expected {key!r} for all {self.n_items} items")
+                return np.asarray(table)[ids]
+            got = [per_user.get(u, {}).get(key) for u in mine]
+            if any(not isinstance(g, np.ndarray) or g.shape[0] != T for g in got):
+                raise ProtocolError(f"round {t}: expected {key!r} for the {T} items of each request")
+            return np.stack(got)
+
+        im = [torch.as_tensor(rows(f"mask.{i}"), dtype=torch.float32) for i in range(n_masks)]
+        erows = (torch.as_tensor(rows("id_rows"), dtype=torch.float32) if has_id
+                 else torch.zeros(k, T, cfg.dim))
+        ix = tuple(x.reshape(k, T, *x.shape[1:]) for x in self._inputs("item", ids.ravel()))
+        users_m = np.asarray(mine, dtype=np.int64)
+        user_x, um = self.client_user_x(users_m, ids, labels), self.client_masks(users_m, t)
+
+        def loss_fn(pu_, pv_, er, ux, umask, vx, vm, lab):
+            u = functional_call(self.user_tower, pu_, (*ux, umask))
+            v = functional_call(self.item_tower, pv_, (*vx, vm)) + er
+            return sampled_softmax_loss(u, v, lab, cfg.temperature)
+
+        f = grad_and_value(loss_fn, argnums=(0, 1, 2))
+        lab = torch.as_tensor(labels)
+        (gu, gv, ge), loss = vmap(f, in_dims=(None, None, 0, (0,) * len(user_x), 0, (0,) * len(ix), 0, 0))(
+            pu, pv, erows, user_x, um, ix, im, lab)
+        ts = time.perf_counter()  # one device's work alone, unbatched (the first client of the step)
+        f(pu, pv, erows[0], tuple(x[0] for x in user_x), [m[0] for m in um], tuple(x[0] for x in ix),
+          [m[0] for m in im], lab[0])
+        self._device_seconds.append(time.perf_counter() - ts)
+        fu, fv = numpy_flat(gu).astype(np.float32), numpy_flat(gv).astype(np.float32)
+        out = {}
+        for r, u in enumerate(mine):
+            reply = {"user": fu[r], "item": fv[r], "loss": np.array(float(loss[r]), np.float64)}
+            if has_id:
+                reply["ids"] = ge[r].numpy().astype(np.float32)
+                if everything:
+                    reply["id_index"] = ids[r].copy()
+            out[u] = reply
+            del self._pending[u]
+        return out
 
     def _user_fn(self, params, inputs, masks, items, labels):
         u = functional_call(self.user_tower, params, (*inputs, masks))
@@ -585,50 +706,6 @@ class STTFedRec:
         torch.autograd.grad(loss, list(pu.values()) + [v])
         return time.perf_counter() - ts
 
-    def _fl_round(self, t, sampled, names, union, inverse, labels, item_x, user_x, item_masks, user_masks):
-        cfg, k = self.config, len(sampled)
-        inv = torch.as_tensor(inverse)
-        ix = tuple(x[inv] for x in item_x)  # each client's raw item features [K, T, ...]
-        im = [m[inv] for m in item_masks]
-        tower_v = {n: p for n, p in self.item_params.items() if n != ITEM_ID}
-        has_id = ITEM_ID in self.item_params
-        # The id vectors of each client's request (zeros without item_id_embedding): downloaded rows.
-        erows = self.item_params[ITEM_ID][torch.as_tensor(union)][inv] if has_id else torch.zeros(k, cfg.request_size, cfg.dim)
-
-        def loss_fn(pu, pv, er, ux, um, vx, vm, lab):
-            u = functional_call(self.user_tower, pu, (*ux, um))
-            v = functional_call(self.item_tower, pv, (*vx, vm)) + er
-            return sampled_softmax_loss(u, v, lab, cfg.temperature)
-
-        f = grad_and_value(loss_fn, argnums=(0, 1, 2))
-        n_u, n_v = len(user_x), len(ix)
-        (gu, gv, ge), loss = vmap(f, in_dims=(None, None, 0, (0,) * n_u, 0, (0,) * n_v, 0, 0))(
-            self.user_params, tower_v, erows, user_x, user_masks, ix, im, torch.as_tensor(labels))
-        gv = {n: g.mean(0) for n, g in gv.items()}
-        id_bytes = 0
-        if has_id:  # the mean over clients of each client's gradient of the whole id table (its rows only)
-            g_id = torch.zeros_like(self.item_params[ITEM_ID])
-            g_id.index_add_(0, torch.as_tensor(union[inverse.ravel()]), ge.reshape(-1, cfg.dim) / k)
-            gv[ITEM_ID] = g_id
-            id_bytes = 4 * cfg.request_size * cfg.dim
-        rows_down = len(union) if cfg.decoys == "download-all" else cfg.request_size
-        item_bytes = int(self.data.item_x[union].nnz * 8 // max(len(union), 1)) * rows_down + id_bytes * rows_down // cfg.request_size
-        upload = 4 * (self.n_user_params + self.n_item_params) + 4 + id_bytes
-        for name in names:
-            self.transport.send(RS, name, t, "item-features", None, item_bytes)
-            self.transport.send(name, RS, t, "update", None, upload)
-        ts = time.perf_counter()
-        self.user_opt.step(self.user_params, {n: g.mean(0) for n, g in gu.items()}, lr=cfg.lr_at(t))
-        self.item_opt.step(self.item_params, gv, lr=cfg.lr_at(t))
-        train_bytes = 4 * (self.n_user_params + self.n_item_params) + upload + 4 * cfg.request_size + item_bytes
-        return RoundStats(
-            round=t, loss=float(loss.mean()), clients=k, bytes_per_client=float(train_bytes),
-            seconds={"server": time.perf_counter() - ts},
-            extra={"train_bytes_per_client": float(train_bytes)},
-            releases=(Release(NonPrivate(), who="clients", what="both towers' gradients, each in plaintext",
-                              params={"clients": k}),),
-        )
-
     @staticmethod
     def _unflatten(vec: np.ndarray, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         expected = sum(p.numel() for p in like.values())
@@ -644,22 +721,6 @@ class STTFedRec:
         """SAS's step from a decoded sum (tests use it to show a wrong length changes nothing)."""
         mean = self._unflatten(np.asarray(vec, dtype=np.float64) / survivors, self.user_params)
         self.user_opt.step(self.user_params, mean, lr=self.config.lr_at(self.round))
-
-    def _time_one_device(self, user_x, user_masks, item_x, item_masks, union, inverse, labels) -> float:
-        """Wall seconds of one FL client's training work alone (the first sampled client), unbatched."""
-        inv = torch.as_tensor(inverse[0])
-        ts = time.perf_counter()
-        pu = {n: p.clone().requires_grad_(True) for n, p in self.user_params.items()}
-        u = functional_call(self.user_tower, pu, (*(x[0:1] for x in user_x), [m[0:1] for m in user_masks]))
-        pv = {n: p.clone().requires_grad_(True) for n, p in self.item_params.items() if n != ITEM_ID}
-        v = functional_call(self.item_tower, pv, (*(x[inv] for x in item_x), [m[inv] for m in item_masks]))
-        params = list(pu.values()) + list(pv.values())
-        if ITEM_ID in self.item_params:  # the downloaded id rows of the request
-            rows = self.item_params[ITEM_ID][torch.as_tensor(union[inverse[0]])].requires_grad_(True)
-            v, params = v + rows, params + [rows]
-        loss = sampled_softmax_loss(u[0], v, torch.as_tensor(labels[0]), self.config.temperature)
-        torch.autograd.grad(loss, params)
-        return time.perf_counter() - ts
 
     # -- evaluation, costs and checkpoints ----------------------------------------------------------
     @torch.no_grad()
@@ -777,6 +838,7 @@ register(ProtocolSpec(
     name="fl-twotower",
     summary="FL-DSSM/FL-CLSM: clients train both towers and upload plaintext gradients (STTFedRec's baseline)",
     build=lambda ctx: _build(ctx, "fl"), section="sttfedrec", config_cls=TwoTowerConfig,
+    exchanges=Exchanges(check=check_devices),
 ))
 
 from protocols import twotower_central  # noqa: E402,F401  (registers centralized-twotower beside them)

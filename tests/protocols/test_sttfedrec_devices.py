@@ -44,20 +44,21 @@ def _cfg(**kw) -> TwoTowerConfig:
     return TwoTowerConfig(**{**SMALL, **kw})
 
 
-def _local(train, **kw) -> STTFedRec:
-    return STTFedRec(train, _cfg(**kw), seed=SEED, transport=InProcessTransport(Transcript(keep_payloads=False)))
+def _local(train, mode="split", **kw) -> STTFedRec:
+    return STTFedRec(train, _cfg(**kw), seed=SEED, mode=mode,
+                     transport=InProcessTransport(Transcript(keep_payloads=False)))
 
 
-def _devices(train, **kw):
+def _devices(train, mode="split", **kw):
     """The server half on a census (its client data then removed: reading any of it would fail) and
     one client half per participating user on that user's rows only."""
     users = np.flatnonzero(np.bincount(train.users, minlength=train.n_users) > 0)
     server = STTFedRec(census(users, train.n_users, train.n_items, train.user_ids, train.item_ids), _cfg(**kw),
-                       seed=SEED, transport=InProcessTransport(Transcript(keep_payloads=True)))
+                       seed=SEED, mode=mode, transport=InProcessTransport(Transcript(keep_payloads=True)))
     server.pos_items = server.pos_start = server._forbidden = None
     server.data.user_x = server.data.user_count = server.data.click_bag = None
     server.data.train = server.data.never_negative = None
-    clients = {int(u): STTFedRec(_own(train, int(u)), _cfg(**kw), seed=SEED) for u in users}
+    clients = {int(u): STTFedRec(_own(train, int(u)), _cfg(**kw), seed=SEED, mode=mode) for u in users}
     return server, clients
 
 
@@ -75,6 +76,9 @@ VARIANTS = [
     dict(item_id_embedding=True, click_id_dim=16),  # the presets' options, SecAgg+ rows
     dict(decoys="download-all", item_aggregation="secagg"),
     dict(user_features="history", item_aggregation="none"),
+    dict(mode="fl", item_id_embedding=True),  # fl-twotower: plaintext updates of both towers
+    pytest.param(dict(mode="fl", decoys="download-all", item_id_embedding=True), marks=pytest.mark.slow),
+    pytest.param(dict(mode="fl", tower="clsm"), marks=pytest.mark.slow),
     pytest.param(dict(tower="clsm", item_aggregation="chain", chain_successors=2), marks=pytest.mark.slow),
     pytest.param(dict(decoys="download-all", item_id_embedding=True, click_id_dim=8, click_id_norm="sqrt"),
                  marks=pytest.mark.slow),
@@ -90,7 +94,8 @@ def test_separate_devices_equal_one_process(train, kw):
         a, b = local.run_round(), run_on_devices(server, clients)
         assert abs(a.loss - b.loss) < 1e-6 and a.clients == b.clients == 4
         assert a.bytes_per_client == b.bytes_per_client
-        for key in ("union_ids", "survivors_user", "survivors_item"):
+        assert a.extra.keys() == b.extra.keys()
+        for key in a.extra:
             assert a.extra[key] == b.extra[key], key
     assert _gap(local, server) < 1e-6
     assert _gap(local, _local(train, **kw)) > 1e-3  # the model did move
@@ -106,7 +111,8 @@ def test_separate_devices_equal_one_process(train, kw):
         return sorted((r.sender, r.receiver, r.round, r.kind, r.nbytes) for r in tr.transport.transcript.records)
 
     assert msgs(server) == msgs(local)
-    assert {r.receiver for r in server.transport.transcript.records if r.kind == "user-gradient"} == {"sas"}
+    if kw.get("mode") != "fl":
+        assert {r.receiver for r in server.transport.transcript.records if r.kind == "user-gradient"} == {"sas"}
 
 
 @settings(max_examples=20, deadline=None)
@@ -254,11 +260,32 @@ def test_clients_answer_the_gradients_only_through_secure_aggregation(train):
     assert not tr.device_requires_secure("request")
     plain = _local(train, item_aggregation="none")
     assert plain.device_requires_secure("train") and not plain.device_requires_secure("item-gradient")
+    assert not _local(train, "fl").device_requires_secure("train")  # the FL baseline uploads in plaintext
 
 
 def test_check_refuses_what_cannot_be_separated():
-    assert get_protocol("sttfedrec").exchanges is not None
+    assert get_protocol("sttfedrec").exchanges is not None and get_protocol("fl-twotower").exchanges is not None
     with pytest.raises(ValueError, match="popularity-matched over every user's training clicks"):
         check_devices(TwoTowerConfig(decoys="fixed-pool"))
     for ok in (TwoTowerConfig(), TwoTowerConfig(decoys="download-all", item_aggregation="none", click_id_dim=64)):
         check_devices(ok)
+
+
+@pytest.mark.parametrize("bad", ["nan", "shape", "index"])
+def test_fl_drops_a_malformed_plaintext_update(train, bad):
+    """fl-twotower on devices: an update with a NaN, a wrong shape or (download-all) an unknown id
+    row is dropped with the reason; the round averages the others."""
+    server, clients = _devices(train, "fl", decoys="download-all", item_id_embedding=True)
+
+    def tamper(ex, u, reply):
+        if ex.kind != "train" or u != _first(ex):
+            return reply
+        if bad == "nan":
+            return {**reply, "user": np.full_like(reply["user"], np.nan)}
+        if bad == "shape":
+            return {**reply, "item": reply["item"][:-1]}
+        return {**reply, "id_index": np.full_like(reply["id_index"], train.n_items)}
+
+    stats = run_on_devices(server, clients, tamper=tamper)
+    (why,) = server.last_dropped["train"].values()
+    assert stats.clients == 3 and ("finite" in why or "shape" in why or "item ids" in why)

@@ -39,6 +39,16 @@ replaces step 2's request by a constant-size request for every embedding: the cl
 ``T`` training items on the device, RS returns all ``M`` embeddings, and step 5 scatters the
 gradients into all ``M`` ids, so RS receives no item id of any client.
 
+On separate devices (docs/sttfedrec.md, "On separate devices"): the round is named exchanges
+(:mod:`protocols.exchange`): ``"request"`` (plaintext to RS, refused requests drop the client),
+``"train"`` (down: the user tower and the embeddings; up: step 4's vector through the chain to SAS)
+and ``"item-gradient"`` (down: RS's public union of the round's ids; up: step 5's rows through
+``item_aggregation`` to RS). ``run_round`` drives the same generator in process. Both servers'
+halves live in :meth:`STTFedRec.device_round`, their messages keep their parties (``rs``/``sas``)
+in the transcript; a runtime hosting both in one process (one operator) loses the RS/SAS
+non-collusion separation, while each secure step still releases only its sum. Each client's
+request and user-tower dropout masks come from its own keyed stream (:mod:`recmodels.streams`).
+
 ``fl-twotower`` (FL-DSSM / FL-CLSM, Huang et al. 2020a) is the same model and the same round,
 except that each client downloads both towers and the raw item data of its request, computes both
 towers' gradients itself and uploads them in plaintext to one server, which runs FedAdam on both;

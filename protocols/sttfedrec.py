@@ -282,6 +282,8 @@ class STTFedRec:
                                           validate=lambda u, reply: self._receive_request(t, u, reply))
             self.last_dropped = {"request": dict(got.dropped)}
             users = np.array(sorted(got.values), dtype=np.int64)
+            if len(users) < 2:  # neither secure sum could release anything but one client's vector
+                raise SecureSumAborted(f"round {t}: RS accepted {len(users)} request(s); the secure sums need at least 2")
             names = [client(u) for u in users]
             reqs = None if everything else np.stack([got.values[u] for u in users]).reshape(len(users), -1)
             union = np.arange(self.n_items) if everything else np.unique(reqs)
@@ -550,6 +552,8 @@ class STTFedRec:
                                           validate=lambda u, reply: self._receive_request(t, u, reply))
             self.last_dropped = {"request": dict(got.dropped)}
             users = np.array(sorted(got.values), dtype=np.int64)
+            if not len(users):
+                raise ProtocolError(f"round {t}: RS accepted no request")
             names = [client(u) for u in users]
             reqs = None if everything else np.stack([got.values[u] for u in users]).reshape(len(users), -1)
             union = np.arange(self.n_items) if everything else np.unique(reqs)

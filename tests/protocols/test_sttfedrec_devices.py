@@ -289,3 +289,12 @@ def test_fl_drops_a_malformed_plaintext_update(train, bad):
     stats = run_on_devices(server, clients, tamper=tamper)
     (why,) = server.last_dropped["train"].values()
     assert stats.clients == 3 and ("finite" in why or "shape" in why or "item ids" in why)
+
+
+def test_a_round_with_fewer_than_two_accepted_requests_aborts_cleanly(train):
+    server, clients = _devices(train)
+    before, round_ = _params(server), server.round
+    with pytest.raises(SecureSumAborted, match="accepted 1 request"):
+        run_on_devices(server, clients, silent=lambda ex, u: ex.kind == "request" and u != _first(ex))
+    assert server.round == round_ and all(torch.equal(v, before[k]) for k, v in _params(server).items())
+    assert server._served == set()  # the round may be run again

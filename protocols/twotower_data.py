@@ -25,8 +25,8 @@ import torch
 
 from recmodels.data import Interactions
 from recmodels.sampling import sample_negatives_keyed, sample_train_negatives
-from recmodels.streams import shuffle_keys, stream_keys
 from recmodels.side import load_item_meta, load_user_demographics
+from recmodels.streams import shuffle_keys, stream_keys
 from recmodels.trigram import (
     TrigramVocab,
     demographic_texts,

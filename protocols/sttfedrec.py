@@ -39,6 +39,16 @@ replaces step 2's request by a constant-size request for every embedding: the cl
 ``T`` training items on the device, RS returns all ``M`` embeddings, and step 5 scatters the
 gradients into all ``M`` ids, so RS receives no item id of any client.
 
+On separate devices (docs/sttfedrec.md, "On separate devices"): the round is named exchanges
+(:mod:`protocols.exchange`): ``"request"`` (plaintext to RS, refused requests drop the client),
+``"train"`` (down: the user tower and the embeddings; up: step 4's vector through the chain to SAS)
+and ``"item-gradient"`` (down: RS's public union of the round's ids; up: step 5's rows through
+``item_aggregation`` to RS). ``run_round`` drives the same generator in process. Both servers'
+halves live in :meth:`STTFedRec.device_round`, their messages keep their parties (``rs``/``sas``)
+in the transcript; a runtime hosting both in one process (one operator) loses the RS/SAS
+non-collusion separation, while each secure step still releases only its sum. Each client's
+request and user-tower dropout masks come from its own keyed stream (:mod:`recmodels.streams`).
+
 ``fl-twotower`` (FL-DSSM / FL-CLSM, Huang et al. 2020a) is the same model and the same round,
 except that each client downloads both towers and the raw item data of its request, computes both
 towers' gradients itself and uploads them in plaintext to one server, which runs FedAdam on both;
@@ -69,6 +79,7 @@ of the trigram columns of the cohort's features.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -78,8 +89,9 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
-from protocols.registry import ProtocolSpec, register
-from protocols.secure_sum import secure_sum
+from protocols.exchange import DeviceRound, Exchange, Replies, SecureSum, run_exchanges
+from protocols.registry import Exchanges, ProtocolSpec, register
+from protocols.secure_sum import SecureSumAborted
 from protocols.transport import InProcessTransport, client
 from protocols.twotower_data import (
     TwoTowerConfig,
@@ -87,15 +99,18 @@ from protocols.twotower_data import (
     build_features,
     decoy_pools,
     positive_lists,
-    sample_requests,
+    sample_requests_keyed,
 )
-from recmodels.data import Interactions
-from recmodels.twotower import FedAdam, make_tower, numpy_flat, sampled_softmax_loss, tower_inputs
+from recmodels.data import Interactions, pair_keys
+from recmodels.streams import stream_keys
+from recmodels.twotower import FedAdam, keyed_dropout_masks, make_tower, numpy_flat, sampled_softmax_loss, tower_inputs
 from secagg.encoding import check_budget
 
 __all__ = ["RS", "SAS", "ProtocolError", "RequestError", "STTFedRec", "TwoTowerConfig"]
 
 RS, SAS = "rs", "sas"
+#: stream tags of a client's own draws (recmodels.streams): its request, its user-tower dropout masks
+_REQUEST_STREAM, _MASK_STREAM = 0x5354_5251, 0x5354_544D
 #: the key of the per-item-id vectors in the item-side parameters (``item_id_embedding``)
 ITEM_ID = "item_id"
 
@@ -142,6 +157,10 @@ class STTFedRec:
         self.round = 0
         self._served: set[tuple[int, str]] = set()
         self._cache: tuple[int, torch.Tensor] | None = None
+        self._device_emb: torch.Tensor | None = None  # a client's copy of RS's embeddings (load_device_model)
+        self._pending: dict[int, dict[str, np.ndarray]] = {}  # a client's request and gradients within a round
+        never = self.data.never_negative  # a client's own clicks and excluded ratings: never a decoy
+        self._forbidden = np.unique(pair_keys(never.users, never.items, self.n_items))
         self._dropouts: dict[str, dict[str, frozenset[int]]] = {}  # test hook: "user"/"item" -> stage -> rows
         self._device_seconds: list[float] = []
         self._train_bytes: list[float] = []
@@ -149,6 +168,8 @@ class STTFedRec:
         #: each split round keeps its chain inputs as ``last_chain_inputs = (senders, [K, dim] float64)``
         self.record_chain_inputs = False
         self.last_chain_inputs: tuple[list[str], np.ndarray] | None = None
+        #: the clients each exchange of the last split round left out, with the reason (kind -> user -> why)
+        self.last_dropped: dict[str, dict[int, str]] = {}
         self.n_user_params = sum(p.numel() for p in self.user_params.values())
         self.n_item_id_params = train.n_items * config.dim if config.item_id_embedding else 0
         k = min(config.clients_per_round, len(self._clients))
@@ -210,118 +231,120 @@ class STTFedRec:
             raise ProtocolError(f"features requested for unknown user(s) {users!r}; known users are 0..{self.n_users - 1}")
         return users.astype(np.int64)
 
+    # -- the clients' own draws and inputs (per-user keyed streams: the same alone or in a cohort) ----
+    def client_requests(self, users: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The requests of round ``t`` (ids ``[K, T]``, click labels) each client draws on its device."""
+        cfg, users = self.config, np.asarray(users, dtype=np.int64)
+        keys = stream_keys(self.seed, _REQUEST_STREAM, t, users)
+        return sample_requests_keyed(users, self.pos_items, self.pos_start, cfg.n_pos, cfg.n_neg, self._forbidden,
+                                     self.n_items, keys, self.pool)
+
+    def client_masks(self, users: np.ndarray, t: int) -> list[torch.Tensor]:
+        """Each client's user-tower dropout masks of round ``t``, from its own stream."""
+        return keyed_dropout_masks(self.user_tower, stream_keys(self.seed, _MASK_STREAM, t,
+                                                                np.asarray(users, dtype=np.int64)))
+
+    def client_user_x(self, users: np.ndarray, ids: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """The user inputs of each client's request (``history`` / click ids leave its clicks out)."""
+        user_x = self._inputs("user", users)
+        if self.data.user_rule == "history" or self.data.click_bag is not None:
+            hist_x = None
+            if self.data.user_rule == "history":  # the public item inputs of the request's ids
+                hist_x = self._inputs("item", ids.ravel())[0].reshape(*ids.shape, -1)
+            user_x = (self.data.request_user_x(users, labels, hist_x, ids),)
+        return user_x
+
     # -- one round ------------------------------------------------------------------------------
     def run_round(self) -> RoundStats:
-        cfg, t, rng = self.config, self.round, self.rng
+        return run_exchanges(self, self.device_step)  # the same exchanges a runtime with separate devices drives
+
+    def device_round(self) -> DeviceRound:
+        """The server half of a split round (RS and SAS in one generator; module docstring, steps 1-5).
+
+        Exchanges: ``"request"`` (plaintext, each client's ids to RS, checked by
+        :meth:`check_request`: a refused request drops the client), ``"train"`` (down: SAS's user
+        tower to all and RS's embeddings, per client or, under download-all, the whole table; up:
+        the user-tower gradient and the loss through the chain to SAS), ``"item-gradient"`` (down:
+        the round's union of ids, RS's public list; up: the per-id rows through
+        ``item_aggregation`` to RS, or in plaintext under ``"none"``). Nothing here reads client data.
+        """
+        if self.mode == "fl":
+            return (yield from self._fl_exchanges())
+        cfg, t = self.config, self.round
         t0 = time.perf_counter()
-        sampled = np.sort(rng.choice(self._clients, size=self.clients_per_round, replace=False))
-        names = [client(u) for u in sampled]
-        ids, labels = sample_requests(sampled, self.pos_items, self.pos_start, cfg.n_pos, cfg.n_neg,
-                                      self.data.never_negative, rng, self.pool)
-        self.last_batches = (sampled, ids, labels)  # simulation ground truth for attack scoring; never sent
+        keep = self.transport.transcript.keep_payloads
         everything = cfg.decoys == "download-all"
-        if everything:  # the defense: every client receives all M embeddings and sends no ids
-            union, inverse = np.arange(self.n_items), ids
-        else:
-            union, inverse = np.unique(ids, return_inverse=True)
-            inverse = inverse.reshape(ids.shape)
-        # Dropout masks: one per item id of the round (RS) and one per client (its user tower).
-        item_masks = self.item_tower.masks(len(union), self.dropout_gen)
-        user_masks = self.user_tower.masks(len(sampled), self.dropout_gen)
-        sizes = {"user_tower": 4 * self.n_user_params, "item_tower": 4 * self.n_item_params}
-        for name in names:
-            self.transport.send(SAS if self.mode == "split" else RS, name, t, "user-tower", None, sizes["user_tower"])
-            if self.mode == "fl":
-                self.transport.send(RS, name, t, "item-tower", None, sizes["item_tower"])
-        keep = self.transport.transcript.keep_payloads
-        for name, req in zip(names, ids):
-            if everything:  # a constant-size "send me every embedding" token: no item id leaves the device
-                self.check_request(t, name, None)
-                self.transport.send(name, RS, t, "request-all", None, 4)
-            else:
-                self.check_request(t, name, req)
-                self.transport.send(name, RS, t, "request", req.copy() if keep else None, 4 * cfg.request_size)
-            self._served.add((t, name))
-        item_x = self._inputs("item", union)
-        user_x = self._inputs("user", sampled)
-        if self.data.user_rule == "history" or self.data.click_bag is not None:
-            # computed on each device from its own clicks, the request's clicks left out
-            hist_x = item_x[0][torch.as_tensor(inverse)] if self.data.user_rule == "history" else None
-            user_x = (self.data.request_user_x(sampled, labels, hist_x, ids),)
-        t_server = time.perf_counter()
+        timed = len(self._device_seconds)
+        sampled = np.sort(self.rng.choice(self._clients, size=self.clients_per_round, replace=False))  # SAS's choice
         try:
-            if self.mode == "split":
-                stats = self._split_round(t, sampled, names, union, inverse, labels, item_x, user_x, item_masks,
-                                          user_masks)
+            # Step 2: the requests, to RS.
+            got: Replies = yield Exchange("request", sampled, reply_keys=frozenset({"all" if everything else "ids"}),
+                                          validate=lambda u, reply: self._receive_request(t, u, reply))
+            self.last_dropped = {"request": dict(got.dropped)}
+            users = np.array(sorted(got.values), dtype=np.int64)
+            if len(users) < 2:  # neither secure sum could release anything but one client's vector
+                raise SecureSumAborted(f"round {t}: RS accepted {len(users)} request(s); the secure sums need at least 2")
+            names = [client(u) for u in users]
+            reqs = None if everything else np.stack([got.values[u] for u in users]).reshape(len(users), -1)
+            union = np.arange(self.n_items) if everything else np.unique(reqs)
+            # RS: one dropout mask per item id of the round, so every client sees the same embedding of an item.
+            item_masks = self.item_tower.masks(len(union), self.dropout_gen)
+            params_v = {n: p.clone().requires_grad_(True) for n, p in self.item_params.items()}
+            ts = time.perf_counter()
+            emb = self._item_forward(params_v, union, self._inputs("item", union), item_masks)  # kept for backprop
+            rs_s = time.perf_counter() - ts
+            table = emb.detach().numpy()
+            n_sent = len(union) if everything else cfg.request_size  # rows each client receives
+            down: dict[str, np.ndarray] = {f"user.{n}": p.detach().numpy().copy() for n, p in self.user_params.items()}
+            per_user: dict[int, dict[str, np.ndarray]] = {}
+            if everything:
+                down["embeddings"] = table.copy()
             else:
-                stats = self._fl_round(t, sampled, names, union, inverse, labels, item_x, user_x, item_masks,
-                                       user_masks)
-        except Exception:
-            self._served = {s for s in self._served if s[0] != t}  # the round may be run again
-            raise
-        self._device_seconds.append(self._time_one_device(user_x, user_masks, item_x, item_masks, union, inverse,
-                                                          labels))
-        self._train_bytes.append(float(stats.bytes_per_client))
-        self._served = {s for s in self._served if s[0] > t}
-        self.round += 1
-        self._cache = None
-        stats.seconds.update({"round": time.perf_counter() - t0, "client": self._device_seconds[-1]})
-        stats.seconds.setdefault("server", time.perf_counter() - t_server)
-        return stats
-
-    def _user_fn(self, params, inputs, masks, items, labels):
-        u = functional_call(self.user_tower, params, (*inputs, masks))
-        return sampled_softmax_loss(u, items, labels, self.config.temperature)
-
-    def _per_client(self, user_x, user_masks, items, labels):
-        """Per-client user-tower gradients, embedding gradients and losses (one vmap call)."""
-        f = grad_and_value(self._user_fn, argnums=(0, 3))
-        n_in = len(user_x)
-        (gu, gi), loss = vmap(f, in_dims=(None, (0,) * n_in, 0, 0, 0))(
-            self.user_params, user_x, user_masks, items, labels)
-        return gu, gi, loss
-
-    def _split_round(self, t, sampled, names, union, inverse, labels, item_x, user_x, item_masks, user_masks):
-        cfg, k = self.config, len(sampled)
-        keep = self.transport.transcript.keep_payloads
-        params_v = {n: p.clone().requires_grad_(True) for n, p in self.item_params.items()}
-        ts = time.perf_counter()
-        emb = self._item_forward(params_v, union, item_x, item_masks)  # RS, kept for backprop
-        rs_s = time.perf_counter() - ts
-        returned = emb.detach()[torch.as_tensor(inverse)]  # [K, T, d], the rows each client trains on
-        n_sent = len(union) if cfg.decoys == "download-all" else cfg.request_size  # rows each client receives
-        for c, name in enumerate(names):
-            self.transport.send(RS, name, t, "embeddings", returned[c].numpy().copy() if keep else None,
-                                4 * n_sent * cfg.dim)
-        gu, gi, loss = self._per_client(user_x, user_masks, returned, torch.as_tensor(labels))
-        # Step 4: user-tower gradient and loss through the circular chain to SAS.
-        vec = np.concatenate([numpy_flat(gu), loss.double().numpy()[:, None]], axis=1)
-        if self.record_chain_inputs:
-            self.last_chain_inputs = (list(names), vec)
-        res_u = secure_sum(vec, protocol="chain", frac_bits=cfg.frac_bits, value_clip=cfg.value_clip, round=t,
-                           transport=self.transport, senders=names, kind="user-gradient", receiver=SAS,
-                           k=cfg.chain_successors, dropouts=self._dropouts.get("user"), where="sttfedrec.value_clip")
-        # Step 5: per-item-id embedding gradients, summed, to RS.
-        rows = np.zeros((k, len(union), cfg.dim))
-        np.add.at(rows, (np.repeat(np.arange(k), cfg.request_size), inverse.ravel()),
-                  gi.reshape(-1, cfg.dim).double().numpy())
-        flat = rows.reshape(k, -1)
-        if cfg.item_aggregation == "none":
+                per_user = {int(u): {"embeddings": table[np.searchsorted(union, reqs[c])]} for c, u in enumerate(users)}
+            for name in names:
+                self.transport.send(SAS, name, t, "user-tower", None, 4 * self.n_user_params)
             for c, name in enumerate(names):
-                payload = (union.copy(), rows[c].astype(np.float32)) if keep else None
-                self.transport.send(name, RS, t, "item-gradient", payload, 4 * flat.shape[1])
-            g_sum, n_i, bytes_i = flat.sum(0), k, 4.0 * flat.shape[1]
-        else:
-            res_i = secure_sum(flat, protocol=cfg.item_aggregation, frac_bits=cfg.frac_bits,
-                               value_clip=cfg.value_clip, round=t, transport=self.transport, senders=names,
-                               kind="item-gradient", receiver=RS, dropouts=self._dropouts.get("item"),
-                               where="sttfedrec.value_clip")
-            g_sum, n_i, bytes_i = res_i.total, len(res_i.survivors), res_i.bytes_per_client
-            rs_s += res_i.server_seconds
-            # RS's own output (0 bytes on the wire), in its view so attacks see what RS learns.
-            names_in = [names[i] for i in res_i.survivors]
-            self.transport.send(RS, RS, t, "item-gradient-sum",
-                                (union.copy(), g_sum.reshape(len(union), cfg.dim).copy(), names_in) if keep else None, 0)
+                payload = (down["embeddings"] if everything else per_user[int(users[c])]["embeddings"].copy()) if keep else None
+                self.transport.send(RS, name, t, "embeddings", payload, 4 * n_sent * cfg.dim)
+            # Steps 3-4: each client's user-tower gradient and loss, summed through the chain to SAS.
+            chain = SecureSum("chain", width=self.n_user_params + 1, frac_bits=cfg.frac_bits,
+                              value_clip=cfg.value_clip, where="sttfedrec.value_clip", kind="user-gradient",
+                              receiver=SAS, k=cfg.chain_successors, dropouts=self._dropouts.get("user"))
+            res_u: Replies = yield Exchange("train", users, broadcast=down, per_user=per_user, secure=chain)
+            self.last_dropped["train"] = dict(res_u.dropped)
+            if res_u.aborted is not None:
+                raise SecureSumAborted(res_u.aborted)
+            # Step 5: the per-id embedding-gradient rows over RS's public union of the round's ids, to RS.
+            union_down = {} if everything else {"union": union.copy()}
+            if not everything:
+                for name in names:
+                    self.transport.send(RS, name, t, "union", union.copy() if keep else None, 4 * len(union))
+            if cfg.item_aggregation == "none":
+                res_i: Replies = yield Exchange("item-gradient", users, broadcast=union_down,
+                                                reply_keys=frozenset({"rows"}),
+                                                validate=lambda u, reply: self._receive_rows(t, u, reply, union))
+                self.last_dropped["item-gradient"] = dict(res_i.dropped)
+                if not res_i.values:
+                    raise SecureSumAborted(f"round {t}: no client sent its item-gradient rows")
+                g_sum = np.sum([res_i.values[u].astype(np.float64).ravel() for u in sorted(res_i.values)], axis=0)
+                n_i, bytes_i = len(res_i.values), 4.0 * len(union) * cfg.dim
+            else:
+                spec = SecureSum(cfg.item_aggregation, width=len(union) * cfg.dim, frac_bits=cfg.frac_bits,
+                                 value_clip=cfg.value_clip, where="sttfedrec.value_clip", kind="item-gradient",
+                                 receiver=RS, dropouts=self._dropouts.get("item"))
+                res_i = yield Exchange("item-gradient", users, broadcast=union_down, secure=spec)
+                self.last_dropped["item-gradient"] = dict(res_i.dropped)
+                if res_i.aborted is not None:
+                    raise SecureSumAborted(res_i.aborted)
+                g_sum, n_i, bytes_i = res_i.total, len(res_i.survivors), res_i.bytes_per_client
+                rs_s += res_i.server_seconds
+                # RS's own output (0 bytes on the wire), in its view so attacks see what RS learns.
+                names_in = [client(u) for u in res_i.survivors]
+                self.transport.send(RS, RS, t, "item-gradient-sum",
+                                    (union.copy(), g_sum.reshape(len(union), cfg.dim).copy(), names_in) if keep else None,
+                                    0)
+        finally:
+            self._served = {s for s in self._served if s[0] != t}  # the round is over (or may be run again)
         # Both sums are in: only now does any state change (an abort above leaves the model as it was).
         n_u = len(res_u.survivors)
         mean_u = self._unflatten(res_u.total[:-1] / n_u, self.user_params)
@@ -334,63 +357,368 @@ class STTFedRec:
         grads_v = torch.autograd.grad(emb, list(params_v.values()), grad_outputs=G)
         self.item_opt.step(self.item_params, dict(zip(params_v, grads_v)), lr=cfg.lr_at(t))
         rs_s += time.perf_counter() - ts
-        req_bytes = 4 if cfg.decoys == "download-all" else 4 * cfg.request_size
-        train_bytes = (4 * self.n_user_params + req_bytes + 4 * n_sent * cfg.dim
+        req_bytes = 4 if everything else 4 * cfg.request_size
+        union_bytes = 0 if everything else 4 * len(union)
+        train_bytes = (4 * self.n_user_params + req_bytes + 4 * n_sent * cfg.dim + union_bytes
                        + res_u.bytes_per_client + bytes_i)
         what = (f"user-tower gradient sum via the chain (s={cfg.chain_successors}) to SAS; item-id gradient "
                 + ("rows of each client in plaintext to RS" if cfg.item_aggregation == "none"
                    else f"sums via {cfg.item_aggregation} to RS") + "; requests in plaintext to RS (no DP noise)")
+        k = len(users)
+        self._train_bytes.append(float(train_bytes))
+        self.round += 1
+        self._cache = None
+        seconds = {"rs": rs_s, "sas": sas_s, "server": rs_s + sas_s, "round": time.perf_counter() - t0}
+        if len(self._device_seconds) > timed:  # in process the client steps ran here and timed one device
+            seconds["client"] = self._device_seconds[-1]
         return RoundStats(
-            round=t, loss=mean_loss, clients=k, bytes_per_client=float(train_bytes),
-            seconds={"rs": rs_s, "sas": sas_s, "server": rs_s + sas_s},
+            round=t, loss=mean_loss, clients=k, bytes_per_client=float(train_bytes), seconds=seconds,
             extra={"union_ids": int(len(union)), "survivors_user": n_u, "survivors_item": n_i,
-                   "train_bytes_per_client": float(train_bytes)},
+                   "train_bytes_per_client": float(train_bytes), "requests_refused": len(got.dropped)},
             releases=(Release(NonPrivate(), who="clients", what=what, params={"clients": k}),),
         )
 
-    def _fl_round(self, t, sampled, names, union, inverse, labels, item_x, user_x, item_masks, user_masks):
-        cfg, k = self.config, len(sampled)
-        inv = torch.as_tensor(inverse)
-        ix = tuple(x[inv] for x in item_x)  # each client's raw item features [K, T, ...]
-        im = [m[inv] for m in item_masks]
-        tower_v = {n: p for n, p in self.item_params.items() if n != ITEM_ID}
+    def _receive_request(self, t: int, u: int, reply: dict[str, np.ndarray]) -> np.ndarray | None:
+        """RS's check of one request reply (:meth:`check_request`); a refusal drops the client."""
+        name, cfg = client(u), self.config
+        if cfg.decoys == "download-all":
+            flag = reply["all"]
+            if flag.shape != () or flag.dtype.kind not in "iu" or int(flag) != 1:
+                raise RequestError(f"round {t}: {name} sent {flag!r} as its download-all request; expected the "
+                                   "integer 1")
+            self.check_request(t, name, None)
+            self.transport.send(name, RS, t, "request-all", None, 4)
+            arr = None
+        else:
+            arr = self.check_request(t, name, reply["ids"])
+            self.transport.send(name, RS, t, "request", arr.copy() if self.transport.transcript.keep_payloads else None,
+                                4 * cfg.request_size)
+        self._served.add((t, name))
+        return arr
+
+    def _receive_rows(self, t: int, u: int, reply: dict[str, np.ndarray], union: np.ndarray) -> np.ndarray:
+        """RS's check of one client's plaintext item-gradient rows (``item_aggregation = "none"``)."""
+        rows, name = reply["rows"], client(u)
+        want = (len(union), self.config.dim)
+        if rows.shape != want or rows.dtype != np.float32 or not np.isfinite(rows).all():
+            raise ProtocolError(f"round {t}: {name} sent item-gradient rows of {rows.dtype} {rows.shape}; expected "
+                                f"finite float32 {want}")
+        payload = (union.copy(), rows.copy()) if self.transport.transcript.keep_payloads else None
+        self.transport.send(name, RS, t, "item-gradient", payload, 4 * rows.size)
+        return rows
+
+    # -- the client half --------------------------------------------------------------------------
+    def device_step(self, kind: str, round_: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
+                    per_user: Mapping[int, Mapping[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
+        """Client step ``kind`` of round ``round_`` for ``users`` (see :meth:`device_round`)."""
+        users = np.asarray(users, dtype=np.int64)
+        if kind == "request":
+            return self._step_request(int(round_), users)
+        if kind == "train":
+            step = self._step_train if self.mode == "split" else self._step_fl_train
+            return step(int(round_), users, broadcast, per_user)
+        if kind == "item-gradient":
+            return self._step_rows(int(round_), users, broadcast)
+        raise ProtocolError(f"sttfedrec has no client step {kind!r}")
+
+    def device_requires_secure(self, kind: str) -> bool:
+        """The user-tower gradient always goes through the chain; the rows unless ``item_aggregation = "none"``."""
+        if self.mode == "fl":  # FL-DSSM/CLSM's updates are plaintext by design (the baseline)
+            return False
+        return kind == "train" or (kind == "item-gradient" and self.config.item_aggregation != "none")
+
+    def _step_request(self, t: int, users: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
+        ids, labels = self.client_requests(users, t)
+        self.last_batches = (users.copy(), ids, labels)  # simulation ground truth for attack scoring; never sent
+        out = {}
+        for r, u in enumerate(users.tolist()):
+            self._pending[u] = {"round": np.array(t, np.int64), "ids": ids[r].copy(), "labels": labels[r].copy()}
+            out[u] = ({"all": np.array(1, np.int64)} if self.config.decoys == "download-all"
+                      else {"ids": ids[r].copy()})
+        return out
+
+    def _pending_of(self, u: int, t: int, key: str) -> dict[str, np.ndarray] | None:
+        p = self._pending.get(u)
+        return p if p is not None and int(p["round"]) == t and key in p else None
+
+    def _tower_of(self, arrays: Mapping[str, np.ndarray], like: dict[str, torch.Tensor] | None = None,
+                  prefix: str = "user.") -> dict[str, torch.Tensor]:
+        """The tower a client received (the user tower, or ``like``'s tower under ``prefix``; checked)."""
+        out = {}
+        for n, p in (self.user_params if like is None else like).items():
+            if n == ITEM_ID:
+                continue
+            got = arrays.get(f"{prefix}{n}")
+            if not isinstance(got, np.ndarray) or tuple(got.shape) != tuple(p.shape) or got.dtype != np.float32:
+                raise ProtocolError(f"the tower's {prefix}{n!r} is missing or malformed (expected float32 "
+                                    f"{tuple(p.shape)})")
+            out[n] = torch.from_numpy(np.array(got))
+        return out
+
+    def _step_train(self, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
+                    per_user: Mapping[int, Mapping[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
+        cfg = self.config
+        mine = [u for u in users.tolist() if self._pending_of(u, t, "ids") is not None]  # no request, no step
+        if not mine:
+            return {}
+        params = self._tower_of(broadcast)
+        ids = np.stack([self._pending[u]["ids"] for u in mine])
+        labels = np.stack([self._pending[u]["labels"] for u in mine])
+        want = (cfg.request_size, cfg.dim)
+        if cfg.decoys == "download-all":
+            table = broadcast.get("embeddings")
+            if not isinstance(table, np.ndarray) or table.shape != (self.n_items, cfg.dim):
+                raise ProtocolError(f"round {t}: expected all {self.n_items} item embeddings of {cfg.dim}")
+            returned = torch.as_tensor(np.asarray(table, np.float32)[ids])
+        else:
+            got = [per_user.get(u, {}).get("embeddings") for u in mine]
+            if any(not isinstance(e, np.ndarray) or e.shape != want for e in got):
+                raise ProtocolError(f"round {t}: expected {want} embeddings for each request")
+            returned = torch.as_tensor(np.stack(got).astype(np.float32))
+        users_m = np.asarray(mine, dtype=np.int64)
+        user_x = self.client_user_x(users_m, ids, labels)
+        masks = self.client_masks(users_m, t)
+        gu, gi, loss = self._per_client(params, user_x, masks, returned, torch.as_tensor(labels))
+        vec = np.concatenate([numpy_flat(gu), loss.double().numpy()[:, None]], axis=1)
+        if self.record_chain_inputs:
+            self.last_chain_inputs = ([client(u) for u in mine], vec)
+        rows = gi.double().numpy()
+        for r, u in enumerate(mine):
+            self._pending[u]["emb_grad"] = rows[r]
+        self._device_seconds.append(self._time_split_device(params, user_x, masks, returned, labels))
+        return {u: {"vector": vec[r]} for r, u in enumerate(mine)}
+
+    def _step_rows(self, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
+        cfg = self.config
+        if cfg.decoys == "download-all":
+            union = np.arange(self.n_items)
+        else:
+            union = broadcast.get("union")
+            if (not isinstance(union, np.ndarray) or union.ndim != 1 or union.dtype.kind not in "iu" or not len(union)
+                    or np.any(np.diff(union) <= 0) or union[0] < 0 or union[-1] >= self.n_items):
+                raise ProtocolError(f"round {t}: the union of ids must be sorted distinct item ids")
+        out = {}
+        for u in users.tolist():
+            p = self._pending_of(u, t, "emb_grad")
+            if p is None:
+                continue  # nothing trained this round: nothing to send
+            pos = np.minimum(np.searchsorted(union, p["ids"]), len(union) - 1)
+            if np.any(union[pos] != p["ids"]):
+                continue  # the union misses one of this client's ids: it sends nothing (RS drops it)
+            rows = np.zeros((len(union), cfg.dim))
+            np.add.at(rows, pos, p["emb_grad"])
+            del self._pending[u]
+            out[u] = {"rows": rows.astype(np.float32)} if cfg.item_aggregation == "none" else {"vector": rows.ravel()}
+        return out
+
+    def device_state(self, user: int) -> dict[str, np.ndarray]:
+        """What stays on the device between a round's exchanges (its request and gradients); nothing across rounds."""
+        return {k: v.copy() for k, v in self._pending.get(int(user), {}).items()}
+
+    def load_device_state(self, user: int, state: Mapping[str, np.ndarray]) -> None:
+        if set(state) - {"round", "ids", "labels", "emb_grad"}:
+            raise ProtocolError(f"unknown device state keys {sorted(set(state))}")
+        if state:
+            self._pending[int(user)] = {k: np.array(v) for k, v in state.items()}
+        else:
+            self._pending.pop(int(user), None)
+
+    def device_model(self) -> dict[str, np.ndarray]:
+        """What a client needs to score: the user tower (SAS) and all ``M`` normalised item embeddings (RS)."""
+        out = {f"user.{n}": p.detach().numpy().copy() for n, p in self.user_params.items()}
+        out["item_embeddings"] = self.item_embeddings().numpy().copy()
+        return out
+
+    def load_device_model(self, model: Mapping[str, np.ndarray]) -> None:
+        params = self._tower_of(model)
+        emb = model.get("item_embeddings")
+        if not isinstance(emb, np.ndarray) or emb.shape != (self.n_items, self.config.dim):
+            raise ProtocolError(f"expected {self.n_items} item embeddings of {self.config.dim}")
+        self.user_params = params
+        self._device_emb = torch.as_tensor(np.asarray(emb, np.float32))
+
+    def _fl_exchanges(self) -> DeviceRound:
+        """The server half of an ``fl-twotower`` round: ``"request"`` as under sttfedrec, then ``"train"``
+        (down: both towers, the dropout masks and id rows of the request's items; up: both towers'
+        gradients, the id rows' gradients and the loss, each client's in plaintext)."""
+        cfg, t = self.config, self.round
+        t0 = time.perf_counter()
+        everything = cfg.decoys == "download-all"
+        timed = len(self._device_seconds)
         has_id = ITEM_ID in self.item_params
-        # The id vectors of each client's request (zeros without item_id_embedding): downloaded rows.
-        erows = self.item_params[ITEM_ID][torch.as_tensor(union)][inv] if has_id else torch.zeros(k, cfg.request_size, cfg.dim)
-
-        def loss_fn(pu, pv, er, ux, um, vx, vm, lab):
-            u = functional_call(self.user_tower, pu, (*ux, um))
-            v = functional_call(self.item_tower, pv, (*vx, vm)) + er
-            return sampled_softmax_loss(u, v, lab, cfg.temperature)
-
-        f = grad_and_value(loss_fn, argnums=(0, 1, 2))
-        n_u, n_v = len(user_x), len(ix)
-        (gu, gv, ge), loss = vmap(f, in_dims=(None, None, 0, (0,) * n_u, 0, (0,) * n_v, 0, 0))(
-            self.user_params, tower_v, erows, user_x, user_masks, ix, im, torch.as_tensor(labels))
-        gv = {n: g.mean(0) for n, g in gv.items()}
-        id_bytes = 0
+        sampled = np.sort(self.rng.choice(self._clients, size=self.clients_per_round, replace=False))
+        try:
+            got: Replies = yield Exchange("request", sampled, reply_keys=frozenset({"all" if everything else "ids"}),
+                                          validate=lambda u, reply: self._receive_request(t, u, reply))
+            self.last_dropped = {"request": dict(got.dropped)}
+            users = np.array(sorted(got.values), dtype=np.int64)
+            if not len(users):
+                raise ProtocolError(f"round {t}: RS accepted no request")
+            names = [client(u) for u in users]
+            reqs = None if everything else np.stack([got.values[u] for u in users]).reshape(len(users), -1)
+            union = np.arange(self.n_items) if everything else np.unique(reqs)
+            # The server's dropout mask per item id of the round (every client drops the same units of an item).
+            masks = [m.numpy() for m in self.item_tower.masks(len(union), self.dropout_gen)]
+            id_table = self.item_params[ITEM_ID][torch.as_tensor(union)].numpy() if has_id else None
+            down = {f"user.{n}": p.detach().numpy().copy() for n, p in self.user_params.items()}
+            down.update({f"item.{n}": p.detach().numpy().copy() for n, p in self.item_params.items() if n != ITEM_ID})
+            per_user: dict[int, dict[str, np.ndarray]] = {}
+            if everything:
+                down.update({f"mask.{i}": m for i, m in enumerate(masks)})
+                if has_id:
+                    down["id_rows"] = id_table
+            else:
+                for c, u in enumerate(users):
+                    pos = np.searchsorted(union, reqs[c])
+                    per_user[int(u)] = {f"mask.{i}": m[pos] for i, m in enumerate(masks)}
+                    if has_id:
+                        per_user[int(u)]["id_rows"] = id_table[pos]
+            id_bytes = 4 * cfg.request_size * cfg.dim if has_id else 0
+            rows_down = len(union) if everything else cfg.request_size
+            item_bytes = (int(self.data.item_x[union].nnz * 8 // max(len(union), 1)) * rows_down
+                          + id_bytes * rows_down // cfg.request_size)
+            for name in names:
+                self.transport.send(RS, name, t, "user-tower", None, 4 * self.n_user_params)
+                self.transport.send(RS, name, t, "item-tower", None, 4 * self.n_item_params)
+                self.transport.send(RS, name, t, "item-features", None, item_bytes)
+            keys = {"user", "item", "loss"} | ({"ids"} if has_id else set()) | ({"id_index"} if has_id and everything
+                                                                               else set())
+            upd: Replies = yield Exchange("train", users, broadcast=down, per_user=per_user, reply_keys=frozenset(keys),
+                                          validate=lambda u, reply: self._receive_update(t, u, reply))
+            self.last_dropped["train"] = dict(upd.dropped)
+        finally:
+            self._served = {s for s in self._served if s[0] != t}  # the round is over (or may be run again)
+        order = sorted(upd.values)
+        k = len(order)
+        if k == 0:
+            raise ProtocolError(f"round {t}: no client sent an update")
+        ts = time.perf_counter()
+        tower_v = {n: p for n, p in self.item_params.items() if n != ITEM_ID}
+        mean_u = self._unflatten(np.sum([upd.values[u]["user"].astype(np.float64) for u in order], 0) / k,
+                                 self.user_params)
+        gv = self._unflatten(np.sum([upd.values[u]["item"].astype(np.float64) for u in order], 0) / k, tower_v)
         if has_id:  # the mean over clients of each client's gradient of the whole id table (its rows only)
             g_id = torch.zeros_like(self.item_params[ITEM_ID])
-            g_id.index_add_(0, torch.as_tensor(union[inverse.ravel()]), ge.reshape(-1, cfg.dim) / k)
+            row_of = {int(u): c for c, u in enumerate(users)}
+            for u in order:
+                idx = upd.values[u]["id_index"] if everything else reqs[row_of[u]]
+                g_id.index_add_(0, torch.as_tensor(idx), torch.as_tensor(upd.values[u]["ids"]) / k)
             gv[ITEM_ID] = g_id
-            id_bytes = 4 * cfg.request_size * cfg.dim
-        rows_down = len(union) if cfg.decoys == "download-all" else cfg.request_size
-        item_bytes = int(self.data.item_x[union].nnz * 8 // max(len(union), 1)) * rows_down + id_bytes * rows_down // cfg.request_size
-        upload = 4 * (self.n_user_params + self.n_item_params) + 4 + id_bytes
-        for name in names:
-            self.transport.send(RS, name, t, "item-features", None, item_bytes)
-            self.transport.send(name, RS, t, "update", None, upload)
-        ts = time.perf_counter()
-        self.user_opt.step(self.user_params, {n: g.mean(0) for n, g in gu.items()}, lr=cfg.lr_at(t))
+        self.user_opt.step(self.user_params, mean_u, lr=cfg.lr_at(t))
         self.item_opt.step(self.item_params, gv, lr=cfg.lr_at(t))
+        server_s = time.perf_counter() - ts
+        upload = 4 * (self.n_user_params + self.n_item_params) + 4 + id_bytes
         train_bytes = 4 * (self.n_user_params + self.n_item_params) + upload + 4 * cfg.request_size + item_bytes
+        self._train_bytes.append(float(train_bytes))
+        self.round += 1
+        self._cache = None
+        seconds = {"server": server_s, "round": time.perf_counter() - t0}
+        if len(self._device_seconds) > timed:
+            seconds["client"] = self._device_seconds[-1]
+        loss = float(np.mean([float(upd.values[u]["loss"]) for u in order]))
         return RoundStats(
-            round=t, loss=float(loss.mean()), clients=k, bytes_per_client=float(train_bytes),
-            seconds={"server": time.perf_counter() - ts},
-            extra={"train_bytes_per_client": float(train_bytes)},
+            round=t, loss=loss, clients=k, bytes_per_client=float(train_bytes), seconds=seconds,
+            extra={"train_bytes_per_client": float(train_bytes), "requests_refused": len(got.dropped)},
             releases=(Release(NonPrivate(), who="clients", what="both towers' gradients, each in plaintext",
                               params={"clients": k}),),
         )
+
+    def _receive_update(self, t: int, u: int, reply: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The FL server's check of one client's plaintext update."""
+        cfg, name = self.config, client(u)
+        want = {"user": (self.n_user_params,), "item": (self.n_item_params,), "loss": (),
+                "ids": (cfg.request_size, cfg.dim), "id_index": (cfg.request_size,)}
+        for key, value in reply.items():
+            if value.shape != want[key]:
+                raise ProtocolError(f"round {t}: {name}'s {key!r} has shape {value.shape}; expected {want[key]}")
+            if key == "id_index":
+                if value.dtype.kind not in "iu" or value.min() < 0 or value.max() >= self.n_items:
+                    raise ProtocolError(f"round {t}: {name}'s id_index must be item ids in 0..{self.n_items - 1}")
+            elif value.dtype != (np.float64 if key == "loss" else np.float32) or not np.isfinite(value).all():
+                raise ProtocolError(f"round {t}: {name}'s {key!r} must be finite "
+                                    f"{'float64' if key == 'loss' else 'float32'}; found {value.dtype}")
+        nbytes = 4 * (self.n_user_params + self.n_item_params) + 4 + (4 * cfg.request_size * cfg.dim if "ids" in reply else 0)
+        self.transport.send(name, RS, t, "update", None, nbytes)
+        return reply
+
+    def _step_fl_train(self, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
+                       per_user: Mapping[int, Mapping[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
+        """An FL client: both towers' gradients on its request, from the downloaded towers, masks and id rows."""
+        cfg = self.config
+        mine = [u for u in users.tolist() if self._pending_of(u, t, "ids") is not None]
+        if not mine:
+            return {}
+        everything, has_id = cfg.decoys == "download-all", ITEM_ID in self.item_params
+        pu = self._tower_of(broadcast)
+        pv = self._tower_of(broadcast, self.item_params, "item.")
+        ids = np.stack([self._pending[u]["ids"] for u in mine])
+        labels = np.stack([self._pending[u]["labels"] for u in mine])
+        k, T = ids.shape
+        n_masks = len(self.item_tower.widths) - 1
+
+        def rows(key: str, width: int | None = None) -> np.ndarray:
+            if everything:
+                table = broadcast.get(key)
+                if not isinstance(table, np.ndarray) or table.shape[0] != self.n_items:
+                    raise ProtocolError(f"round {t}: expected {key!r} for all {self.n_items} items")
+                return np.asarray(table)[ids]
+            got = [per_user.get(u, {}).get(key) for u in mine]
+            if any(not isinstance(g, np.ndarray) or g.shape[0] != T for g in got):
+                raise ProtocolError(f"round {t}: expected {key!r} for the {T} items of each request")
+            return np.stack(got)
+
+        im = [torch.as_tensor(rows(f"mask.{i}"), dtype=torch.float32) for i in range(n_masks)]
+        erows = (torch.as_tensor(rows("id_rows"), dtype=torch.float32) if has_id
+                 else torch.zeros(k, T, cfg.dim))
+        ix = tuple(x.reshape(k, T, *x.shape[1:]) for x in self._inputs("item", ids.ravel()))
+        users_m = np.asarray(mine, dtype=np.int64)
+        user_x, um = self.client_user_x(users_m, ids, labels), self.client_masks(users_m, t)
+
+        def loss_fn(pu_, pv_, er, ux, umask, vx, vm, lab):
+            u = functional_call(self.user_tower, pu_, (*ux, umask))
+            v = functional_call(self.item_tower, pv_, (*vx, vm)) + er
+            return sampled_softmax_loss(u, v, lab, cfg.temperature)
+
+        f = grad_and_value(loss_fn, argnums=(0, 1, 2))
+        lab = torch.as_tensor(labels)
+        (gu, gv, ge), loss = vmap(f, in_dims=(None, None, 0, (0,) * len(user_x), 0, (0,) * len(ix), 0, 0))(
+            pu, pv, erows, user_x, um, ix, im, lab)
+        ts = time.perf_counter()  # one device's work alone, unbatched (the first client of the step)
+        f(pu, pv, erows[0], tuple(x[0] for x in user_x), [m[0] for m in um], tuple(x[0] for x in ix),
+          [m[0] for m in im], lab[0])
+        self._device_seconds.append(time.perf_counter() - ts)
+        fu, fv = numpy_flat(gu).astype(np.float32), numpy_flat(gv).astype(np.float32)
+        out = {}
+        for r, u in enumerate(mine):
+            reply = {"user": fu[r], "item": fv[r], "loss": np.array(float(loss[r]), np.float64)}
+            if has_id:
+                reply["ids"] = ge[r].numpy().astype(np.float32)
+                if everything:
+                    reply["id_index"] = ids[r].copy()
+            out[u] = reply
+            del self._pending[u]
+        return out
+
+    def _user_fn(self, params, inputs, masks, items, labels):
+        u = functional_call(self.user_tower, params, (*inputs, masks))
+        return sampled_softmax_loss(u, items, labels, self.config.temperature)
+
+    def _per_client(self, params, user_x, user_masks, items, labels):
+        """Per-client user-tower gradients, embedding gradients and losses (one vmap call)."""
+        f = grad_and_value(self._user_fn, argnums=(0, 3))
+        n_in = len(user_x)
+        (gu, gi), loss = vmap(f, in_dims=(None, (0,) * n_in, 0, 0, 0))(params, user_x, user_masks, items, labels)
+        return gu, gi, loss
+
+    def _time_split_device(self, params, user_x, masks, returned, labels) -> float:
+        """Wall seconds of one client's training work alone (the first of the step's clients), unbatched."""
+        ts = time.perf_counter()
+        pu = {n: p.clone().requires_grad_(True) for n, p in params.items()}
+        u = functional_call(self.user_tower, pu, (*(x[0:1] for x in user_x), [m[0:1] for m in masks]))
+        v = returned[0].clone().requires_grad_(True)
+        loss = sampled_softmax_loss(u[0], v, torch.as_tensor(labels[0]), self.config.temperature)
+        torch.autograd.grad(loss, list(pu.values()) + [v])
+        return time.perf_counter() - ts
 
     @staticmethod
     def _unflatten(vec: np.ndarray, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -408,30 +736,12 @@ class STTFedRec:
         mean = self._unflatten(np.asarray(vec, dtype=np.float64) / survivors, self.user_params)
         self.user_opt.step(self.user_params, mean, lr=self.config.lr_at(self.round))
 
-    def _time_one_device(self, user_x, user_masks, item_x, item_masks, union, inverse, labels) -> float:
-        """Wall seconds of one client's training work alone (the first sampled client), unbatched."""
-        inv = torch.as_tensor(inverse[0])
-        ts = time.perf_counter()
-        pu = {n: p.clone().requires_grad_(True) for n, p in self.user_params.items()}
-        u = functional_call(self.user_tower, pu, (*(x[0:1] for x in user_x), [m[0:1] for m in user_masks]))
-        if self.mode == "fl":
-            pv = {n: p.clone().requires_grad_(True) for n, p in self.item_params.items() if n != ITEM_ID}
-            v = functional_call(self.item_tower, pv, (*(x[inv] for x in item_x), [m[inv] for m in item_masks]))
-            params = list(pu.values()) + list(pv.values())
-            if ITEM_ID in self.item_params:  # the downloaded id rows of the request
-                rows = self.item_params[ITEM_ID][torch.as_tensor(union[inverse[0]])].requires_grad_(True)
-                v, params = v + rows, params + [rows]
-        else:
-            v = torch.randn(len(inv), self.config.dim).requires_grad_(True)  # stands for the received embeddings
-            params = list(pu.values()) + [v]
-        loss = sampled_softmax_loss(u[0], v, torch.as_tensor(labels[0]), self.config.temperature)
-        torch.autograd.grad(loss, params)
-        return time.perf_counter() - ts
-
     # -- evaluation, costs and checkpoints ----------------------------------------------------------
     @torch.no_grad()
     def item_embeddings(self) -> torch.Tensor:
-        """All ``M`` item embeddings, L2-normalised (what RS ships for inference)."""
+        """All ``M`` item embeddings, L2-normalised (what RS ships for inference; on a client, the loaded ones)."""
+        if self._device_emb is not None:
+            return self._device_emb
         if self._cache is None or self._cache[0] != self.round:
             out = []
             for lo in range(0, self.n_items, 1024):
@@ -524,15 +834,25 @@ def _build(ctx, mode: str) -> STTFedRec:
                      exclude=ctx.exclude, mode=mode)
 
 
+def check_devices(config: TwoTowerConfig) -> None:
+    """Refuse (in words) a configuration whose clients cannot run on separate devices."""
+    if config.decoys == "fixed-pool":
+        raise ValueError("sttfedrec.decoys = 'fixed-pool' cannot run on separate devices: each client's decoy pool "
+                         "is popularity-matched over every user's training clicks (decoy_pools), which no device "
+                         "holds and RS does not publish; use decoys = 'fresh' or 'download-all'")
+
+
 register(ProtocolSpec(
     name="sttfedrec",
     summary="STTFedRec: split two-tower (DSSM/CLSM); item tower on RS, user tower on SAS via the circular chain",
     build=lambda ctx: _build(ctx, "split"), section="sttfedrec", config_cls=TwoTowerConfig,
+    exchanges=Exchanges(check=check_devices),
 ))
 register(ProtocolSpec(
     name="fl-twotower",
     summary="FL-DSSM/FL-CLSM: clients train both towers and upload plaintext gradients (STTFedRec's baseline)",
     build=lambda ctx: _build(ctx, "fl"), section="sttfedrec", config_cls=TwoTowerConfig,
+    exchanges=Exchanges(check=check_devices),
 ))
 
 from protocols import twotower_central  # noqa: E402,F401  (registers centralized-twotower beside them)

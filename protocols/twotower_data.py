@@ -24,8 +24,9 @@ import scipy.sparse as sp
 import torch
 
 from recmodels.data import Interactions
-from recmodels.sampling import sample_train_negatives
+from recmodels.sampling import sample_negatives_keyed, sample_train_negatives
 from recmodels.side import load_item_meta, load_user_demographics
+from recmodels.streams import shuffle_keys, stream_keys
 from recmodels.trigram import (
     TrigramVocab,
     demographic_texts,
@@ -36,7 +37,7 @@ from recmodels.trigram import (
 )
 from recmodels.twotower import TOWERS
 
-__all__ = ["TwoTowerConfig", "TwoTowerData", "build_features", "sample_requests"]
+__all__ = ["TwoTowerConfig", "TwoTowerData", "build_features", "sample_requests", "sample_requests_keyed"]
 
 _USER_FEATURES = ("auto", "demographics", "clicks", "history")
 _DECOYS = ("fresh", "fixed-pool", "download-all")
@@ -405,6 +406,56 @@ def sample_requests(users: np.ndarray, pos_items: np.ndarray, pos_start: np.ndar
     labels[pos_mask] = 1.0
     perm = np.argsort(rng.random((k, T)), axis=1)
     return np.take_along_axis(ids, perm, 1), np.take_along_axis(labels, perm, 1)
+
+
+def sample_requests_keyed(users: np.ndarray, pos_items: np.ndarray, pos_start: np.ndarray, n_pos: int, n_neg: int,
+                          forbidden: np.ndarray, n_items: int, keys: np.ndarray,
+                          pool: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sample_requests` with each client's draws from its own stream (:mod:`recmodels.streams`).
+
+    Row ``i`` (the request of ``users[i]``) depends only on that user's positives (and pool),
+    ``forbidden`` and ``keys[i]``: a client drawing its request alone on its device draws exactly
+    the row it draws batched with the cohort in one process. The composition is
+    :func:`sample_requests`'s: ``min(clicks, n_pos)`` clicks without replacement, the rest
+    non-clicked ids (uniform over the catalogue minus ``forbidden``, independently, or without
+    replacement from the user's fixed pool), in a uniformly random order.
+
+    Args:
+        forbidden: sorted unique pair keys (:func:`recmodels.data.pair_keys`) never drawn as a
+            non-clicked id (the users' training clicks, feature clicks and excluded ratings).
+        keys: uint64 ``[len(users)]``, each client's stream for this round.
+    """
+    users = np.asarray(users, dtype=np.int64)
+    keys = np.asarray(keys, dtype=np.uint64)
+    k, T = len(users), n_pos + n_neg
+    sub = stream_keys(keys[:, None], np.arange(3, dtype=np.int64)[None, :]).reshape(k, 3)  # clicks, decoys, order
+    counts = pos_start[users + 1] - pos_start[users]
+    take = np.minimum(counts, n_pos)
+    need = T - take
+    ids = np.empty((k, T), np.int64)
+    labels = np.zeros((k, T), np.float32)
+    if pool is None:
+        neg_flat = sample_negatives_keyed(np.repeat(users, need), np.repeat(sub[:, 1], need),
+                                          np.concatenate([np.arange(n) for n in need]) if k else np.zeros(0, np.int64),
+                                          n_items=n_items, forbidden=forbidden)
+        negs = np.split(neg_flat, np.cumsum(need)[:-1]) if k else []
+    else:
+        p_items, p_start = pool
+        negs = []
+        for r, u in enumerate(users):
+            mine = p_items[p_start[u]:p_start[u + 1]]
+            if len(mine) < need[r]:
+                raise ValueError("a decoy pool is smaller than the non-clicked ids a request needs; raise "
+                                 "sttfedrec.pool_factor")
+            negs.append(mine[np.argsort(shuffle_keys(sub[r, 1], np.arange(len(mine))), kind="stable")[:need[r]]])
+    for r, u in enumerate(users):
+        mine = pos_items[pos_start[u]:pos_start[u + 1]]
+        clicks = mine[np.argsort(shuffle_keys(sub[r, 0], np.arange(len(mine))), kind="stable")[:take[r]]]
+        row = np.concatenate([clicks, negs[r]])
+        lab = (np.arange(T) < take[r]).astype(np.float32)
+        order = np.argsort(shuffle_keys(sub[r, 2], np.arange(T)), kind="stable")
+        ids[r], labels[r] = row[order], lab[order]
+    return ids, labels
 
 
 def decoy_pools(train: Interactions, never: Interactions, n_pos: int, n_neg: int, factor: float,

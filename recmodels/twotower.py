@@ -37,6 +37,7 @@ __all__ = [
     "TOWERS",
     "dense_rows",
     "make_tower",
+    "keyed_dropout_masks",
     "numpy_flat",
     "sampled_softmax_loss",
     "tower_inputs",
@@ -55,6 +56,27 @@ def _dropout_mask(shape: tuple[int, ...], p: float, generator: torch.Generator) 
     if p == 0:
         return torch.ones(shape)
     return (torch.rand(shape, generator=generator) >= p).float() / (1 - p)
+
+
+def keyed_dropout_masks(tower: nn.Module, keys: np.ndarray) -> list[torch.Tensor]:
+    """A tower's dropout masks (``tower.masks``'s shapes) for ``len(keys)`` rows, row ``i`` drawn from
+    stream ``keys[i]`` alone (:mod:`recmodels.streams`): a client's mask is the same alone or batched.
+
+    Entry ``j`` of hidden layer ``l`` uses counter ``sum of the earlier widths + j``; a uniform in
+    ``[0, 1)`` is the stream value's top 53 bits, and the mask is ``(uniform >= p) / (1 - p)``.
+    """
+    from recmodels.streams import uniform_u64
+
+    keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+    p, out, offset = float(tower.dropout), [], 0
+    for width in tower.widths[:-1]:
+        if p == 0:
+            out.append(torch.ones(len(keys), width))
+        else:
+            u = (uniform_u64(keys[:, None], np.arange(offset, offset + width)[None, :]) >> np.uint64(11)) * 2.0 ** -53
+            out.append(torch.as_tensor(u >= p, dtype=torch.float32) / (1 - p))
+        offset += width
+    return out
 
 
 class DSSMTower(nn.Module):

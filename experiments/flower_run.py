@@ -86,10 +86,11 @@ def execute_on_grid(req: RunRequest, prep: Prepared, meta: PartitionMeta, grid: 
     cfg = req.config
     server = build_server_trainer(cfg.spec, cfg.protocol_config, cfg.run.seed, meta,
                                   transport=InProcessTransport(Transcript()), user_ids=prep.split.train.user_ids,
+                                  item_ids=prep.split.train.item_ids,
                                   source=cfg.data.source)
     t0 = time.perf_counter()
     trainer = GridTrainer(grid, server, protocol=cfg.run.protocol, seed=cfg.run.seed, meta=meta,
-                          timeout=timeout, assign=assign, resumable=resumable)
+                          timeout=timeout, assign=assign, resumable=resumable, source=cfg.data.source)
     runtime = {**runtime, "nodes": len(trainer.node_of), "connect_seconds": round(time.perf_counter() - t0, 3)}
     rd, run_id, elapsed = _open(req, prep, trainer)
     try:

@@ -98,6 +98,7 @@ PARTITION_FORMAT = 1
 #: (tested end to end on Flower); protocols with a :class:`protocols.registry.DeviceSplit` run too.
 SUPPORTED = ("fedavg",)
 _PART_NAME = "client-{:07d}.npz"
+_CATALOGUE = "catalogue.npz"
 #: Arrays the server broadcasts each round (the protocol's global model).
 GLOBAL_STATE = ("item", "h", "b")
 #: The per-client state that never leaves the client (a row of the protocol's ``user`` table).
@@ -133,6 +134,8 @@ class Partition:
     excluded: np.ndarray
     unit: int | None = None  # the client's public unit (split protocols), else None
     ratings: np.ndarray | None = None  # its ratings, aligned with ``items`` (None: every row a positive, 1.0)
+    timestamps: np.ndarray | None = None  # its timestamps, aligned with ``items`` (None: all 0)
+    item_ids: np.ndarray | None = None  # the public catalogue's raw item ids (None: 0..n_items-1)
 
     def train(self) -> Interactions:
         """The client's training interactions on the global id space (only its own rows)."""
@@ -140,8 +143,12 @@ class Partition:
         return Interactions(
             users=np.full(n, self.user, np.int64), items=self.items.astype(np.int64),
             ratings=np.ones(n, np.float32) if self.ratings is None else self.ratings.astype(np.float32),
-            timestamps=np.zeros(n, np.int64), user_ids=np.arange(self.n_users), item_ids=np.arange(self.n_items),
+            timestamps=np.zeros(n, np.int64) if self.timestamps is None else self.timestamps.astype(np.int64),
+            user_ids=np.arange(self.n_users), item_ids=self._item_ids(),
         )
+
+    def _item_ids(self) -> np.ndarray:
+        return np.arange(self.n_items) if self.item_ids is None else self.item_ids
 
     def exclude(self) -> Interactions | None:
         if not len(self.excluded):
@@ -150,7 +157,7 @@ class Partition:
         return Interactions(
             users=np.full(n, self.user, np.int64), items=self.excluded.astype(np.int64),
             ratings=np.zeros(n, np.float32), timestamps=np.zeros(n, np.int64),
-            user_ids=np.arange(self.n_users), item_ids=np.arange(self.n_items),
+            user_ids=np.arange(self.n_users), item_ids=self._item_ids(),
         )
 
 
@@ -172,6 +179,8 @@ def write_partitions(train: Interactions, exclude: Interactions | None, director
     # explicit ratings go with the items (protocols that train on them: LightFR, FedMF); binarised
     # data (every rating 1) writes none, as before
     ratings = None if np.all(train.ratings == 1) else train.ratings[order].astype(np.float32)
+    # and the timestamps (protocols that order a user's clicks: STTFedRec's first-click features, FedCL)
+    stamps = None if not np.any(train.timestamps) else train.timestamps[order].astype(np.int64)
     ex_items = ex_start = None
     if exclude is not None and len(exclude):
         ex_order = np.argsort(exclude.users, kind="stable")
@@ -185,6 +194,8 @@ def write_partitions(train: Interactions, exclude: Interactions | None, director
         own = {} if units is None else {"unit": np.int64(units[u])}
         if ratings is not None:
             own["ratings"] = ratings[start[u] : start[u + 1]]
+        if stamps is not None:
+            own["timestamps"] = stamps[start[u] : start[u + 1]]
         np.savez(out / _PART_NAME.format(pid), user=np.int64(u), n_users=np.int64(train.n_users),
                  n_items=np.int64(train.n_items), items=items[start[u] : start[u + 1]].astype(np.int64),
                  excluded=np.asarray(excluded, np.int64), **own)
@@ -195,6 +206,9 @@ def write_partitions(train: Interactions, exclude: Interactions | None, director
     if meta.units is None:
         raw.pop("units")  # (a FedAvg partition's meta.json is unchanged)
     (out / "meta.json").write_text(json.dumps({"format": PARTITION_FORMAT, **raw}))
+    # the public catalogue's raw item ids (a protocol may derive public item features from them:
+    # STTFedRec's item texts), one file every client reads
+    np.savez(out / _CATALOGUE, item_ids=np.asarray(train.item_ids))
     return meta
 
 
@@ -212,6 +226,17 @@ def partition_meta(directory: str | Path) -> PartitionMeta:
                          units=None if units is None else tuple(int(c) for c in units))
 
 
+def _catalogue(directory: str | Path, n_items: int) -> np.ndarray | None:
+    path = Path(directory) / _CATALOGUE
+    if not path.is_file():
+        return None  # (partitions written before the catalogue file: ids 0..n_items-1)
+    with np.load(path, allow_pickle=False) as z:
+        ids = z["item_ids"]
+    if ids.ndim != 1 or len(ids) != n_items or ids.dtype.kind not in "iuU":
+        raise ValueError(f"{path} holds {ids.dtype} {ids.shape}; expected {n_items} item ids")
+    return ids.copy()
+
+
 def load_partition(directory: str | Path, partition_id: int) -> Partition:
     """Load one client's own file (and nothing of any other client)."""
     path = Path(directory) / _PART_NAME.format(int(partition_id))
@@ -221,7 +246,9 @@ def load_partition(directory: str | Path, partition_id: int) -> Partition:
         return Partition(partition_id=int(partition_id), user=int(z["user"]), n_users=int(z["n_users"]),
                          n_items=int(z["n_items"]), items=z["items"].copy(), excluded=z["excluded"].copy(),
                          unit=int(z["unit"]) if "unit" in z.files else None,
-                         ratings=z["ratings"].copy() if "ratings" in z.files else None)
+                         ratings=z["ratings"].copy() if "ratings" in z.files else None,
+                         timestamps=z["timestamps"].copy() if "timestamps" in z.files else None,
+                         item_ids=_catalogue(directory, int(z["n_items"])))
 
 
 # -- a node's own store of its user state (resume) ------------------------------------------------
@@ -320,8 +347,9 @@ def _build(spec: ProtocolSpec, config: Any, seed: int, train: Interactions, excl
     return trainer
 
 
-def _census(users: np.ndarray, n_users: int, n_items: int, user_ids: np.ndarray | None) -> Interactions:
-    return census(users, n_users, n_items, user_ids)
+def _census(users: np.ndarray, n_users: int, n_items: int, user_ids: np.ndarray | None,
+            item_ids: np.ndarray | None = None) -> Interactions:
+    return census(users, n_users, n_items, user_ids, item_ids)
 
 
 def public_units(spec: ProtocolSpec, config: Any, seed: int, train: Interactions, source: str = "flower") -> np.ndarray | None:
@@ -339,6 +367,7 @@ def public_units(spec: ProtocolSpec, config: Any, seed: int, train: Interactions
 
 def build_server_trainer(spec: ProtocolSpec, config: Any, seed: int, meta: PartitionMeta,
                          transport: InProcessTransport | None = None, *, user_ids: np.ndarray | None = None,
+                         item_ids: np.ndarray | None = None,
                          source: str = "flower") -> Any:
     """The server's half: the protocol built on a census (one placeholder row per client).
 
@@ -349,7 +378,7 @@ def build_server_trainer(spec: ProtocolSpec, config: Any, seed: int, meta: Parti
     ones the partitions were written with (``meta.units``), else ``ValueError``.
     """
     check_runs_on_flower(spec, config)
-    census = _census(np.asarray(meta.users, np.int64), meta.n_users, meta.n_items, user_ids)
+    census = _census(np.asarray(meta.users, np.int64), meta.n_users, meta.n_items, user_ids, item_ids)
     server = _build(spec, config, seed, census, None, transport, source)
     if spec.split is not None:
         units = tuple(int(c) for c in np.asarray(server.unit_of_users())[np.asarray(meta.users, np.int64)])
@@ -360,7 +389,7 @@ def build_server_trainer(spec: ProtocolSpec, config: Any, seed: int, meta: Parti
 
 
 def build_client_trainer(spec: ProtocolSpec, config: Any, seed: int, part: Partition,
-                         unit_clients: int | None = None) -> Any:
+                         unit_clients: int | None = None, source: str = "flower") -> Any:
     """A client's half: the protocol built on this client's own data only.
 
     Built without ``secure_aggregation``: the client's trainer only trains (its half of the secure
@@ -372,7 +401,7 @@ def build_client_trainer(spec: ProtocolSpec, config: Any, seed: int, part: Parti
     """
     if spec.exchanges is not None:  # the client half on its own rows; secure sums are the runtime's
         build = spec.exchanges.build_client or spec.build
-        trainer = build(_context(config, seed, part.train(), part.exclude(), None, "flower"))
+        trainer = build(_context(config, seed, part.train(), part.exclude(), None, source))
         _check_hooks(spec, trainer)
         return trainer
     if spec.split is None:

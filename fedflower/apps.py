@@ -129,6 +129,12 @@ def _requires_secure(context: Context, require_secure: bool) -> bool:
     return require_secure or str(context.node_config.get("require-secagg", "false")).lower() in ("true", "1", "yes")
 
 
+def _source(context: Context, run: ConfigRecord) -> str:
+    """Where the node finds the data's public side files (STTFedRec's item titles in ``movies.csv``):
+    its node config's ``data-source``, else the source the server names, else none."""
+    return str(context.node_config.get("data-source") or run.get("source") or "flower")
+
+
 def _state_dir(context: Context, state_dir: str | None) -> str | None:
     return state_dir or (str(context.node_config["state-dir"]) if context.node_config.get("state-dir") else None)
 
@@ -176,7 +182,7 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
             raise ValueError("a secure round's training request arrived outside secure aggregation; this client "
                              "never sends its update unmasked")
         if EXCHANGE_KEY in msg.content.config_records:  # one step of a protocol of exchanges
-            trainer = build_client_trainer(spec, config, int(run["seed"]), part)
+            trainer = build_client_trainer(spec, config, int(run["seed"]), part, source=_source(context, run))
             reply = client_exchange(msg, context, trainer, part, run, secure=secure,
                                     require_secure=_requires_secure(context, require_secure),
                                     store=_state_dir(context, sdir), vector_key=VECTOR_KEY)
@@ -212,7 +218,8 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
         part = load_partition(*_partition_of(context, pdir, msg))
         run = msg.content["run"]
         spec = get_protocol(str(run["protocol"]))
-        trainer = build_client_trainer(spec, config_from_json(spec, str(run["config"])), int(run["seed"]), part)
+        trainer = build_client_trainer(spec, config_from_json(spec, str(run["config"])), int(run["seed"]), part,
+                                       source=_source(context, run))
         model = _arrays(msg.content["model"])
         store = _state_dir(context, sdir)
         if spec.exchanges is not None:  # the protocol's own global arrays and this client's own state
@@ -288,11 +295,14 @@ class GridTrainer:
         assign: simulation: assign partition ``i`` to the ``i``-th node instead of a census.
         resumable: every node keeps its user state in a store on its own disk (``state-dir``), so
             the run can be resumed from the server's checkpoint (:meth:`load_state_dict`).
+        source: the data's source (``"synthetic"`` or a path), sent to the clients of a protocol of
+            exchanges for its public side files (a node's ``data-source`` node config overrides it).
     """
 
     def __init__(self, grid: Grid, server: Any, *, protocol: str, seed: int, meta: PartitionMeta,
-                 timeout: float = 600.0, assign: bool = False, resumable: bool = False):
+                 timeout: float = 600.0, assign: bool = False, resumable: bool = False, source: str = "flower"):
         self.grid, self.server, self.protocol, self.seed, self.meta = grid, server, protocol, int(seed), meta
+        self.source = str(source)
         self.timeout = float(timeout)
         self.resumable = bool(resumable)
         self.config_json = config_to_json(server.config)
@@ -343,6 +353,8 @@ class GridTrainer:
                 extra.setdefault("unit_clients", int(len(self.units[extra["unit"]]._clients)))
         if self.assign:
             extra["partition"] = self.partition_of[int(user)]
+        if self.exchanges:  # (the public side files a client half may read, e.g. item titles)
+            extra.setdefault("source", self.source)
         return ConfigRecord({"protocol": self.protocol, "config": self.config_json, "seed": self.seed,
                              "round": int(self.server.round), **extra})  # (a unit's exchange gives its own round)
 

@@ -241,7 +241,7 @@ def test_partitions_and_census_carry_only_each_clients_public_leaf(tmp_path):
         assert part.unit == meta.units[pid] == want
         np.testing.assert_array_equal(part.items, train.items[train.users == u])  # only its own rows
         with np.load(tmp_path / f"client-{pid:07d}.npz", allow_pickle=False) as z:
-            assert set(z.files) == {"user", "n_users", "n_items", "items", "excluded", "unit"}
+            assert set(z.files) == {"user", "n_users", "n_items", "items", "excluded", "unit", "timestamps"}
     assert sum(c == -1 for c in meta.units) == len(ref.opt_in) > 0
     # The server's census: who takes part, one placeholder row each, no one's items.
     server = build_server_trainer(SPEC, cfg, 11, meta, user_ids=train.user_ids, source="synthetic")

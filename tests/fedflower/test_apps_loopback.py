@@ -113,8 +113,11 @@ def test_each_partition_holds_only_its_users_data(tmp_path):
         assert part.user == u
         np.testing.assert_array_equal(part.items, train.items[train.users == u])  # its rows, in data order
         np.testing.assert_array_equal(part.excluded, exclude.items[exclude.users == u])
+        np.testing.assert_array_equal(part.timestamps, train.timestamps[train.users == u])  # its own, aligned
         with np.load(tmp_path / f"client-{pid:07d}.npz", allow_pickle=False) as z:
-            assert set(z.files) == {"user", "n_users", "n_items", "items", "excluded"}
+            assert set(z.files) == {"user", "n_users", "n_items", "items", "excluded", "timestamps"}
+    with np.load(tmp_path / "catalogue.npz", allow_pickle=False) as z:  # the public catalogue, nobody's data
+        assert z.files == ["item_ids"] and np.array_equal(z["item_ids"], train.item_ids)
     with pytest.raises(FileNotFoundError, match="partition 6 not found"):
         load_partition(tmp_path, 6)
 

@@ -141,3 +141,19 @@ def test_fedcl_with_ldp_runs_on_flower(tmp_path):
     assert [(r["clients"], r["bytes_per_client"]) for r in rows[0]] == [(r["clients"], r["bytes_per_client"]) for r in rows[1]]
     sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("flower", "inproc"))
     assert sa["privacy"] == sb["privacy"] and "epsilon" in json.dumps(sa["privacy"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["lightfr", "sttfedrec"])
+def test_simulation_through_ray_gives_the_in_process_run(tmp_path, preset):
+    """`secagg flower simulate PRESET` through Flower's simulation engine (Ray): ``secagg run``'s model."""
+    from experiments.cli import main as secagg
+
+    config = tmp_path / "small.toml"
+    config.write_text(CASES[preset])
+    assert secagg(["run", preset, "--config", str(config), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
+    assert secagg(["flower", "simulate", preset, "--config", str(config), "--cpus", "1", "--out", str(tmp_path / "sim"),
+                   "--quiet"]) == 0
+    compare_runs(tmp_path / "sim", tmp_path / "inproc", client_held=CLIENT_HELD.get(preset, ()),
+                 atol=ATOL.get(preset, 1e-6))
+    assert json.loads((tmp_path / "sim" / "summary.json").read_text())["runtime"]["engine"] == "flower simulation (ray)"

@@ -341,3 +341,17 @@ def test_fel_dp_deployment_over_tls_gives_the_in_process_privacy_report(tmp_path
     assert entries[0] == entries[1] and {c for c, _, _ in entries[0]} == {"leaf:0", "leaf:1"}
     assert [json.loads(x)["bytes_per_client"] for x in (flower / "costs.jsonl").read_text().splitlines()] == \
         [json.loads(x)["bytes_per_client"] for x in (inproc / "costs.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_sttfedrec_deployment_over_tls_gives_the_in_process_model(tmp_path):
+    """A protocol of named exchanges on real SuperNodes over TLS: STTFedRec's RS and SAS in the
+    ServerApp, each client's request in plaintext, its user-tower gradient through the circular chain
+    and its embedding gradients through SecAgg+; the model and metrics equal `secagg run`'s."""
+    from .test_exchange_protocols import ATOL, CASES, CLIENT_HELD, compare_runs
+
+    config = CASES["sttfedrec"].replace("rounds = 2", "rounds = {rounds}")
+    flower, inproc = deploy(tmp_path, rounds=2, preset="sttfedrec", config=config)
+    compare_runs(flower, inproc, client_held=CLIENT_HELD["sttfedrec"], atol=ATOL["sttfedrec"])
+    summary = json.loads((flower / "summary.json").read_text())
+    assert summary["runtime"]["engine"].startswith("flower deployment")

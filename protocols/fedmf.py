@@ -26,8 +26,8 @@ Defenses (``FedMFConfig.defense``):
     * ``"ckks"``: the same key model with TenSEAL CKKS (server has the public context only);
       sums are approximate within :func:`secagg.he.ckks.sum_error_bound`.
     * ``"secagg"``: the dense updates go through the ``secagg`` pairwise-mask protocol
-      (:func:`secagg.runner.run_secagg`) over all clients; the transcript records the masked
-      vectors the server received. Promise: the server learns only the sum over >= 2 clients.
+      (an exchange's :class:`protocols.exchange.SecureSum`, :func:`protocols.secure_sum.secure_sum`
+      in process) over all clients; the transcript records the masked vectors the server received. Promise: the server learns only the sum over >= 2 clients.
       In ``"part"`` the rated ids still travel in the clear (the variant's metadata), and the
       values travel as a dense masked vector (a masking protocol needs equal lengths).
     * ``"ldp"``: every client perturbs its update with :func:`dp.ldp.ldp_laplace`
@@ -354,8 +354,8 @@ class FedMF:
         if cfg.defense == "none":
             lost: Replies = yield Exchange("loss", users, broadcast=down, reply_keys=frozenset({"loss"}),
                                            validate=self._check_loss)
-            for u in lost.values:
-                send(client(u), SERVER, t, "loss", None, 24)
+            for u, v in lost.values.items():
+                send(client(u), SERVER, t, "loss", v, 24)
             parts = [lost.values[u] for u in users.tolist() if u in lost.values]
             sums = np.sum(parts, axis=0) if parts else None
         else:
@@ -370,9 +370,9 @@ class FedMF:
         extra: dict[str, Any] = {"bytes_up_per_client": up_bytes, "train_rmse": math.sqrt(loss),
                                  "bytes_eval_per_client": float(_size(model) + (24 if cfg.defense == "none" else
                                                                                 lost.bytes_per_client))}
-        dropped = {**got.dropped, **lost.dropped}
-        if dropped:
-            extra["dropped"] = {str(u): why for u, why in sorted(dropped.items())}
+        for name, gone in (("dropped", got.dropped), ("loss_dropped", lost.dropped)):
+            if gone:  # who was left out of the update, and of the loss, with the reasons
+                extra[name] = {str(u): why for u, why in sorted(gone.items())}
         if aborted is not None:
             extra["aborted"] = aborted
         client_s = self._client_seconds - client_s0

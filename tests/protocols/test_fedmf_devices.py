@@ -195,7 +195,31 @@ def test_an_impossible_loss_reply_is_dropped(loss):
     server, clients = _devices(_cfg())
     stats = run_on_devices(server, clients, tamper=lambda ex, u, r: {"loss": np.array(loss)}
                            if (ex.kind, u) == ("loss", 0) else r)
-    assert set(stats.extra["dropped"]) == {"0"} and np.isfinite(stats.loss)
+    assert set(stats.extra["loss_dropped"]) == {"0"} and "dropped" not in stats.extra and np.isfinite(stats.loss)
+
+
+@pytest.mark.parametrize("defense", ["none", "secagg"])
+def test_the_loss_of_a_round_is_over_the_clients_that_reported_it(defense):
+    cfg = _cfg(defense)
+    local = _local(cfg)
+    server, clients = _devices(cfg)
+    stats = run_on_devices(server, clients, silent=lambda ex, u: ex.kind == "loss" and u == 1)
+    local.run_round()
+    keep = local.train.users != 1
+    pred = np.clip(np.einsum("nd,nd->n", local.p[local.train.users[keep]], local.q[local.train.items[keep]]),
+                   *local.scale)
+    oracle = float(np.mean((pred - local.train.ratings[keep]) ** 2))
+    assert stats.extra["loss_dropped"] == {"1": "silent"} and stats.clients == 6
+    assert stats.loss == pytest.approx(oracle, rel=1e-12 if defense == "none" else 1e-6)
+
+
+def test_a_secure_sum_left_with_one_client_aborts_and_the_model_stays():
+    server, clients = _devices(_cfg("secagg"))
+    q0 = server.q.copy()
+    stats = run_on_devices(server, clients, silent=lambda ex, u: ex.kind == "train" and u < 5)
+    assert "at least 2 clients" in stats.extra["aborted"] and stats.clients == 0
+    np.testing.assert_array_equal(server.q, q0)
+    assert np.isfinite(stats.loss) and server.round == 1  # the round finished; the loss is of the unchanged Q
 
 
 def test_check_refuses_what_cannot_be_separated_in_words():
@@ -274,3 +298,15 @@ def test_he_key_files_that_do_not_fit_the_run_are_refused(paillier_keys, tmp_pat
     with pytest.raises(ValueError, match="secret key file"):
         _load_he_keys(_cfg("paillier", he_keys=str(tmp_path)), DATA.n_users, secret=True)
     assert oct((paillier_keys / "fedmf-paillier.secret").stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.slow  # ~10-20 s: every CKKS context is first parsed in a child process (secagg.he.isolate)
+def test_ckks_on_devices_matches_the_in_process_run_within_its_error(tmp_path):
+    cfg = _cfg("ckks", he_keys=str(write_he_keys(tmp_path, _cfg("ckks"), DATA.n_users)))
+    server, clients = _devices(cfg)
+    local = _local(cfg, he_client=_load_he_keys(cfg, DATA.n_users, secret=True))
+    a, b = local.run_round(), run_on_devices(server, clients)
+    assert b.clients == 6 and b.loss == pytest.approx(a.loss, rel=1e-5)
+    np.testing.assert_allclose(clients[3].item_matrix, local.item_matrix, rtol=0, atol=1e-5)  # CKKS is approximate
+    assert server.he is None and not any(isinstance(v, bytes) and (tmp_path / "fedmf-ckks.secret").read_bytes() == v
+                                         for v in vars(server.he_server).values())

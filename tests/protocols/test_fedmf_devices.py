@@ -99,6 +99,19 @@ def test_separate_devices_equal_the_in_process_run(defense, variant):
     np.testing.assert_array_equal(fresh.score(np.array([4]), items), local.score(np.array([4]), items))
 
 
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 1000), n_users=st.integers(2, 6), n_items=st.integers(6, 14),
+       variant=st.sampled_from(["full", "part"]), mode=st.sampled_from(["sequential", "batch"]))
+def test_any_small_plaintext_run_is_the_same_on_devices(seed, n_users, n_items, variant, mode):
+    data = generate_synthetic(n_users=n_users, n_items=n_items, dim=3, mean_interactions=3, seed=seed)
+    cfg = dataclasses.replace(_cfg("none", variant, data=data), mf=MFConfig(dim=3, user_update=mode))
+    local = _local(cfg, data)
+    server, clients = _devices(cfg, data)
+    for _ in range(2):
+        assert local.run_round().loss == run_on_devices(server, clients).loss
+    np.testing.assert_array_equal(server.q, local.q)
+
+
 def test_the_device_loss_is_the_in_process_training_loss():
     cfg = _cfg()
     local = _local(cfg)
@@ -253,7 +266,7 @@ def test_paillier_on_devices_equals_the_in_process_run_and_the_server_cannot_dec
     for _ in range(2):
         a, b = local.run_round(), run_on_devices(server, clients)
         assert a.loss == b.loss and b.clients == 6
-    for u, c in clients.items():  # every client decrypted the same, exact (on the 2^-24 grid) model
+    for c in clients.values():  # every client decrypted the same, exact (on the 2^-24 grid) model
         np.testing.assert_array_equal(c.item_matrix, local.item_matrix)
     # the server half has the public key only: no secret in its state, and it cannot decrypt
     secret = (paillier_keys / "fedmf-paillier.secret").read_bytes()
@@ -262,7 +275,7 @@ def test_paillier_on_devices_equals_the_in_process_run_and_the_server_cannot_dec
     with pytest.raises(UpdateError, match="cannot decrypt"):
         server._decrypt_model(server._enc_q)
     with pytest.raises(UpdateError, match="Enc"):
-        server.item_matrix
+        _ = server.item_matrix
     fresh = SPEC.exchanges.build_client(_ctx(_own(DATA, 2), cfg))
     fresh.load_device_model(server.device_model())
     np.testing.assert_array_equal(fresh.item_matrix, local.item_matrix)

@@ -536,6 +536,14 @@ class FedMF:
         return v
 
     # -- what stays on a device, and what a device needs to score ---------------------------------
+    def device_requires_secure(self, kind: str) -> bool:
+        """Steps whose reply this configuration sends only through secure aggregation: the update
+        under ``secagg``, the loss under every defense but ``none`` (a client asked for either in
+        plaintext refuses)."""
+        if kind == "train":
+            return self.config.defense == "secagg"
+        return kind == "loss" and self.config.defense != "none"
+
     def device_state(self, user: int) -> dict[str, np.ndarray]:
         """The client's own state: its user vector ``p_u`` (never sent)."""
         return {"p": self.p[int(user)].copy()}

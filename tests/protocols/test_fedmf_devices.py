@@ -235,6 +235,17 @@ def test_a_secure_sum_left_with_one_client_aborts_and_the_model_stays():
     assert np.isfinite(stats.loss) and server.round == 1  # the round finished; the loss is of the unchanged Q
 
 
+def test_a_secure_client_refuses_to_answer_in_plaintext():
+    server, _ = _devices(_cfg("none"))  # a server that asks for plaintext updates and losses
+    _, clients = _devices(_cfg("secagg"))
+    stats = run_on_devices(server, clients)
+    assert stats.clients == 0 and all("only through secure aggregation" in why
+                                      for why in stats.extra["dropped"].values())
+    assert len(stats.extra["loss_dropped"]) == 6 and np.isnan(stats.loss)
+    _, ldp = _devices(_cfg("ldp"))
+    assert not ldp[0].device_requires_secure("train") and ldp[0].device_requires_secure("loss")
+
+
 def test_check_refuses_what_cannot_be_separated_in_words():
     with pytest.raises(ValueError, match="rating_scale"):
         check_devices(FedMFConfig())

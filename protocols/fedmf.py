@@ -143,6 +143,13 @@ class FedMFConfig:
     he_keys: str = ""
 
     def __post_init__(self) -> None:
+        if isinstance(self.mf, dict):  # sent as JSON (a Flower node rebuilds its config from the server's)
+            try:
+                object.__setattr__(self, "mf", MFConfig(**self.mf))
+            except TypeError as exc:
+                raise ValueError(f"fedmf.mf does not fit MFConfig: {exc}") from None
+        if not isinstance(self.mf, MFConfig):
+            raise ValueError(f"fedmf.mf must be an MFConfig (or its fields); found {type(self.mf).__name__}.")
         scale = list(self.rating_scale)
         if scale and (len(scale) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in scale)
                       or not scale[0] < scale[1]):
@@ -695,7 +702,12 @@ class FedMF:
     # -- evaluation --------------------------------------------------------------------------------
     def evaluate(self, test: Interactions) -> dict[str, float]:
         """RMSE and MAE of the clipped predictions on held-out ratings."""
-        pred = predict(self.p, self.item_matrix, test.users, test.items, clip=self.scale)
+        return self.metrics_from_predictions(test, predict(self.p, self.item_matrix, test.users, test.items))
+
+    def metrics_from_predictions(self, test: Interactions, predictions: np.ndarray) -> dict[str, float]:
+        """RMSE and MAE of ``predictions`` (``p_u . q_i`` per test row, e.g. each client's own
+        :meth:`score` on its device) clipped to the public rating scale."""
+        pred = np.clip(np.asarray(predictions, np.float64), *self.scale)
         return {"rmse": rmse(pred, test.ratings), "mae": mae(pred, test.ratings)}
 
     def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:

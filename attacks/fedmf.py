@@ -119,6 +119,8 @@ def server_view(transcript: Transcript | Iterable[Record]) -> list[Record]:
 def _round_data(view: list[Record], rnd: int, public: dict[str, Any]) -> tuple[Any, dict[int, Upload]]:
     model = None
     uploads: dict[int, Upload] = {}
+    masked: dict[int, np.ndarray] = {}
+    ids: dict[int, np.ndarray] = {}
     for r in view:
         if r.round != rnd:
             continue
@@ -126,9 +128,20 @@ def _round_data(view: list[Record], rnd: int, public: dict[str, Any]) -> tuple[A
             model = r.payload
         elif r.receiver == SERVER and r.kind == "update" and isinstance(r.payload, Upload):
             uploads[r.payload.user] = r.payload
+        elif r.receiver == SERVER and r.kind == "update" and isinstance(r.payload, np.ndarray):
+            masked[_user_of(r.sender)] = r.payload  # a secure sum's masked vector, as the server received it
+        elif r.receiver == SERVER and r.kind == "items" and isinstance(r.payload, np.ndarray):
+            ids[_user_of(r.sender)] = r.payload  # "part" under secure aggregation: the rated ids in the clear
+    for u, y in masked.items():
+        uploads[u] = Upload(u, rnd, ids.get(u), y)
     if not uploads:
         raise ValueError(f"the view holds no update payloads for round {rnd}; keep the server's payloads.")
     return model, uploads
+
+
+def _user_of(sender: str) -> int:
+    """The user index of a client party name (``protocols.transport.client``)."""
+    return int(sender.split(":", 1)[1])
 
 
 def _values(up: Upload, public: dict[str, Any]) -> np.ndarray | None:

@@ -26,25 +26,37 @@ Defenses (``FedMFConfig.defense``):
     * ``"ckks"``: the same key model with TenSEAL CKKS (server has the public context only);
       sums are approximate within :func:`secagg.he.ckks.sum_error_bound`.
     * ``"secagg"``: the dense updates go through the ``secagg`` pairwise-mask protocol
-      (:func:`secagg.runner.run_secagg`) over all clients; the transcript records the masked
-      vectors the server received. Promise: the server learns only the sum over >= 2 clients.
+      (an exchange's :class:`protocols.exchange.SecureSum`, :func:`protocols.secure_sum.secure_sum`
+      in process) over all clients; the transcript records the masked vectors the server received. Promise: the server learns only the sum over >= 2 clients.
       In ``"part"`` the rated ids still travel in the clear (the variant's metadata), and the
       values travel as a dense masked vector (a masking protocol needs equal lengths).
     * ``"ldp"``: every client perturbs its update with :func:`dp.ldp.ldp_laplace`
       (``clip_L1(delta, clip) + Laplace(2 clip / epsilon)``). Promise: each upload is
       ``epsilon``-LDP; ``rounds`` uploads compose (basic: ``rounds * epsilon``).
 
+On separate devices (:mod:`protocols.exchange`; docs/fedmf.md "On separate devices"): a round is
+the exchanges ``"train"`` (every user; the model down, the update up: plaintext, LDP, HE ciphertexts
+as uint8 arrays, or a secure sum), ``"refresh"`` (HE: one key-holding client re-encrypts the sum)
+and ``"loss"`` (every user; the new model down, each client's squared-error sum and rating count
+up: in plaintext under ``"none"``, through secure aggregation under every other defense), plus
+``"items"`` before ``"train"`` for ``"part"`` under secure aggregation (the ids in the clear). The
+same generator runs in one process (:meth:`FedMF.run_round`). The rating scale comes from
+``rating_scale`` (default: the training ratings' range, in process only); HE needs the shared key
+files of :func:`write_he_keys` (``he_keys``): the server half reads only the public key.
+
 Stated limits: ``"part"`` reveals each user's rated set under every defense; HE protects only
 against the server alone; secure aggregation over one client would reveal it (we always
 aggregate all ``n >= 2`` clients). Simulation: clients are batched (numpy); an encrypted
-broadcast is decrypted once for all clients (every client would obtain the same plaintext).
+broadcast is decrypted once per batch of clients (every client would obtain the same plaintext).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,15 +64,15 @@ import numpy as np
 from dp.events import Laplace, NonPrivate
 from dp.ldp import ldp_laplace
 from protocols.base import Release, RoundStats
-from protocols.registry import ProtocolSpec, register
+from protocols.exchange import Exchange, Replies, SecureSum, run_exchanges
+from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, Transcript, client
 from recmodels.data import Interactions
 from recmodels.mf import MFConfig, init_factors, local_updates, mae, predict, rating_lists, rmse
-from secagg.bonawitz import MaskedInput
-from secagg.encoding import FixedPoint, check_budget
-from secagg.he.backends import HEClient, make_backend
+from secagg.encoding import check_budget
+from secagg.errors import SecAggError
+from secagg.he.backends import HEClient, HEServer, make_backend
 from secagg.he.packing import PackingSpec
-from secagg.runner import RunSpec, run_secagg
 
 __all__ = [
     "BROADCAST",
@@ -69,14 +81,26 @@ __all__ = [
     "FedMF",
     "FedMFConfig",
     "RoundStats",
-    "Upload",
     "UpdateError",
+    "Upload",
+    "check_devices",
+    "write_he_keys",
 ]
 
 DEFENSES = ("none", "paillier", "ckks", "secagg", "ldp")
 VARIANTS = ("full", "part")
 #: Receiver name of the server's broadcast to all clients.
 BROADCAST = "clients"
+#: The secure sum of the training loss (every defense but ``"none"``): each client's
+#: ``[squared-error sum, rating count, 1 if non-finite]``, through SecAgg+ (cheap at any n: the
+#: server learns the three totals only). A client's squared-error sum is at most
+#: ``count * (hi - lo)^2`` (predictions are clipped to the scale), so 2^24 fits every client with
+#: fewer than ~800,000 ratings; 2^-20 per value keeps the reported loss within ~1e-7 of the exact one.
+LOSS_SECURE, LOSS_CLIP, LOSS_FRAC_BITS = "secagg+", 2.0**24, 20
+#: How many key-holding clients the server asks, in user order, to refresh ``Enc(Q)`` (HE).
+REFRESH_TRIES = 3
+#: File names of the shared HE key material in ``FedMFConfig.he_keys``.
+HE_PUBLIC, HE_SECRET = "fedmf-{}.public", "fedmf-{}.secret"
 
 
 class UpdateError(ValueError):
@@ -97,6 +121,13 @@ class FedMFConfig:
         value_clip: largest ``|delta|`` accepted per coordinate for fixed-point encodings (8.0).
         epsilon: LDP epsilon per upload (``defense="ldp"``).
         ldp_clip: L1 clipping bound of one upload before the Laplace noise (``defense="ldp"``).
+        rating_scale: ``[lo, hi]``, the public rating scale predictions are clipped to. Empty
+            (default): the training ratings' min and max, which only a party holding every rating
+            has, so runs on separate devices must give it (:func:`check_devices`).
+        he_keys: ``paillier``/``ckks``: a folder with the shared key files of
+            :func:`write_he_keys`. Empty (default): fresh keys for an in-process run. Set, the
+            server half (``build``) reads only the public key file and never holds the secret;
+            a client half (``build_client``) reads the secret key file.
     """
 
     mf: MFConfig = field(default_factory=MFConfig)
@@ -108,8 +139,21 @@ class FedMFConfig:
     value_clip: float = 8.0
     epsilon: float = 1.0
     ldp_clip: float = 1.0
+    rating_scale: list[float] = field(default_factory=list)
+    he_keys: str = ""
 
     def __post_init__(self) -> None:
+        if isinstance(self.mf, dict):  # sent as JSON (a Flower node rebuilds its config from the server's)
+            try:
+                object.__setattr__(self, "mf", MFConfig(**self.mf))
+            except TypeError as exc:
+                raise ValueError(f"fedmf.mf does not fit MFConfig: {exc}") from None
+        if not isinstance(self.mf, MFConfig):
+            raise ValueError(f"fedmf.mf must be an MFConfig (or its fields); found {type(self.mf).__name__}.")
+        scale = list(self.rating_scale)
+        if scale and (len(scale) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in scale)
+                      or not scale[0] < scale[1]):
+            raise ValueError(f"fedmf.rating_scale must be empty or [lo, hi] with finite lo < hi; found {scale!r}.")
         if self.variant not in VARIANTS:
             raise ValueError(f"fedmf.variant must be one of {VARIANTS}; found {self.variant!r}.")
         if self.defense not in DEFENSES:
@@ -158,12 +202,16 @@ class FedMF:
     """FedMF simulation (see the module docstring).
 
     Args:
-        train: training ratings (explicit).
+        train: training ratings (explicit): every user's in one process, one placeholder row per
+            user on the server half (a census), the client's own rows on a device.
         config: the configuration.
         seed: seeds initialisation (simulation randomness; keys, masks and noise use the CSPRNG).
         transport: where messages go (default: an in-process transport that keeps the payloads
             of everything the server received or sent, i.e. the server's view).
-        he_client: pre-made HE key material for ``paillier``/``ckks`` (default: fresh keys).
+        he_client: pre-made HE key material for ``paillier``/``ckks`` (default: the key files in
+            ``config.he_keys``, else fresh keys).
+        on_device: a client's half built on its own rows (``Exchanges.build_client``): only the
+            users with rows here must have ratings, and HE keys come from the secret key file.
     """
 
     def __init__(
@@ -174,49 +222,71 @@ class FedMF:
         seed: int,
         transport: InProcessTransport | None = None,
         he_client: HEClient | None = None,
+        on_device: bool = False,
     ):
         self.train, self.config = train, config
         self.transport = transport or InProcessTransport(Transcript(keep_payloads=_server_keeps))
         self.lists = rating_lists(train)
-        if (self.lists.counts == 0).any():
+        self.users = np.flatnonzero(self.lists.counts > 0)
+        if on_device and not len(self.users):
+            raise ValueError("a FedMF client half needs its user's training ratings; found none.")
+        if not on_device and (self.lists.counts == 0).any():
             raise ValueError(
                 f"FedMF needs at least one training rating per user; {(self.lists.counts == 0).sum()} users have none."
             )
         self.n_users, self.n_items, self.dim = train.n_users, train.n_items, config.mf.dim
         rng = np.random.default_rng(seed)
+        # every half draws every user's initial row and Q from the seed (a device knows n_users)
         self.p, q = init_factors(self.n_users, self.n_items, config.mf, rng)
         self.round = 0
-        self.scale = (float(train.ratings.min()), float(train.ratings.max()))
+        if config.rating_scale:
+            self.scale = (float(config.rating_scale[0]), float(config.rating_scale[1]))
+            if on_device and len(train.ratings):
+                lo, hi = float(train.ratings.min()), float(train.ratings.max())
+                if lo < self.scale[0] or hi > self.scale[1]:
+                    raise ValueError(f"this client's ratings span [{lo:g}, {hi:g}], outside fedmf.rating_scale "
+                                     f"{list(self.scale)}.")
+        else:
+            self.scale = (float(train.ratings.min()), float(train.ratings.max()))
+        self._client_seconds = 0.0  # work done in device_step (the clients' work when run in process)
         self.he: HEClient | None = None
-        self.codec: FixedPoint | None = None
+        self.he_server: HEServer | None = None
         if config.defense in ("paillier", "ckks"):
-            self.he = he_client or self._make_he()
+            if he_client is not None:
+                self.he = he_client
+            elif config.he_keys:
+                if on_device:
+                    self.he = _load_he_keys(config, self.n_users, secret=True)
+                else:
+                    self.he_server = _load_he_keys(config, self.n_users, secret=False)
+            else:
+                self.he = self._make_he()
+            if self.he is not None:
+                self.he_server = self.he.server()
             self._enc_q = self._encrypt_model(q)
-            self._q_clients = q  # what the clients obtain by decrypting the broadcast
+            # what the key-holding clients obtained by decrypting the last broadcast (None: the server half)
+            self._q_clients: np.ndarray | None = q if self.he is not None else None
         else:
             self.q = q
         if config.defense == "secagg":
-            self.codec = FixedPoint(config.frac_bits, config.value_clip)
             check_budget(n_summands=self.n_users, clip=config.value_clip, frac_bits=config.frac_bits)
             if self.n_users < 2:
                 raise ValueError("secure aggregation needs >= 2 clients per sum; found 1 user.")
 
     # -- key material and the encrypted model -------------------------------------------------
     def _make_he(self) -> HEClient:
-        if self.config.defense == "ckks":
-            return make_backend("ckks")
-        summands = 1 << (self.n_users + 1).bit_length()
-        spec = PackingSpec(value_bits=self.config.frac_bits + 16, frac_bits=self.config.frac_bits, max_summands=summands)
-        return make_backend("paillier", key_bits=self.config.key_bits, spec=spec)
+        return _new_he(self.config, self.n_users)
 
     def _encrypt_model(self, q: np.ndarray) -> bytes | tuple[bytes, ...]:
-        assert self.he is not None
+        """``Enc(Q)``: a key holder encrypts with its secret key (faster), the server half with the public key."""
+        enc = self.he.encrypt if self.he is not None else self.he_server.encrypt  # type: ignore[union-attr]
         if self.config.variant == "full":
-            return self.he.encrypt(q.ravel())
-        return tuple(self.he.encrypt(row) for row in q)
+            return enc(q.ravel())
+        return tuple(enc(row) for row in q)
 
     def _decrypt_model(self, enc: bytes | tuple[bytes, ...]) -> np.ndarray:
-        assert self.he is not None
+        if self.he is None:
+            raise UpdateError("this FedMF half holds only the public HE key (the server's half): it cannot decrypt.")
         if isinstance(enc, bytes):
             return self.he.decrypt(enc, self.n_items * self.dim).reshape(self.n_items, self.dim)
         return np.stack([self.he.decrypt(b, self.dim) for b in enc])
@@ -224,51 +294,282 @@ class FedMF:
     @property
     def item_matrix(self) -> np.ndarray:
         """The current plaintext item matrix (for HE: what the key-holding clients decrypt)."""
-        return self._q_clients if self.he is not None else self.q
+        if self.he_server is not None:
+            if self._q_clients is None:
+                raise UpdateError("the server half of an HE run holds only Enc(Q); a key-holding client decrypts it.")
+            return self._q_clients
+        return self.q
 
-    # -- one round -------------------------------------------------------------------------------
+    # -- one round: the server's half (a generator of exchanges) -------------------------------
     def run_round(self) -> RoundStats:
-        """Run one round: broadcast, local updates, validated aggregation, model update."""
+        """Run one round in this process: the same exchanges as on devices, this trainer playing every client."""
+        return run_exchanges(self, self.device_step)
+
+    def device_round(self):  # type: ignore[no-untyped-def]
+        """The server's half of one round (see the module docstring): never reads client data."""
         t0 = time.perf_counter()
         cfg, t, send = self.config, self.round, self.transport.send
-        q_t = self.item_matrix
-        model = self._enc_q if self.he is not None else q_t.copy()
+        users = self.users
+        client_s0 = self._client_seconds
+        model, down = self._model_message()
         send(SERVER, BROADCAST, t, "model", model, _size(model))
-        tc = time.perf_counter()
-        p_new, delta = local_updates(self.p, q_t, self.lists, cfg.mf)
-        uploads = [self._client_upload(u, delta[u]) for u in range(self.n_users)]
-        client_s = time.perf_counter() - tc
-        ts = time.perf_counter()
+        ids_bytes = 0.0
+        server_s = 0.0
+        aborted: str | None = None
         if cfg.defense == "secagg":
-            total = self._secure_aggregate(uploads)
+            if cfg.variant == "part":  # the variant's metadata: the rated ids in the clear
+                got_ids: Replies = yield Exchange("items", users, reply_keys=frozenset({"items"}),
+                                                  validate=self._check_ids)
+                for u, ids in got_ids.values.items():
+                    send(client(u), SERVER, t, "items", ids, 4 * len(ids))
+                ids_bytes = 4.0 * sum(len(v) for v in got_ids.values.values()) / max(len(users), 1)
+            got: Replies = yield Exchange("train", users, broadcast=down, secure=SecureSum(
+                "secagg", width=self.n_items * self.dim, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
+                where="fedmf.value_clip", kind="update"))
+            ts = time.perf_counter()
+            contributors = len(got.survivors)
+            up_bytes = got.bytes_per_client + ids_bytes
+            if got.total is None:
+                aborted = got.aborted
+            else:
+                self.q = self.q + got.total.reshape(self.n_items, self.dim)
+            server_s += time.perf_counter() - ts + got.server_seconds
         else:
+            got = yield Exchange("train", users, broadcast=down, reply_keys=self._reply_keys(),
+                                 validate=self._check_upload)
+            ts = time.perf_counter()
+            uploads = [got.values[u] for u in users.tolist() if u in got.values]
             for up in uploads:
                 send(client(up.user), SERVER, t, "update", up, up.nbytes)
-            total = self.aggregate(uploads)
-        server_s = time.perf_counter() - ts
-        self.p = p_new
-        if self.he is not None:
-            self._enc_q = total
-            tr = time.perf_counter()
-            q_next = self._decrypt_model(total)  # client 0 refreshes: decrypt, re-encrypt
-            fresh = self._encrypt_model(q_next)
-            client_s += time.perf_counter() - tr
-            send(client(0), SERVER, t, "refresh", fresh, _size(fresh))
-            self._enc_q, self._q_clients = fresh, q_next
-        else:
-            self.q = q_t + total
+            contributors = len(uploads)
+            up_bytes = sum(up.nbytes for up in uploads) / max(len(users), 1)
+            if not uploads:
+                aborted = "no client sent a valid update"
+            elif self.he_server is None:
+                self.q = self.q + self.aggregate(uploads)
+            else:
+                total = self.aggregate(uploads)
+                server_s += time.perf_counter() - ts
+                fresh = yield from self._refresh(total, users)
+                ts = time.perf_counter()
+                self._enc_q = fresh
+            server_s += time.perf_counter() - ts
         self.round += 1
-        up_bytes = sum(u.nbytes for u in uploads) / self.n_users
-        train = self.evaluate(self.train)
+        # the training loss of the round's model (the new Q, the clients' new p), from the clients
+        model, down = self._model_message()
+        send(SERVER, BROADCAST, t, "eval", model, _size(model))
+        if cfg.defense == "none":
+            lost: Replies = yield Exchange("loss", users, broadcast=down, reply_keys=frozenset({"loss"}),
+                                           validate=self._check_loss)
+            for u, v in lost.values.items():
+                send(client(u), SERVER, t, "loss", v, 24)
+            parts = [lost.values[u] for u in users.tolist() if u in lost.values]
+            sums = np.sum(parts, axis=0) if parts else None
+        else:
+            lost = yield Exchange("loss", users, broadcast=down, secure=SecureSum(
+                LOSS_SECURE, width=3, frac_bits=LOSS_FRAC_BITS, value_clip=LOSS_CLIP,
+                where="the FedMF training loss (LOSS_CLIP)", kind="loss"))
+            sums = lost.total
+        if sums is None or sums[1] < 0.5 or sums[2] > 0.5:
+            loss = math.nan
+        else:
+            loss = float(sums[0] / np.round(sums[1]))
+        extra: dict[str, Any] = {"bytes_up_per_client": up_bytes, "train_rmse": math.sqrt(loss),
+                                 "bytes_eval_per_client": float(_size(model) + (24 if cfg.defense == "none" else
+                                                                                lost.bytes_per_client))}
+        for name, gone in (("dropped", got.dropped), ("loss_dropped", lost.dropped)):
+            if gone:  # who was left out of the update, and of the loss, with the reasons
+                extra[name] = {str(u): why for u, why in sorted(gone.items())}
+        if aborted is not None:
+            extra["aborted"] = aborted
+        client_s = self._client_seconds - client_s0
         return RoundStats(
             round=t,
-            loss=train["rmse"] ** 2,
-            clients=self.n_users,
+            loss=loss,
+            clients=contributors,
             bytes_per_client=up_bytes + _size(model),
-            seconds={"round": time.perf_counter() - t0, "client": client_s / self.n_users, "server": server_s},
-            extra={"bytes_up_per_client": up_bytes, "train_rmse": train["rmse"]},
+            seconds={"round": time.perf_counter() - t0, "client": client_s / max(len(users), 1), "server": server_s},
+            extra=extra,
             releases=(self._release(),),
         )
+
+    def _refresh(self, total: Any, users: np.ndarray):  # type: ignore[no-untyped-def]
+        """HE: a key-holding client (the first of the users that answers) re-encrypts ``Enc(Q) + sum``."""
+        t, send = self.round, self.transport.send
+        reasons = []
+        for r in users[:REFRESH_TRIES].tolist():
+            send(SERVER, client(r), t, "sum", total, _size(total))
+            got: Replies = yield Exchange("refresh", np.array([r]), per_user={r: _ct_arrays(total)},
+                                          reply_keys=self._ct_keys(), validate=self._check_model_ct)
+            if r in got.values:
+                fresh = got.values[r]
+                send(client(r), SERVER, t, "refresh", fresh, _size(fresh))
+                return fresh
+            reasons.append(f"client {r}: {got.dropped.get(r, 'no reply')}")
+        raise UpdateError(f"round {t}: no key-holding client refreshed Enc(Q) ({'; '.join(reasons)}).")
+
+    def _model_message(self) -> tuple[Any, dict[str, np.ndarray]]:
+        """The model as the transcript records it (as before) and as arrays on the wire."""
+        if self.he_server is None:
+            q = self.q.copy()
+            return q, {"q": q}
+        return self._enc_q, _ct_arrays(self._enc_q)
+
+    # -- one round: the client's half ------------------------------------------------------------
+    def device_step(self, kind: str, round_: int, users: np.ndarray, broadcast: Any, per_user: Any) -> dict:
+        """Run client step ``kind`` for ``users`` on this trainer's rows (batched; see the module docstring)."""
+        tc = time.perf_counter()
+        users = np.asarray(users, np.int64)
+        missing = [int(u) for u in users if self.lists.counts[u] == 0]
+        if missing:
+            raise ValueError(f"FedMF client step {kind!r}: no training ratings here for users {missing[:5]}.")
+        if kind == "items":
+            out = {int(u): {"items": self.lists.items[u, : self.lists.counts[u]].copy()} for u in users}
+        elif kind == "train":
+            out = self._train_step(int(round_), users, broadcast)
+        elif kind == "refresh":
+            out = {}
+            for u in users.tolist():
+                q_next = self._decrypt_model(_ct_from(per_user[u], self.config.variant, self.n_items))
+                out[u] = _ct_arrays(self._encrypt_model(q_next))
+        elif kind == "loss":
+            out = self._loss_step(users, broadcast)
+        else:
+            raise ValueError(f"FedMF has no client step {kind!r}.")
+        self._client_seconds += time.perf_counter() - tc
+        return out
+
+    def _received_model(self, broadcast: Any) -> np.ndarray:
+        """The plaintext item matrix of a broadcast (an HE client decrypts it)."""
+        if self.config.defense in ("paillier", "ckks"):
+            q = self._decrypt_model(_ct_from(broadcast, self.config.variant, self.n_items))
+            self._q_clients = q
+            return q
+        q = broadcast["q"]
+        if q.shape != (self.n_items, self.dim) or q.dtype != np.float64 or not np.isfinite(q).all():
+            raise ValueError(f"the broadcast item matrix must be finite float64 {(self.n_items, self.dim)}.")
+        return q
+
+    def _train_step(self, round_: int, users: np.ndarray, broadcast: Any) -> dict:
+        cfg = self.config
+        q_t = self._received_model(broadcast)
+        p_new, delta = local_updates(self.p[users], q_t, self.lists, cfg.mf, users=users)
+        self.p[users] = p_new
+        out = {}
+        for i, u in enumerate(users.tolist()):
+            up = self._client_upload(u, delta[i], round_)
+            if cfg.defense == "secagg":  # the dense values, masked by the secure sum (ids went in "items")
+                if up.items is None:
+                    dense = up.body
+                else:
+                    dense = np.zeros((self.n_items, self.dim))
+                    dense[up.items] = up.body
+                out[u] = {"vector": dense.ravel()}
+                continue
+            reply = {} if up.items is None else {"items": up.items}
+            if isinstance(up.body, np.ndarray):
+                reply["delta"] = up.body
+            else:
+                reply.update(_ct_arrays(up.body))
+            out[u] = reply
+        return out
+
+    def _loss_step(self, users: np.ndarray, broadcast: Any) -> dict:
+        """Each user's ``[squared-error sum, rating count, non-finite flag]`` under the broadcast model."""
+        q = self._received_model(broadcast)
+        lists, out = self.lists, {}
+        for u in users.tolist():
+            k = int(lists.counts[u])
+            pred = np.clip(self.p[u] @ q[lists.items[u, :k]].T, *self.scale)
+            sse = float(np.sum((pred - lists.ratings[u, :k]) ** 2))
+            bad = not math.isfinite(sse)
+            out[u] = {("loss" if self.config.defense == "none" else "vector"):
+                      np.array([0.0 if bad else sse, 0.0 if bad else float(k), float(bad)])}
+        return out
+
+    # -- the replies the server accepts ------------------------------------------------------------
+    def _ct_keys(self) -> frozenset[str]:
+        return frozenset({"ct"} if self.config.variant == "full" else {"ct", "ct_lengths"})
+
+    def _reply_keys(self) -> frozenset[str]:
+        cfg = self.config
+        keys = {"delta"} if cfg.defense in ("none", "ldp") else set(self._ct_keys())
+        return frozenset(keys | ({"items"} if cfg.variant == "part" else set()))
+
+    def _check_ids(self, u: int, reply: dict) -> np.ndarray:
+        ids = reply["items"]
+        self.validate(Upload(u, self.round, ids, np.zeros((len(ids) if ids.ndim == 1 else 0, self.dim))), set())
+        return ids
+
+    def _check_upload(self, u: int, reply: dict) -> Upload:
+        cfg = self.config
+        items = reply.get("items")
+        if cfg.defense in ("none", "ldp"):
+            body: Any = reply["delta"]
+        else:
+            n_rows = self.n_items if items is None or items.ndim != 1 else len(items)
+            body = _ct_from(reply, cfg.variant, n_rows, who=f"client {u}")
+        up = Upload(u, self.round, items, body)
+        self.validate(up, set())
+        if self.he_server is not None:  # parse every ciphertext under the public key (key, layout, length)
+            length = self.n_items * self.dim if cfg.variant == "full" else self.dim
+            try:
+                for blob in (body,) if isinstance(body, bytes) else body:
+                    self.he_server.add([blob], length)
+            except SecAggError as exc:
+                raise UpdateError(f"client {u}: {type(exc).__name__}: {exc}") from None
+        return up
+
+    def _check_model_ct(self, u: int, reply: dict) -> Any:
+        enc = _ct_from(reply, self.config.variant, self.n_items, who=f"client {u}")
+        length = self.n_items * self.dim if isinstance(enc, bytes) else self.dim
+        try:
+            for blob in (enc,) if isinstance(enc, bytes) else enc:
+                self.he_server.add([blob], length)  # type: ignore[union-attr]
+        except SecAggError as exc:
+            raise UpdateError(f"client {u}: refreshed model refused: {type(exc).__name__}: {exc}") from None
+        return enc
+
+    def _check_loss(self, u: int, reply: dict) -> np.ndarray:
+        v = reply["loss"]
+        lo, hi = self.scale
+        if v.shape != (3,) or v.dtype != np.float64 or not np.isfinite(v).all():
+            raise ValueError(f"client {u}: the loss must be 3 finite float64 values; found {v.dtype} {v.shape}.")
+        sse, count, bad = (float(x) for x in v)
+        if bad not in (0.0, 1.0) or count != round(count) or count < (0 if bad else 1) or sse < 0 \
+                or sse > count * (hi - lo) ** 2 * (1 + 1e-9) + 1e-9:
+            raise ValueError(f"client {u}: impossible loss reply [{sse:g}, {count:g}, {bad:g}] (clipped predictions "
+                             f"on the scale {[lo, hi]} err by at most {hi - lo:g} per rating).")
+        return v
+
+    # -- what stays on a device, and what a device needs to score ---------------------------------
+    def device_requires_secure(self, kind: str) -> bool:
+        """Steps whose reply this configuration sends only through secure aggregation: the update
+        under ``secagg``, the loss under every defense but ``none`` (a client asked for either in
+        plaintext refuses)."""
+        if kind == "train":
+            return self.config.defense == "secagg"
+        return kind == "loss" and self.config.defense != "none"
+
+    def device_state(self, user: int) -> dict[str, np.ndarray]:
+        """The client's own state: its user vector ``p_u`` (never sent)."""
+        return {"p": self.p[int(user)].copy()}
+
+    def load_device_state(self, user: int, state: Any) -> None:
+        p = state["p"]
+        if not isinstance(p, np.ndarray) or p.shape != (self.dim,) or not np.isfinite(p).all():
+            raise ValueError(f"a FedMF client state is a finite float vector of {self.dim}.")
+        self.p[int(user)] = p
+
+    def device_model(self) -> dict[str, np.ndarray]:
+        """The global arrays a client scores with: ``Q``, or ``Enc(Q)`` as uint8 arrays under HE."""
+        return self._model_message()[1]
+
+    def load_device_model(self, model: Any) -> None:
+        if self.config.defense in ("paillier", "ckks"):
+            self._received_model(model)
+        else:
+            self.q = self._received_model(model).copy()
 
     def _release(self) -> Release:
         """This round's release for the privacy ledger (every user uploads once per round)."""
@@ -294,8 +595,10 @@ class FedMF:
                 progress(stats[-1])
         return stats
 
-    def _client_upload(self, u: int, rows: np.ndarray) -> Upload:
+    def _client_upload(self, u: int, rows: np.ndarray, round_: int | None = None) -> Upload:
+        """User ``u``'s upload from its update rows (LDP noise and HE encryption happen here, on the device)."""
         cfg = self.config
+        round_ = self.round if round_ is None else round_
         k = int(self.lists.counts[u])
         ids = self.lists.items[u, :k]
         rows = rows[:k]
@@ -309,13 +612,13 @@ class FedMF:
             rel = ldp_laplace(values.ravel(), clip_bound=cfg.ldp_clip, epsilon=cfg.epsilon)
             values = rel.values.reshape(values.shape)
         if cfg.defense in ("none", "ldp"):
-            return Upload(u, self.round, items, values)
+            return Upload(u, round_, items, values)
         if cfg.defense == "secagg":
-            return Upload(u, self.round, items, values)  # encoded and masked in _secure_aggregate
+            return Upload(u, round_, items, values)  # summed through the exchange's SecureSum
         assert self.he is not None
         if cfg.variant == "full":
-            return Upload(u, self.round, None, self.he.encrypt(values.ravel()))
-        return Upload(u, self.round, items, tuple(self.he.encrypt(r) for r in values))
+            return Upload(u, round_, None, self.he.encrypt(values.ravel()))
+        return Upload(u, round_, items, tuple(self.he.encrypt(r) for r in values))
 
     # -- the server --------------------------------------------------------------------------------
     def validate(self, upload: Upload, seen: set[int]) -> None:
@@ -377,7 +680,7 @@ class FedMF:
         for up in uploads:
             self.validate(up, seen)
             seen.add(up.user)
-        if self.he is None:
+        if self.he_server is None:
             total = np.zeros((self.n_items, self.dim))
             for up in uploads:
                 if up.items is None:
@@ -385,7 +688,8 @@ class FedMF:
                 else:
                     total[up.items] += up.body
             return total
-        server = self.he.server()
+        server = self.he_server
+        assert server is not None
         if self.config.variant == "full":
             return server.add([self._enc_q, *(up.body for up in uploads)], self.n_items * self.dim)
         per_item: list[list[bytes]] = [[b] for b in self._enc_q]
@@ -395,39 +699,15 @@ class FedMF:
         # parse and validate every row before adding: HEServer.add validates all of its inputs first
         return tuple(server.add(blobs, self.dim) for blobs in per_item)
 
-    def _secure_aggregate(self, uploads: list[Upload]) -> np.ndarray:
-        assert self.codec is not None
-        seen: set[int] = set()
-        for up in uploads:
-            self.validate(up, seen)
-            seen.add(up.user)
-        dense = np.zeros((self.n_users, self.n_items, self.dim))
-        for up in uploads:
-            if up.items is None:
-                dense[up.user] = up.body
-            else:
-                dense[up.user, up.items] = up.body
-        big = np.abs(dense).max()
-        if big > self.codec.clip:
-            raise UpdateError(f"an update value {big:.3g} exceeds value_clip={self.codec.clip}; raise fedmf.value_clip.")
-        record: list = []
-        res = run_secagg(self.codec.encode(dense.reshape(self.n_users, -1)), RunSpec(round=self.round), record=record)
-        send, t = self.transport.send, self.round
-        for stage, sender, blob in record:
-            if stage == "masked_input":
-                y = MaskedInput.from_bytes(blob).y
-                up = uploads[sender]
-                send(client(sender), SERVER, t, "update", Upload(sender, t, up.items, y), len(blob) + (0 if up.items is None else 4 * len(up.items)))
-            else:
-                send(client(sender), SERVER, t, f"secagg:{stage}", None, len(blob))
-        if res.total is None:
-            raise UpdateError(f"secure aggregation aborted in round {t}: {res.abort}")
-        return self.codec.decode(res.total).reshape(self.n_items, self.dim)
-
     # -- evaluation --------------------------------------------------------------------------------
     def evaluate(self, test: Interactions) -> dict[str, float]:
         """RMSE and MAE of the clipped predictions on held-out ratings."""
-        pred = predict(self.p, self.item_matrix, test.users, test.items, clip=self.scale)
+        return self.metrics_from_predictions(test, predict(self.p, self.item_matrix, test.users, test.items))
+
+    def metrics_from_predictions(self, test: Interactions, predictions: np.ndarray) -> dict[str, float]:
+        """RMSE and MAE of ``predictions`` (``p_u . q_i`` per test row, e.g. each client's own
+        :meth:`score` on its device) clipped to the public rating scale."""
+        pred = np.clip(np.asarray(predictions, np.float64), *self.scale)
         return {"rmse": rmse(pred, test.ratings), "mae": mae(pred, test.ratings)}
 
     def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
@@ -452,8 +732,9 @@ class FedMF:
         if p.shape != self.p.shape or q.shape != (self.n_items, self.dim):
             raise ValueError(f"checkpoint shapes {p.shape}, {q.shape} do not match this FedMF run")
         self.round, self.p = int(state["round"]), p.copy()
-        if self.he is not None:
-            self._enc_q, self._q_clients = self._encrypt_model(q), q.copy()
+        if self.he_server is not None:
+            self._enc_q = self._encrypt_model(q)
+            self._q_clients = q.copy() if self.he is not None else None
         else:
             self.q = q.copy()
 
@@ -484,6 +765,108 @@ def _size(obj: Any) -> int:
     return int(np.asarray(obj).nbytes)
 
 
+def _ct_arrays(enc: bytes | tuple[bytes, ...]) -> dict[str, np.ndarray]:
+    """Ciphertexts as reply arrays: one blob as uint8 ``ct``; row blobs concatenated, with ``ct_lengths``."""
+    if isinstance(enc, bytes):
+        return {"ct": np.frombuffer(enc, np.uint8).copy()}
+    return {"ct": np.frombuffer(b"".join(enc), np.uint8).copy(),
+            "ct_lengths": np.array([len(b) for b in enc], np.int64)}
+
+
+def _ct_from(arrays: Any, variant: str, rows: int, *, who: str = "the server") -> bytes | tuple[bytes, ...]:
+    """Ciphertext bytes from arrays (:func:`_ct_arrays`), checking types, lengths and the row count."""
+    ct = arrays.get("ct")
+    if not isinstance(ct, np.ndarray) or ct.dtype != np.uint8 or ct.ndim != 1 or not len(ct):
+        raise UpdateError(f"{who}: ciphertexts must be a non-empty 1-D uint8 array; found "
+                          f"{getattr(ct, 'dtype', type(ct).__name__)} {getattr(ct, 'shape', '')}.")
+    if variant == "full":
+        return ct.tobytes()
+    lengths = arrays.get("ct_lengths")
+    if (not isinstance(lengths, np.ndarray) or lengths.dtype != np.int64 or lengths.shape != (rows,)
+            or (lengths < 1).any() or int(lengths.sum()) != len(ct)):
+        raise UpdateError(f"{who}: ct_lengths must be {rows} positive int64 lengths summing to the {len(ct)} "
+                          "ciphertext bytes.")
+    ends = np.cumsum(lengths)
+    raw = ct.tobytes()
+    return tuple(raw[e - n:e] for n, e in zip(lengths.tolist(), ends.tolist()))
+
+
+def _new_he(config: FedMFConfig, n_users: int) -> HEClient:
+    """Fresh shared key material (FedMF's: every client holds the secret key)."""
+    if config.defense == "ckks":
+        return make_backend("ckks")
+    summands = 1 << (n_users + 1).bit_length()
+    spec = PackingSpec(value_bits=config.frac_bits + 16, frac_bits=config.frac_bits, max_summands=summands)
+    return make_backend("paillier", key_bits=config.key_bits, spec=spec)
+
+
+def write_he_keys(directory: str | Path, config: FedMFConfig, n_users: int) -> Path:
+    """Write fresh shared HE key files for ``config.defense`` and ``n_users`` users into ``directory``.
+
+    ``fedmf-<scheme>.public`` goes to the server and every client, ``fedmf-<scheme>.secret``
+    (mode 0600) to the clients only, out of band (FedMF's shared-key model). Point
+    ``fedmf.he_keys`` at the folder. Returns the folder.
+    """
+    if config.defense not in ("paillier", "ckks"):
+        raise ValueError(f"HE key files are for defense paillier or ckks; found {config.defense!r}.")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    he = _new_he(config, n_users)
+    (out / HE_PUBLIC.format(config.defense)).write_bytes(he.public_bytes)
+    secret = out / HE_SECRET.format(config.defense)
+    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(he.secret_bytes)
+    return out
+
+
+def _load_he_keys(config: FedMFConfig, n_users: int, *, secret: bool) -> Any:
+    """The key files in ``config.he_keys``: an :class:`HEClient` (``secret``) or the public :class:`HEServer`."""
+    scheme = config.defense
+    folder = Path(config.he_keys)
+    public_path = folder / HE_PUBLIC.format(scheme)
+    if not public_path.is_file():
+        raise ValueError(f"fedmf.he_keys: no public key file {public_path} (write the files with "
+                         "protocols.fedmf.write_he_keys).")
+    public = public_path.read_bytes()
+    if scheme == "paillier":
+        from secagg.he.backends import _spec_from_bytes
+
+        spec = _spec_from_bytes(public[:12])
+        if spec.frac_bits != config.frac_bits or spec.max_summands < n_users + 1:
+            raise ValueError(f"fedmf.he_keys: the key files were written for frac_bits {spec.frac_bits} and at most "
+                             f"{spec.max_summands - 1} users; this run has frac_bits {config.frac_bits} and "
+                             f"{n_users} users: write new ones.")
+    if not secret:
+        return HEServer(scheme, public)  # type: ignore[arg-type]
+    secret_path = folder / HE_SECRET.format(scheme)
+    if not secret_path.is_file():
+        raise ValueError(f"fedmf.he_keys: a client needs the shared secret key file {secret_path}.")
+    he = HEClient(scheme, secret_path.read_bytes(), public)  # type: ignore[arg-type]
+    try:
+        he.decrypt(he.encrypt(np.zeros(1)), 1)  # the secret key matches the public key it came with
+    except (SecAggError, ValueError) as exc:
+        raise ValueError(f"fedmf.he_keys: the secret key file does not match the public one ({exc}).") from None
+    return he
+
+
+def check_devices(config: FedMFConfig) -> None:
+    """Refuse, in words, a configuration whose parties cannot run on separate devices."""
+    if not config.rating_scale:
+        raise ValueError(
+            "FedMF on separate devices needs fedmf.rating_scale = [lo, hi]: in one process the scale is the training "
+            "ratings' range, which the server half (built on a census, without ratings) does not have and each client "
+            "only knows for its own ratings; give the dataset's public scale (ml-latest-small: [0.5, 5.0])."
+        )
+    if config.defense in ("paillier", "ckks") and not config.he_keys:
+        raise ValueError(
+            f"FedMF with defense {config.defense!r} on separate devices needs fedmf.he_keys: the clients must share "
+            "one secret key that the server never holds, and fresh in-process keys would differ on every device; "
+            "write the key files with protocols.fedmf.write_he_keys(DIR, config, n_users), give every client the "
+            "folder and the server a copy holding only the public key file."
+        )
+
+
 register(ProtocolSpec(
     name="fedmf",
     summary="FedMF: explicit-rating MF with a defense (none, Paillier, CKKS, SecAgg, LDP)",
@@ -492,4 +875,8 @@ register(ProtocolSpec(
     config_cls=FedMFConfig,
     task="rating",
     keeps_ratings=True,
+    exchanges=Exchanges(
+        check=check_devices,
+        build_client=lambda ctx: FedMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport, on_device=True),
+    ),
 ))

@@ -38,6 +38,19 @@ class HEServer:
     scheme: Scheme
     public_bytes: bytes = field(repr=False)
 
+    def encrypt(self, values: np.ndarray | Sequence[float]) -> bytes:
+        """Encrypt a real vector (flattened) with the PUBLIC key only (no way to decrypt it back).
+
+        Paillier takes the public-key path of :func:`encrypt_packed` (about 4x slower than a key
+        holder's CRT path); CKKS encrypts under the public context.
+        """
+        if self.scheme == "paillier":
+            pk, spec = _paillier_public(self.public_bytes)
+            return encrypt_packed(values, pk, spec).to_bytes(pk)
+        from secagg.he.ckks import encrypt_vector
+
+        return encrypt_vector(values, _ckks_context(self.public_bytes)).to_bytes()
+
     def add(self, uploads: Sequence[bytes], length: int) -> bytes:
         """Validate every upload, then return the encrypted sum.
 

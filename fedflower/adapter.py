@@ -379,7 +379,11 @@ def build_server_trainer(spec: ProtocolSpec, config: Any, seed: int, meta: Parti
     """
     check_runs_on_flower(spec, config)
     census = _census(np.asarray(meta.users, np.int64), meta.n_users, meta.n_items, user_ids, item_ids)
-    server = _build(spec, config, seed, census, None, transport, source)
+    if spec.exchanges is not None and spec.exchanges.build_server is not None:
+        server = spec.exchanges.build_server(_context(config, seed, census, None, transport, source))
+        _check_hooks(spec, server)
+    else:
+        server = _build(spec, config, seed, census, None, transport, source)
     if spec.split is not None:
         units = tuple(int(c) for c in np.asarray(server.unit_of_users())[np.asarray(meta.users, np.int64)])
         if meta.units is None or units != tuple(meta.units):

@@ -212,6 +212,9 @@ class FedMF:
             ``config.he_keys``, else fresh keys).
         on_device: a client's half built on its own rows (``Exchanges.build_client``): only the
             users with rows here must have ratings, and HE keys come from the secret key file.
+        server_half: the server's half on a census (``Exchanges.build_server``): HE keys come
+            from the public key file only (in one process, which plays the clients too, and on
+            a device the secret key file is read).
     """
 
     def __init__(
@@ -223,6 +226,7 @@ class FedMF:
         transport: InProcessTransport | None = None,
         he_client: HEClient | None = None,
         on_device: bool = False,
+        server_half: bool = False,
     ):
         self.train, self.config = train, config
         self.transport = transport or InProcessTransport(Transcript(keep_payloads=_server_keeps))
@@ -255,10 +259,10 @@ class FedMF:
             if he_client is not None:
                 self.he = he_client
             elif config.he_keys:
-                if on_device:
-                    self.he = _load_he_keys(config, self.n_users, secret=True)
-                else:
+                if server_half:
                     self.he_server = _load_he_keys(config, self.n_users, secret=False)
+                else:
+                    self.he = _load_he_keys(config, self.n_users, secret=True)
             else:
                 self.he = self._make_he()
             if self.he is not None:
@@ -725,9 +729,21 @@ class FedMF:
         and re-encrypts the item matrix (every client would receive the new key; the server
         never holds a secret key either way).
         """
+        if self.he_server is not None and self.he is None:  # the server half of a device run: Enc(Q) only
+            return {"round": self.round, "p": self.p.copy(), "enc_q": _ct_arrays(self._enc_q)}
         return {"round": self.round, "p": self.p.copy(), "q": self.item_matrix.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "enc_q" in state:  # (a server half's checkpoint: the ciphertexts it holds, under the same keys)
+            if self.he_server is None or self.he is not None:
+                raise ValueError("this checkpoint holds Enc(Q) only: resume it as the server half of an HE device run")
+            p = np.asarray(state["p"], dtype=np.float64)
+            if p.shape != self.p.shape:
+                raise ValueError(f"checkpoint shape {p.shape} does not match this FedMF run")
+            enc = {k: np.asarray(v) for k, v in state["enc_q"].items()}
+            self.round, self.p = int(state["round"]), p.copy()
+            self._enc_q = _ct_from(enc, self.config.variant, self.n_items, who="the checkpoint")
+            return
         p, q = np.asarray(state["p"], dtype=np.float64), np.asarray(state["q"], dtype=np.float64)
         if p.shape != self.p.shape or q.shape != (self.n_items, self.dim):
             raise ValueError(f"checkpoint shapes {p.shape}, {q.shape} do not match this FedMF run")
@@ -878,5 +894,7 @@ register(ProtocolSpec(
     exchanges=Exchanges(
         check=check_devices,
         build_client=lambda ctx: FedMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport, on_device=True),
+        build_server=lambda ctx: FedMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport,
+                                       server_half=True),
     ),
 ))

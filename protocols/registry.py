@@ -127,10 +127,14 @@ class Exchanges:
             parties cannot be separated (e.g. a server-side step on data the server lacks).
         build_client: ``ctx -> trainer`` for a client's half (``ctx.train`` holds one user's
             rows); ``None``: :attr:`ProtocolSpec.build`.
+        build_server: ``ctx -> trainer`` for the server's half on the census, when it differs
+            from the in-process trainer that plays every party (FedMF under HE: the server half
+            loads only the public key); ``None``: :attr:`ProtocolSpec.build`.
     """
 
     check: Callable[[Any], None] = lambda config: None
     build_client: Callable[[BuildContext], Any] | None = None
+    build_server: Callable[[BuildContext], Any] | None = None
 
 
 @dataclass(frozen=True)

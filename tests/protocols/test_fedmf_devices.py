@@ -56,7 +56,7 @@ def _devices(cfg: FedMFConfig, data: Interactions = DATA):
     """The server half on a census and each client's half on its own rows, through the registry."""
     SPEC.exchanges.check(cfg)
     users = np.flatnonzero(np.bincount(data.users, minlength=data.n_users) > 0)
-    server = SPEC.build(_ctx(census(users, data.n_users, data.n_items), cfg))
+    server = (SPEC.exchanges.build_server or SPEC.build)(_ctx(census(users, data.n_users, data.n_items), cfg))
     clients = {int(u): SPEC.exchanges.build_client(_ctx(_own(data, int(u)), cfg)) for u in users}
     return server, clients
 

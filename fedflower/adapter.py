@@ -89,6 +89,7 @@ __all__ = [
     "public_units",
     "save_node_state",
     "secure_width",
+    "stack_fields",
     "stack_updates",
     "write_partitions",
 ]
@@ -99,10 +100,14 @@ PARTITION_FORMAT = 1
 SUPPORTED = ("fedavg",)
 _PART_NAME = "client-{:07d}.npz"
 _CATALOGUE = "catalogue.npz"
-#: Arrays the server broadcasts each round (the protocol's global model).
+#: FedAvg-GMF's global model (what its server broadcasts each round). A unit declares its own:
+#: ``global_arrays()`` / ``load_global_arrays()`` (:meth:`protocols.fedavg.FedAvgGMF.global_arrays`;
+#: FEL's NCF leaves add their MLP ``W``, ``c``).
 GLOBAL_STATE = ("item", "h", "b")
 #: The per-client state that never leaves the client (a row of the protocol's ``user`` table).
 CLIENT_STATE = "user"
+#: The keys of every unit's plaintext reply (FedAvg's upload, loss and example count); a unit's own
+#: ``upload_fields()`` (``{name: shape}``, float32; FEL's NCF leaves: ``W_delta``, ``c_delta``) add theirs.
 UPDATE_KEYS = frozenset({"rows", "item_delta", "h_delta", "b_delta", "weight", "loss", "examples"})
 
 
@@ -326,7 +331,8 @@ def _check_hooks(spec: ProtocolSpec, trainer: Any) -> None:
             raise ValueError(f"protocol {spec.name!r} registers exchanges but lacks {missing} (protocols/exchange.py)")
         return
     for unit in units_of(trainer):
-        for hook in ("_sample_clients", "_local_round", "_aggregate", *GLOBAL_STATE, CLIENT_STATE):
+        for hook in ("_sample_clients", "_local_round", "_aggregate", "global_arrays", "load_global_arrays",
+                     "upload_fields", "local_fields", "load_local_fields", "client_vector_width", CLIENT_STATE):
             if not hasattr(unit, hook):
                 raise ValueError(
                     f"protocol {spec.name!r} does not expose {hook!r}; the Flower adapter runs protocols whose round "
@@ -424,7 +430,8 @@ def build_client_trainer(spec: ProtocolSpec, config: Any, seed: int, part: Parti
 # -- one client's local round ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class ClientUpdateArrays:
-    """A decoded, validated upload (one client), plus its loss sum and example count."""
+    """A decoded, validated upload (one client), plus its loss sum and example count; ``fields``
+    holds the unit's own upload fields (``upload_fields()``; none for FedAvg-GMF)."""
 
     rows: np.ndarray
     item_delta: np.ndarray
@@ -433,6 +440,7 @@ class ClientUpdateArrays:
     weight: float
     loss: float
     examples: int
+    fields: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def client_local_round(trainer: Any, user: int, round_: int, model: dict[str, np.ndarray],
@@ -443,7 +451,7 @@ def client_local_round(trainer: Any, user: int, round_: int, model: dict[str, np
     the first time: the protocol's own seeded initialisation, identical to the in-process one).
     """
     lr = _train_one(trainer, user, round_, model, state)
-    return encode_update(lr), lr.P[0].numpy().copy()
+    return encode_update(lr, trainer.local_fields()), lr.P[0].numpy().copy()
 
 
 def dp_unit(trainer: Any) -> bool:
@@ -454,13 +462,13 @@ def dp_unit(trainer: Any) -> bool:
 
 
 def secure_width(trainer: Any) -> int:
-    """Length of a client's secure-aggregation input: the protocol's vector, then loss and examples
-    (a DP unit: its clipped update alone, ``trainer.width``; the loss and example count would be
-    sums released without noise, so they are not sent)."""
+    """Length of a client's secure-aggregation input: the protocol's vector (its
+    ``client_vector_width()``), then loss and examples (a DP unit: its clipped update alone,
+    ``trainer.width``; the loss and example count would be sums released without noise, so they
+    are not sent)."""
     if dp_unit(trainer):
         return int(trainer.width)
-    cfg, n_items = trainer.config, int(trainer.item.shape[0])
-    return n_items * cfg.dim + (n_items if cfg.item_aggregation == "touched" else 0) + cfg.dim + 2 + 2
+    return int(trainer.client_vector_width()) + 2
 
 
 def client_secure_vector(trainer: Any, user: int, round_: int, model: dict[str, np.ndarray],
@@ -497,18 +505,27 @@ def client_secure_vector(trainer: Any, user: int, round_: int, model: dict[str, 
     return out, lr.P[0].numpy().copy()
 
 
+def global_names(unit: Any) -> tuple[str, ...]:
+    """The names of ``unit``'s global arrays (its ``global_arrays()``, in order)."""
+    return tuple(unit.global_arrays())
+
+
 def install_global_state(unit: Any, model: dict[str, np.ndarray], prefix: str = "",
                          error: type[ValueError] = BadReply) -> None:
-    """Set ``unit``'s global state (:data:`GLOBAL_STATE`) from ``model[prefix + name]``, each array
-    checked against the unit's own shape and dtype first (``error`` names the mismatch)."""
+    """Set ``unit``'s global state (its ``global_arrays()``) from ``model[prefix + name]``, every
+    array checked against the unit's own shape and dtype before any is installed (``error`` names
+    the mismatch)."""
+    values = {}
+    for name, ref in unit.global_arrays().items():
+        if prefix + name not in model:
+            raise error(f"global {prefix + name!r} is missing; the protocol expects {sorted(unit.global_arrays())}")
+        value = torch.as_tensor(np.asarray(model[prefix + name]))
+        if tuple(value.shape) != tuple(ref.shape) or value.dtype != ref.dtype:
+            raise error(f"global {prefix + name!r} has shape {tuple(value.shape)} {value.dtype}; the protocol "
+                        f"expects {tuple(ref.shape)} {ref.dtype}")
+        values[name] = value
     with torch.no_grad():
-        for name in GLOBAL_STATE:
-            ref = getattr(unit, name)
-            value = torch.as_tensor(np.asarray(model[prefix + name]))
-            if tuple(value.shape) != tuple(ref.shape) or value.dtype != ref.dtype:
-                raise error(f"global {prefix + name!r} has shape {tuple(value.shape)} {value.dtype}; the protocol "
-                            f"expects {tuple(ref.shape)} {ref.dtype}")
-            setattr(unit, name, value.clone())
+        unit.load_global_arrays(values)
 
 
 def _train_one(trainer: Any, user: int, round_: int, model: dict[str, np.ndarray], state: np.ndarray | None) -> LocalRound:
@@ -520,8 +537,9 @@ def _train_one(trainer: Any, user: int, round_: int, model: dict[str, np.ndarray
     return trainer._local_round(np.array([user], np.int64))
 
 
-def encode_update(lr: LocalRound) -> dict[str, np.ndarray]:
-    """A one-client :class:`LocalRound` as the arrays of its reply."""
+def encode_update(lr: LocalRound, fields: dict[str, torch.Tensor] | None = None) -> dict[str, np.ndarray]:
+    """A one-client :class:`LocalRound` (and its unit's ``local_fields()``) as the arrays of its reply."""
+    own = {name: np.asarray(t[0].numpy(), np.float32) for name, t in (fields or {}).items()}
     return {
         "rows": np.asarray(lr.pair_item, np.int64),
         "item_delta": lr.dQ.numpy().astype(np.float32, copy=False),
@@ -530,15 +548,28 @@ def encode_update(lr: LocalRound) -> dict[str, np.ndarray]:
         "weight": np.asarray([float(lr.weight[0])], np.float32),
         "loss": np.asarray([lr.loss], np.float64),
         "examples": np.asarray([lr.examples], np.int64),
+        **own,
     }
 
 
-def decode_update(arrays: dict[str, np.ndarray], *, n_items: int, dim: int) -> ClientUpdateArrays:
-    """Validate one reply's arrays (exact keys, dtypes, shapes, ranges, finiteness)."""
+def decode_update(arrays: dict[str, np.ndarray], *, n_items: int, dim: int,
+                  fields: dict[str, tuple[int, ...]] | None = None) -> ClientUpdateArrays:
+    """Validate one reply's arrays (exact keys, dtypes, shapes, ranges, finiteness).
+
+    ``fields``: the unit's own upload fields (``upload_fields()``: ``{name: shape}``, each a
+    float32 array of exactly that shape), which the reply must carry besides :data:`UPDATE_KEYS`.
+    """
+    fields = dict(fields or {})
+    want_keys = UPDATE_KEYS | set(fields)
     keys = set(arrays)
-    if keys != UPDATE_KEYS:
-        raise BadReply(f"reply keys {sorted(keys)}; expected exactly {sorted(UPDATE_KEYS)} "
-                       f"(missing {sorted(UPDATE_KEYS - keys)}, extra {sorted(keys - UPDATE_KEYS)})")
+    if keys != want_keys:
+        raise BadReply(f"reply keys {sorted(keys)}; expected exactly {sorted(want_keys)} "
+                       f"(missing {sorted(want_keys - keys)}, extra {sorted(keys - want_keys)})")
+    for k, shape in fields.items():
+        a = arrays[k]
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != tuple(shape):
+            raise BadReply(f"reply array {k!r} is {getattr(a, 'dtype', type(a).__name__)} of shape "
+                           f"{getattr(a, 'shape', '?')}; expected float32 of shape {tuple(shape)}")
     want = {"rows": (np.int64, 1), "item_delta": (np.float32, 2), "h_delta": (np.float32, 1), "b_delta": (np.float32, 1),
             "weight": (np.float32, 1), "loss": (np.float64, 1), "examples": (np.int64, 1)}
     for k, (dtype, ndim) in want.items():
@@ -556,14 +587,15 @@ def decode_update(arrays: dict[str, np.ndarray], *, n_items: int, dim: int) -> C
     if len(rows) and (rows.min() < 0 or rows.max() >= n_items or np.any(np.diff(rows) <= 0)):
         raise BadReply(f"reply rows must be strictly increasing item indices in [0, {n_items}); found "
                        f"min {rows.min()}, max {rows.max()}")
-    floats = (dq, arrays["h_delta"], arrays["b_delta"], arrays["weight"], arrays["loss"])
+    floats = (dq, arrays["h_delta"], arrays["b_delta"], arrays["weight"], arrays["loss"], *(arrays[k] for k in fields))
     if not all(np.isfinite(a).all() for a in floats):
         raise BadReply("reply holds a non-finite value (NaN or infinity)")
     weight, examples = float(arrays["weight"][0]), int(arrays["examples"][0])
     if weight <= 0 or examples < 0:
         raise BadReply(f"reply weight must be > 0 and examples >= 0; found {weight}, {examples}")
     return ClientUpdateArrays(rows=rows, item_delta=dq, h_delta=arrays["h_delta"], b_delta=float(arrays["b_delta"][0]),
-                              weight=weight, loss=float(arrays["loss"][0]), examples=examples)
+                              weight=weight, loss=float(arrays["loss"][0]), examples=examples,
+                              fields={k: arrays[k] for k in fields})
 
 
 def stack_updates(updates: list[ClientUpdateArrays]) -> tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor,
@@ -581,6 +613,17 @@ def stack_updates(updates: list[ClientUpdateArrays]) -> tuple[np.ndarray, np.nda
     dB = torch.tensor([u.b_delta for u in updates], dtype=torch.float32)
     weight = torch.tensor([u.weight for u in updates], dtype=torch.float32)
     return pair_slot, pair_item, dQ, dH, dB, weight
+
+
+def stack_fields(updates: list[ClientUpdateArrays], fields: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The cohort's own upload fields, each ``[m, *shape]`` in cohort order (a unit's ``load_local_fields``)."""
+    return {k: torch.as_tensor(np.stack([u.fields[k] for u in updates]) if updates
+                               else np.zeros((0, *shape), np.float32)) for k, shape in fields.items()}
+
+
+def zero_fields(fields: dict[str, tuple[int, ...]], m: int) -> dict[str, torch.Tensor]:
+    """Placeholder fields of ``m`` clients (a secure round: the server holds only the sum)."""
+    return {k: torch.zeros((m, *shape)) for k, shape in fields.items()}
 
 
 def config_to_json(config: Any) -> str:

@@ -45,7 +45,6 @@ from flwr.serverapp import Grid
 
 from fedflower.adapter import (
     CLIENT_STATE,
-    GLOBAL_STATE,
     BadReply,
     PartitionMeta,
     build_client_trainer,
@@ -60,8 +59,10 @@ from fedflower.adapter import (
     load_partition,
     save_node_state,
     secure_width,
+    stack_fields,
     stack_updates,
     units_of,
+    zero_fields,
 )
 from fedflower.chain_flower import CHAIN_KEY, chain_mod
 from fedflower.exchange_apps import EXCHANGE_KEY, answer_exchange, client_exchange, client_score_setup
@@ -229,9 +230,8 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
             _install_units(trainer, part, model, _user_state(context, store, part.partition_id, int(run["round"])))
         else:
             state = _user_state(context, store, part.partition_id, int(run["round"]))
+            install_global_state(trainer, model, error=ValueError)
             with torch.no_grad():
-                for name in GLOBAL_STATE:
-                    setattr(trainer, name, torch.as_tensor(model[name]).clone())
                 if state is not None:
                     getattr(trainer, CLIENT_STATE)[part.user] = torch.as_tensor(state)
         users = np.array([part.user])
@@ -257,10 +257,11 @@ def _own_unit(trainer: Any, part, run: ConfigRecord) -> Any:  # noqa: ANN001
 
 
 def _install_units(trainer: Any, part, model: dict[str, np.ndarray], state: np.ndarray | None) -> None:  # noqa: ANN001
-    """Install every unit's global state (record keys ``"<unit>.<name>"``) and the client's own state
-    in its unit, checking each array's shape and dtype against the unit's."""
+    """Install every unit's global state (record keys ``"<unit>.<name>"`` for the names of its
+    ``global_arrays()``) and the client's own state in its unit, checking each array's shape and
+    dtype against the unit's."""
     units = units_of(trainer)
-    want = {f"{i}.{n}" for i in range(len(units)) for n in GLOBAL_STATE}
+    want = {f"{i}.{n}" for i, u in enumerate(units) for n in u.global_arrays()}
     if set(model) != want:
         raise ValueError(f"model record keys {sorted(model)[:6]}...; expected the {len(want)} keys '<unit>.<name>'")
     for i, unit in enumerate(units):
@@ -315,8 +316,7 @@ class GridTrainer:
         if self.exchanges:
             model_bytes = sum(np.asarray(a).nbytes for a in server.device_model().values())
         else:
-            model_bytes = sum(getattr(u, n).numel() * getattr(u, n).element_size() for u in self.units
-                              for n in GLOBAL_STATE)
+            model_bytes = sum(a.numel() * a.element_size() for u in self.units for a in u.global_arrays().values())
         if model_bytes > MAX_MESSAGE_BYTES:
             raise ValueError(f"the global model is {model_bytes:,} bytes, over Flower's {MAX_MESSAGE_BYTES:,}-byte gRPC "
                              "message limit; reduce the catalogue or fedavg.dim")
@@ -359,13 +359,14 @@ class GridTrainer:
                              "round": int(self.server.round), **extra})  # (a unit's exchange gives its own round)
 
     def _model_record(self, unit: Any = None) -> ArrayRecord:
+        """``unit``'s global model: its ``global_arrays()`` (FedAvg-GMF: ``item``, ``h``, ``b``)."""
         unit = self.server if unit is None else unit
-        return ArrayRecord({n: _np_array(getattr(unit, n).numpy()) for n in GLOBAL_STATE})
+        return ArrayRecord({n: _np_array(a.numpy()) for n, a in unit.global_arrays().items()})
 
     def _all_units_record(self) -> ArrayRecord:
         """Every unit's global state, keys ``"<unit>.<name>"`` (a split protocol's evaluation)."""
-        return ArrayRecord({f"{i}.{n}": _np_array(getattr(u, n).numpy())
-                            for i, u in enumerate(self.units) for n in GLOBAL_STATE})
+        return ArrayRecord({f"{i}.{n}": _np_array(a.numpy())
+                            for i, u in enumerate(self.units) for n, a in u.global_arrays().items()})
 
     def census(self, wait: float = 600.0) -> dict[int, int]:
         """Ask every node which user it holds; returns ``{user: node_id}``.
@@ -475,7 +476,8 @@ class GridTrainer:
                     raise BadReply(f"reply records {sorted(reply.content.keys())}; expected ['update']")
                 rec = reply.content["update"]
                 self.flower_bytes["up"] += rec.count_bytes()
-                updates.append(decode_update(_arrays(rec), n_items=self.meta.n_items, dim=unit.config.dim))
+                updates.append(decode_update(_arrays(rec), n_items=self.meta.n_items, dim=unit.config.dim,
+                                             fields=unit.upload_fields()))
                 kept.append(int(u))
             except (BadReply, KeyError, TypeError, ValueError) as exc:
                 errors.append(f"user {int(u)}: {exc}")
@@ -745,11 +747,13 @@ class _BoundUnit:
         if "updates" in pending:
             ups = pending["updates"]
             pair_slot, pair_item, dQ, dH, dB, weight = stack_updates(ups)
+            unit.load_local_fields(stack_fields(ups, unit.upload_fields()))  # (NCF leaves: the MLP's changes)
             return LocalRound(P=placeholder, pair_slot=pair_slot, pair_item=pair_item, dQ=dQ, dH=dH, dB=dB,
                               weight=weight, loss=sum(u.loss for u in ups), examples=sum(u.examples for u in ups))
         total, width, m, d = pending["total"], pending["width"], len(sampled), unit.config.dim
         self._secure = pending
         loss, examples = (float("nan"), 0) if self.dp else (float(total[width - 2]), int(round(float(total[width - 1]))))
+        unit.load_local_fields(zero_fields(unit.upload_fields(), m))  # (placeholders: the server holds the sum)
         return LocalRound(P=placeholder, pair_slot=np.zeros(0, np.int64), pair_item=np.zeros(0, np.int64),
                           dQ=torch.zeros(0, d), dH=torch.zeros(m, d), dB=torch.zeros(m), weight=torch.zeros(m),
                           loss=loss, examples=examples)

@@ -610,6 +610,43 @@ class FedAvgGMF:
                 )
             self.transport.send(client(u), SERVER, t, "update", payload, self.model_bytes + 4 + extra)
 
+    # -- the parties' arrays, for a runtime that puts each client on its own device -----------
+    def global_arrays(self) -> dict[str, torch.Tensor]:
+        """The global model each sampled client downloads, by name (GMF: ``item``, ``h``, ``b``).
+
+        A runtime with the clients on separate devices (``fedflower``) sends these and installs
+        them on the client with :meth:`load_global_arrays`; a subclass with more server-held
+        parameters (FEL's NCF leaves: the MLP) adds its own.
+        """
+        return {"item": self.item, "h": self.h, "b": self.b}
+
+    def load_global_arrays(self, arrays: dict[str, torch.Tensor]) -> None:
+        """Install the global model (copies of ``arrays[name]`` for every name of
+        :meth:`global_arrays`; the caller has checked each array's shape and dtype)."""
+        self.item, self.h, self.b = (arrays[n].clone() for n in ("item", "h", "b"))
+
+    def upload_fields(self) -> dict[str, tuple[int, ...]]:
+        """The per-client float32 arrays an upload carries besides FedAvg's sparse item rows,
+        ``dh``, ``db`` and ``n_k``: ``{name: shape}`` (GMF: none; FEL's NCF leaves: the MLP's
+        change). :meth:`local_fields` gives them after a local round, :meth:`load_local_fields`
+        installs a cohort's before :meth:`_aggregate`."""
+        return {}
+
+    def local_fields(self) -> dict[str, torch.Tensor]:
+        """The last :meth:`_local_round`'s :meth:`upload_fields`, each ``[m, *shape]`` in cohort order."""
+        return {}
+
+    def load_local_fields(self, fields: dict[str, torch.Tensor]) -> None:
+        """Install a cohort's :meth:`upload_fields` (``[m, *shape]``, slot ``c`` = ``sampled[c]``)
+        as if its :meth:`_local_round` had produced them (a server whose clients trained elsewhere)."""
+        if fields:
+            raise ValueError(f"{type(self).__name__} uploads no fields besides FedAvg's; found {sorted(fields)}")
+
+    def client_vector_width(self) -> int:
+        """Length of one client's :meth:`_client_vectors` row (its secure-aggregation input)."""
+        n_items, d = self.train.n_items, self.config.dim
+        return n_items * d + (n_items if self.config.item_aggregation == "touched" else 0) + d + 2
+
     # -- evaluation and checkpoints ------------------------------------------------------------
     @torch.no_grad()
     def score(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:

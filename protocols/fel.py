@@ -356,9 +356,10 @@ class FelTrainer:
         Every leaf is built on the client's data with the run's seed (so its initialisation and
         streams are the in-process leaf's); the client's pool in leaf ``unit`` (its public
         cluster; ``-1``: it trains no leaf) is itself, every other leaf's is empty. Once each
-        leaf's global ``(item, h, b)`` and the client's own vector are installed, :meth:`score`
-        scores exactly as the in-process ensemble does for this user: its own leaf's vector, and
-        for the other leaves a vector folded in from its own positives.
+        leaf's global arrays (``global_arrays()``: ``item, h, b``, and an NCF leaf's MLP) and the
+        client's own vector are installed, :meth:`score` scores exactly as the in-process ensemble
+        does for this user: its own leaf's vector, and for the other leaves a vector folded in
+        from its own positives.
 
         Under DP, ``unit_clients`` (the public size of the client's leaf, which fixes the cohort
         size ``m`` and, calibrated, ``z``) gives the client's leaf the in-process leaf's DP
@@ -569,17 +570,13 @@ def check_device_split(config: FelConfig) -> None:
     The leaves are FedAvg rounds (sample -> local round -> aggregate), with DP-FedAvg's client step
     (clip, and the distributed noise share) on the device before masking; what is not: the
     over-arch (trained on the opt-in users' labels, which only an in-process server holds, or by
-    FedSGD over the clients' ensemble features), NCF leaves (their MLP is not part of the units'
-    global state ``(item, h, b)``), Poisson sampling, and ``simulate_dropout`` (the in-process
+    FedSGD over the clients' ensemble features), Poisson sampling, and ``simulate_dropout`` (the in-process
     simulation's dropouts: on devices dropouts are real).
     """
     why = []
     if config.combiner == "over-arch":
         why.append("fel.combiner = \"over-arch\" (the over-arch trains on the opt-in users' labels held by the "
                    "server, or by FedSGD over every client's ensemble features): use mean, median or max")
-    if config.leaf_model != "gmf":
-        why.append(f"fel.leaf_model = {config.leaf_model!r} (the MLP of NCF leaves is not in a unit's global "
-                   "state item, h, b): use \"gmf\"")
     if config.dp != "none" and config.sampling == "poisson":
         why.append("fel.sampling = \"poisson\": use \"fixed\"")
     if config.dp == "distributed" and config.simulate_dropout > 0:

@@ -27,7 +27,6 @@ import torch
 from protocols.base import Release
 from protocols.fedavg import _LazyAdam
 from protocols.fel_leaf import FelLeaf
-from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, client
 from dp.events import NonPrivate
 from recmodels.ncf import fold_in_ncf, init_ncf, ncf_forward
@@ -119,41 +118,65 @@ class NcfLeaf(FelLeaf):
         self.W = self.W + change[:nw]
         self.c = self.c + change[nw:]
 
+    def _client_vectors(self, sampled, pair_slot, pair_item, dQ, dH, dB, weight) -> np.ndarray:  # noqa: ANN001
+        """Each client's FedAvg row: GMF's layout (:meth:`FedAvgGMF._client_vectors`), then
+        ``n_k dW | n_k dc``; the column sums are the round's sums (plaintext, or the secure sum)."""
+        dW, dC = self._deltas
+        w = weight.numpy().astype(np.float64)[:, None]
+        return np.concatenate([super()._client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB, weight),
+                               dW.numpy() * w, dC.numpy() * w], axis=1)
+
+    def client_vector_width(self) -> int:
+        return super().client_vector_width() + self.extra_width(self.config.dim)
+
+    def _sums_from_total(self, total: np.ndarray):  # noqa: ANN202
+        """GMF's sums from the summed rows, then the summed ``n_k dW | n_k dc`` (float32)."""
+        k = self.extra_width(self.config.dim)
+        return (*super()._sums_from_total(total[:-k]), torch.as_tensor(total[-k:], dtype=torch.float32))
+
     def _aggregate(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):  # noqa: ANN001, ANN202
         if self.dp is not None:
             return super()._aggregate(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
-        cfg, m, k = self.config, len(sampled), self.extra_width(self.config.dim)
-        dW, dC = self._deltas
-        w = weight.numpy().astype(np.float64)[:, None]
-        vectors = np.concatenate([self._client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB, weight),
-                                  dW.numpy() * w, dC.numpy() * w], axis=1)
+        cfg, m = self.config, len(sampled)
         if cfg.secure_aggregation == "none":
             for u in sampled:  # each client's dense update, in plaintext
                 self.transport.send(client(u), SERVER, t, "update", None, self.model_bytes + 4)
-            total, upload = vectors.sum(0), self.model_bytes + 4.0
-        else:
-            res = secure_sum(vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
-                             value_clip=cfg.value_clip, round=t, transport=self.transport,
-                             senders=[client(u) for u in sampled], where="fel.value_clip",
-                             dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
-            total, upload = res.total, res.bytes_per_client
-        self._apply_sums(total[:-k], total[-k:])
+            sums = self._sums_from_total(self._client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB, weight).sum(0))
+            upload = self.model_bytes + 4.0
+        else:  # (FedAvg's secure sum of the rows above; the Flower adapter binds it to the devices' sum)
+            sums, upload = self._secure_sums(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
+        self._apply_sums(*sums)
         what = "item/MLP updates, each in plaintext" if cfg.secure_aggregation == "none" else (
             f"the sum of item/MLP updates through {cfg.secure_aggregation} (no DP noise)")
         return upload, (Release(NonPrivate(), who="clients", what=what, params={"clients": m}),), {}
 
-    def _apply_sums(self, base: np.ndarray, extra: np.ndarray) -> None:
-        """FedAvg's server update from the summed vectors (GMF's layout, then ``n_k dW | n_k dc``)."""
-        n_items, d = self.train.n_items, self.config.dim
-        f = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
-        off, touched = n_items * d, None
-        if self.config.item_aggregation == "touched":
-            touched = f(base[off: off + n_items])
-            off += n_items
-        w_sum = torch.tensor(float(base[off + d + 1]))
-        self._apply(f(base[: n_items * d]).reshape(n_items, d), touched, f(base[off: off + d]),
-                    torch.tensor(float(base[off + d])), w_sum)
-        self._apply_extra(self.config.server_lr * f(extra) / w_sum)
+    def _apply_sums(self, item_num, touched, h_num, b_num, w_sum, extra) -> None:  # noqa: ANN001
+        """FedAvg's server update from the round's sums (:meth:`_sums_from_total`): GMF's, then the MLP's."""
+        self._apply(item_num, touched, h_num, b_num, w_sum)
+        self._apply_extra(self.config.server_lr * extra / w_sum)
+
+    # -- the parties' arrays on separate devices (fedflower) -----------------------------------
+    def global_arrays(self) -> dict[str, torch.Tensor]:
+        """GMF's ``item``, ``h``, ``b``, then the MLP: ``W`` (flat ``[dim * 2 dim]``) and ``c``."""
+        return {**super().global_arrays(), "W": self.W, "c": self.c}
+
+    def load_global_arrays(self, arrays: dict[str, torch.Tensor]) -> None:
+        super().load_global_arrays(arrays)
+        self.W, self.c = arrays["W"].clone(), arrays["c"].clone()
+
+    def upload_fields(self) -> dict[str, tuple[int, ...]]:
+        """The MLP's change, unweighted: ``W_delta`` (``dim * 2 dim``) and ``c_delta`` (``dim``)."""
+        d = self.config.dim
+        return {"W_delta": (d * 2 * d,), "c_delta": (d,)}
+
+    def local_fields(self) -> dict[str, torch.Tensor]:
+        dW, dC = self._deltas
+        return {"W_delta": dW, "c_delta": dC}
+
+    def load_local_fields(self, fields: dict[str, torch.Tensor]) -> None:
+        if set(fields) != set(self.upload_fields()):
+            raise ValueError(f"NCF leaf fields {sorted(fields)}; expected {sorted(self.upload_fields())}")
+        self._deltas = (fields["W_delta"], fields["c_delta"])
 
     # -- the model as the ensemble and the checkpoints see it ----------------------------------
     def forward_hidden(self, p: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from recmodels.streams import integers, stream_keys
+
 __all__ = ["fold_in_ncf", "init_ncf", "ncf_forward"]
 
 
@@ -48,7 +50,9 @@ def fold_in_ncf(item: torch.Tensor, w: torch.Tensor, c: torch.Tensor, h: torch.T
     Minimises, per user, the mean BCE over its positives (label 1) and ``negatives`` items per
     positive (label 0; drawn uniformly from a generator seeded by ``seed``, so deterministic) plus
     ``reg |p|^2``, by ``steps`` full-batch Adam steps from ``p = 0``. Gradients are computed in
-    closed form for all users at once (``index_add`` per user); no loop per user.
+    closed form for all users at once (``index_add`` per user); no loop per user. Each user's
+    negatives come from its own stream keyed by ``(seed, 17, user)`` (:mod:`recmodels.streams`),
+    so a user folded in alone (on its own device, fedflower) draws what it draws in a batch.
 
     Returns:
         ``[len(users), d]`` float32 (zeros for a user without positives).
@@ -61,9 +65,12 @@ def fold_in_ncf(item: torch.Tensor, w: torch.Tensor, c: torch.Tensor, h: torch.T
              else np.zeros(0, np.int64)).astype(np.int64)
     labels = np.ones(len(items))
     if negatives:
-        rng = np.random.default_rng([int(seed), 17])
-        owner = np.concatenate([owner, np.repeat(owner, negatives)])
-        items = np.concatenate([items, rng.integers(0, item.shape[0], len(items) * negatives)])
+        neg_owner = np.repeat(owner, negatives)  # (grouped by user, in ``users`` order)
+        first = np.concatenate([[0], np.cumsum(counts * negatives)])[:-1]
+        counter = np.arange(len(neg_owner)) - first[neg_owner]  # the j-th negative of its user
+        keys = stream_keys(int(seed), 17, users)
+        owner = np.concatenate([owner, neg_owner])
+        items = np.concatenate([items, integers(keys[neg_owner], counter, int(item.shape[0]))])
         labels = np.concatenate([labels, np.zeros(len(labels) * negatives)])
     own = torch.as_tensor(owner)
     q = item[torch.as_tensor(items)]

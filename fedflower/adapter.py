@@ -21,6 +21,14 @@ leaf models, combining the round's statistics) is the in-process code; each clie
 own unit. The partition files and the census then carry each client's public unit and nothing else
 about the others.
 
+What travels is declared by each unit (no names are fixed here): its global model
+(``global_arrays()``, installed on a client with ``load_global_arrays()``; FedAvg-GMF's ``item``,
+``h``, ``b``, FEL's NCF leaves add their MLP ``W``, ``c``), and its upload: FedAvg's fields
+(:data:`UPDATE_KEYS`) plus the unit's own per-client float32 arrays (``upload_fields()``:
+``{name: shape}``; an NCF leaf's ``W_delta``, ``c_delta``), read after a local round with
+``local_fields()`` and installed on the server for the cohort with ``load_local_fields()``; the
+secure-aggregation input is the unit's ``_client_vectors`` row (``client_vector_width()`` long).
+
 This module drives those hooks over Flower messages without any Flower code in the protocol:
 
 * **each client** builds the protocol through the registry on *its own user's data only* (a

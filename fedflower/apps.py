@@ -712,6 +712,15 @@ class _BoundUnit:
     def _sample_and_exchange(self) -> np.ndarray:
         gt, unit, t = self.gt, self.unit, self.unit.round
         sampled = self.sample()
+        if self.pending is not None:
+            # The unit asks again for the cohort it drew and we already exchanged with (a Poisson-sampled
+            # DP leaf draws first to handle an empty cohort, then runs FedAvg's round on that draw): the
+            # same clients, asked once.
+            if not np.array_equal(np.asarray(sampled, np.int64), self.pending["kept"]):
+                raise RuntimeError(f"unit {self.index}: a second cohort drawn before the first one's local round")
+            return self.pending["kept"]
+        if len(sampled) == 0:  # (an empty Poisson cohort: nobody to ask; the unit releases its noise alone)
+            return np.asarray(sampled, np.int64)
         for u in sampled:
             if gt.unit_of.get(int(u)) != self.index:
                 raise RoundFailed(f"unit {self.index} sampled user {int(u)}, whose public unit is "

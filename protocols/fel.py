@@ -570,15 +570,13 @@ def check_device_split(config: FelConfig) -> None:
     The leaves are FedAvg rounds (sample -> local round -> aggregate), with DP-FedAvg's client step
     (clip, and the distributed noise share) on the device before masking; what is not: the
     over-arch (trained on the opt-in users' labels, which only an in-process server holds, or by
-    FedSGD over the clients' ensemble features), Poisson sampling, and ``simulate_dropout`` (the in-process
-    simulation's dropouts: on devices dropouts are real).
+    FedSGD over the clients' ensemble features) and ``simulate_dropout`` (the in-process simulation's
+    dropouts: on devices dropouts are real).
     """
     why = []
     if config.combiner == "over-arch":
         why.append("fel.combiner = \"over-arch\" (the over-arch trains on the opt-in users' labels held by the "
                    "server, or by FedSGD over every client's ensemble features): use mean, median or max")
-    if config.dp != "none" and config.sampling == "poisson":
-        why.append("fel.sampling = \"poisson\": use \"fixed\"")
     if config.dp == "distributed" and config.simulate_dropout > 0:
         why.append(f"fel.simulate_dropout = {config.simulate_dropout:g} (the in-process simulation's dropouts; on "
                    "devices a client drops by not answering): set it to 0")

@@ -681,9 +681,12 @@ class _BoundUnit:
 
     * ``_sample_clients``: the unit's own seeded choice, then the exchange with that cohort
       (plaintext updates, or our secure aggregation); returns the clients whose replies are valid
-      (the survivors), so the protocol aggregates over exactly those;
-    * ``_local_round``: their validated uploads stacked in cohort order (the clients' user states
-      stay on their nodes: the server's placeholder rows are returned unchanged);
+      (the survivors), so the protocol aggregates over exactly those. Asked again before the
+      cohort's local round (a Poisson-sampled DP leaf draws first, then runs FedAvg's round on
+      that draw), it returns the same clients without asking them twice; an empty draw asks nobody;
+    * ``_local_round``: their validated uploads stacked in cohort order, the unit's own upload
+      fields installed with its ``load_local_fields`` (the clients' user states stay on their
+      nodes: the server's placeholder rows are returned unchanged);
     * ``_secure_sums`` (secure units): the round's sums decoded from the survivors' secure sum;
     * ``_dp_secure_sum`` (DP units through secure aggregation, :func:`fedflower.adapter.dp_unit`):
       the survivors' sum of the inputs each device clipped (and noised) itself, and how many

@@ -64,7 +64,10 @@ def test_secure_aggregation_gives_random_level_results():
     _, sc = _attack("secagg", data=data)
     # F1 of a random guess of the same size is ~|T|/n_items; allow sampling noise around it
     assert sc.f1 < sc.random_f1 + 0.1
-    assert sc.rating_rmse > 0.8 * sc.random_rating_rmse
+    # no better than the best guess that reads no upload at all: every rating at the data's mean (an
+    # RMSE of their standard deviation); a random-looking masked view lands far above it whatever the
+    # masks (measured 1.48-2.23 against 1.20), while real leakage (plaintext) goes far below
+    assert sc.rating_rmse > float(np.std(data.ratings))
 
 
 def test_ldp_recovery_degrades_as_epsilon_falls():

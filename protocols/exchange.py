@@ -67,6 +67,7 @@ __all__ = [
     "Exchange",
     "Replies",
     "SecureSum",
+    "answer_in_process",
     "census",
     "drive",
     "run_exchanges",
@@ -290,16 +291,18 @@ def drive(round_gen: DeviceRound, answer: Callable[[Exchange], Replies]) -> Roun
         return stop.value
 
 
+def answer_in_process(server: Any, ex: Exchange, step: Step, round_: int) -> Replies:
+    """One exchange in one process: ``step`` (the trainer's own ``device_step``) plays the whole
+    cohort at once; a secure exchange goes through :func:`protocols.secure_sum.secure_sum`."""
+    replies = step(ex.kind, round_, ex.users, ex.broadcast, ex.per_user) if len(ex.users) else {}
+    return _answer(server, ex, round_, replies, {}, devices=False)
+
+
 def run_exchanges(server: Any, step: Step) -> RoundStats:
-    """One round in one process: ``step`` (the trainer's own ``device_step``) plays the whole cohort
-    at once; secure exchanges go through :func:`protocols.secure_sum.secure_sum`."""
+    """One round in one process: every exchange of ``server.device_round()`` answered by
+    :func:`answer_in_process`."""
     round_ = int(server.round)
-
-    def answer(ex: Exchange) -> Replies:
-        replies = step(ex.kind, round_, ex.users, ex.broadcast, ex.per_user) if len(ex.users) else {}
-        return _answer(server, ex, round_, replies, {}, devices=False)
-
-    return drive(server.device_round(), answer)
+    return drive(server.device_round(), lambda ex: answer_in_process(server, ex, step, round_))
 
 
 def run_on_devices(server: Any, clients: Mapping[int, Any], *, silent: Callable[[Exchange, int], bool] | None = None,

@@ -64,7 +64,7 @@ import torch
 from dp.events import Laplace, NonPrivate
 from dp.ldp import ldp_laplace
 from protocols.base import Release, RoundStats
-from protocols.exchange import DeviceRound, Exchange, Replies, SecureSum, _answer, drive, run_exchanges
+from protocols.exchange import DeviceRound, Exchange, Replies, SecureSum, answer_in_process, drive, run_exchanges
 from protocols.fedcl_server import CLUSTERINGS, WARD_MAX_POINTS, cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
@@ -484,7 +484,7 @@ class FedCL:
         cohort's summed gradient (``Replies.total``) and each client's loss and dropped count."""
         t = int(self.round)
         if ex.kind != "train":
-            return _answer(self, ex, t, self.device_step(ex.kind, t, ex.users, ex.broadcast, ex.per_user), {})
+            return answer_in_process(self, ex, self.device_step, t)
         total, losses, dropped = self._train(ex.kind, t, ex.users, ex.broadcast, ex.per_user, summed=True)
         values = {u: {"loss": float(losses[c]), "semi_hard_dropped": int(dropped[c]), "gradient": None}
                   for c, u in enumerate(ex.users.tolist())}

@@ -65,7 +65,7 @@ import torch
 
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
-from protocols.exchange import Exchange, Replies, SecureSum, _answer, run_exchanges
+from protocols.exchange import Exchange, Replies, SecureSum, answer_in_process, run_exchanges
 from protocols.fedavg import ClientUpdate, FedAvgConfig, FedAvgGMF, LocalRound, _LazyAdam
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
@@ -420,8 +420,7 @@ class FedFastGMF(FedAvgGMF):
         try:
             ex = next(gen)
             while True:
-                ex = gen.send(_answer(self, ex, t, self.device_step(ex.kind, t, ex.users, ex.broadcast, ex.per_user)
-                                      if len(ex.users) else {}, {}))
+                ex = gen.send(answer_in_process(self, ex, self.device_step, t))
         except StopIteration as stop:
             return float(stop.value)
 

@@ -232,17 +232,9 @@ def _secure(gt: Any, ex: Exchange, t: int, contents: dict[int, RecordDict], drop
     n = len(contents)
     for u in contents:
         transport.send(spec.receiver, client(u), t, f"{spec.protocol}:server", None, rep.bytes_to_clients // n)
-    gt.flower_bytes["up"] += rep.bytes_from_clients
-    gt.flower_bytes["down"] += rep.bytes_to_clients
     for nid, (stage, why) in rep.dropped.items():
         dropped[user_of[nid]] = f"{stage}: {why}"
-    common = {"bytes_per_client": (rep.bytes_from_clients + rep.bytes_to_clients) / n,
-              "client_seconds": rep.wait_s / n, "server_seconds": rep.server_s}
-    if rep.total is None:
-        return Replies(dropped=dropped, aborted=str(rep.abort), **common)
-    total = FixedPoint(spec.frac_bits, max(spec.value_clip, 1.0)).decode(rep.total)
-    survivors = np.asarray(sorted(user_of[nid] for nid in rep.survivors), np.int64)
-    return Replies(total=np.asarray(total, np.float64), survivors=survivors, dropped=dropped, **common)
+    return _replies(gt, spec, rep, user_of, dropped, n)
 
 
 def _chain(gt: Any, ex: Exchange, t: int, contents: dict[int, RecordDict], dropped: dict[int, str]) -> Replies:
@@ -263,10 +255,16 @@ def _chain(gt: Any, ex: Exchange, t: int, contents: dict[int, RecordDict], dropp
     for u in contents:  # the chain's sizes, per client (its relays are many small messages)
         gt.server.transport.send(client(u), spec.receiver, t, spec.kind, None, rep.bytes_from_clients // n)
         gt.server.transport.send(spec.receiver, client(u), t, "chain:server", None, rep.bytes_to_clients // n)
-    gt.flower_bytes["up"] += rep.bytes_from_clients
-    gt.flower_bytes["down"] += rep.bytes_to_clients
     for nid, why in rep.dropped.items():
         dropped[user_of[nid]] = why
+    return _replies(gt, spec, rep, user_of, dropped, n)
+
+
+def _replies(gt: Any, spec: Any, rep: Any, user_of: dict[int, int], dropped: dict[int, str], n: int) -> Replies:
+    """What a secure exchange returns (SecAgg's or the chain's report): the decoded sum over the
+    survivors, or the abort; its bytes counted in the run's Flower totals."""
+    gt.flower_bytes["up"] += rep.bytes_from_clients
+    gt.flower_bytes["down"] += rep.bytes_to_clients
     common = {"bytes_per_client": (rep.bytes_from_clients + rep.bytes_to_clients) / n,
               "client_seconds": rep.wait_s / n, "server_seconds": rep.server_s}
     if rep.total is None:

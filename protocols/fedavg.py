@@ -376,9 +376,13 @@ class FedAvgGMF:
 
     def _local_round(self, sampled: np.ndarray) -> LocalRound:
         """Send the model to the ``sampled`` clients and train them all locally (batched)."""
-        cfg, t = self.config, self.round
         for u in sampled:
-            self.transport.send(SERVER, client(u), t, "model", None, self.model_bytes)
+            self.transport.send(SERVER, client(u), self.round, "model", None, self.model_bytes)
+        return self._train_sampled(sampled)
+
+    def _train_sampled(self, sampled: np.ndarray) -> LocalRound:
+        """The ``sampled`` clients' local training (batched), without the model download."""
+        cfg = self.config
         counts, epochs = self._local_data(sampled)
         # Each client's private copy of every item row it touches this round: one row per
         # (client slot, item) pair, so that clients never share a parameter.

@@ -920,19 +920,9 @@ class FedFastGMF(FedAvgGMF):
         return vec
 
     def _train(self, sampled: np.ndarray) -> LocalRound:
-        """FedAvg-GMF's local round of ``sampled`` (:meth:`FedAvgGMF._local_round` without the
+        """FedAvg-GMF's local round of ``sampled`` (:meth:`FedAvgGMF._train_sampled`: without the
         model download, which the server half records)."""
-        cfg = self.config
-        counts, epochs = self._local_data(sampled)
-        keys = np.concatenate([e[0] for e in epochs]) * self.train.n_items + np.concatenate([e[1] for e in epochs])
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        pair_slot, pair_item = uniq // self.train.n_items, uniq % self.train.n_items
-        P, Q, H, B, loss, examples = self._train_locally(sampled, epochs, pair_slot, pair_item, torch.as_tensor(inverse))
-        weight = torch.as_tensor(counts * (1 + cfg.train_negatives) * cfg.local_epochs, dtype=torch.float32)
-        return LocalRound(
-            P=P, pair_slot=pair_slot, pair_item=pair_item, dQ=Q - self.item[torch.as_tensor(pair_item)],
-            dH=H - self.h, dB=B.squeeze(1) - self.b, weight=weight, loss=loss, examples=examples,
-        )
+        return self._train_sampled(sampled)
 
     def _train_locally(self, sampled, epochs, pair_slot, pair_item, pair_of_example):
         """FedAvg-GMF's local epochs, also summing each client's loss on its own (``_slot_loss``,

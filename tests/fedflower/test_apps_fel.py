@@ -64,6 +64,21 @@ def fel_grid(tmp: Path, train, exclude, cfg: FelConfig, seed: int, *, drop=None,
     return GridTrainer(grid, server, protocol="fel", seed=seed, meta=meta, timeout=30, assign=True), grid
 
 
+def aggregate_without(leaf, sampled: np.ndarray, victim: int) -> None:  # noqa: ANN001
+    """Oracle: ``leaf``'s round 0 in process over its cohort without ``victim`` (an NCF leaf's MLP
+    changes too), as a leaf on Flower aggregates once that client is dropped."""
+    lr = leaf._local_round(sampled)
+    keep = sampled != victim
+    assert keep.sum() == len(sampled) - 1
+    slots, kt = np.flatnonzero(keep), torch.as_tensor(keep)
+    pair_keep = np.isin(lr.pair_slot, slots)
+    if getattr(leaf, "_deltas", None) is not None:
+        dW, dC = leaf._deltas
+        leaf._deltas = (dW[kt], dC[kt])
+    leaf._aggregate(0, sampled[keep], np.searchsorted(slots, lr.pair_slot[pair_keep]), lr.pair_item[pair_keep],
+                    lr.dQ[torch.as_tensor(pair_keep)], lr.dH[kt], lr.dB[kt], lr.weight[kt])
+
+
 def view(transport) -> list[tuple]:  # noqa: ANN001 - what every adversary's view is built from
     return [(r.sender, r.receiver, r.round, r.kind, r.nbytes) for r in transport.transcript.records]
 
@@ -172,14 +187,7 @@ def test_a_bad_reply_drops_only_its_sender_from_its_leaf(tmp_path):
     ref = in_process(train, exclude, cfg, 9)
     leaf0 = ref.leaves[0]
     sampled = leaf0._sample_clients()
-    lr = leaf0._local_round(sampled)
-    keep = sampled != victim_user
-    assert keep.sum() == len(sampled) - 1
-    slots = np.flatnonzero(keep)
-    pair_keep = np.isin(lr.pair_slot, slots)
-    leaf0._aggregate(0, sampled[keep], np.searchsorted(slots, lr.pair_slot[pair_keep]), lr.pair_item[pair_keep],
-                     lr.dQ[torch.as_tensor(pair_keep)], lr.dH[torch.as_tensor(keep)], lr.dB[torch.as_tensor(keep)],
-                     lr.weight[torch.as_tensor(keep)])
+    aggregate_without(leaf0, sampled, victim_user)
     for leaf in ref.leaves[1:]:
         leaf.run_round()
     assert stats.extra["leaf_clients"] == [len(sampled) - 1] + [cfg.clients_in_round(len(leaf._clients))

@@ -28,7 +28,7 @@ from fedflower.adapter import UPDATE_KEYS, BadReply, decode_update, encode_updat
 from protocols.fedavg import LocalRound
 from protocols.fel import FelConfig
 
-from .test_apps_fel import BASE, fel_grid, in_process, releases, view
+from .test_apps_fel import BASE, aggregate_without, fel_grid, in_process, releases, view
 from .test_apps_loopback import _replace_update, make_data
 
 logging.getLogger("flwr").setLevel(logging.ERROR)
@@ -144,16 +144,7 @@ def test_a_bad_ncf_reply_drops_only_its_sender_from_its_leaf(tmp_path, attack, r
     ref = in_process(train, exclude, cfg, 38)
     leaf0 = ref.leaves[0]
     sampled = leaf0._sample_clients()
-    lr = leaf0._local_round(sampled)
-    keep = sampled != victim_user
-    assert keep.sum() == len(sampled) - 1
-    slots = np.flatnonzero(keep)
-    pair_keep = np.isin(lr.pair_slot, slots)
-    dW, dC = leaf0._deltas
-    leaf0._deltas = (dW[torch.as_tensor(keep)], dC[torch.as_tensor(keep)])
-    leaf0._aggregate(0, sampled[keep], np.searchsorted(slots, lr.pair_slot[pair_keep]), lr.pair_item[pair_keep],
-                     lr.dQ[torch.as_tensor(pair_keep)], lr.dH[torch.as_tensor(keep)], lr.dB[torch.as_tensor(keep)],
-                     lr.weight[torch.as_tensor(keep)])
+    aggregate_without(leaf0, sampled, victim_user)
     for leaf in ref.leaves[1:]:
         leaf.run_round()
     assert_leaves_close(gt.server.leaves, ref.leaves)
@@ -173,15 +164,7 @@ def test_a_secure_ncf_leaf_sums_its_survivors(tmp_path):
     assert stats.extra["dropped"] == 1 and stats.extra["leaf_clients"][0] == len(sampled) - 1
     # Oracle: the plaintext in-process leaf over the survivors (the secure sum is exact up to the encoding).
     leaf0 = ref.leaves[0]
-    lr = leaf0._local_round(sampled)
-    keep = sampled != victim
-    slots = np.flatnonzero(keep)
-    pair_keep = np.isin(lr.pair_slot, slots)
-    dW, dC = leaf0._deltas
-    leaf0._deltas = (dW[torch.as_tensor(keep)], dC[torch.as_tensor(keep)])
-    leaf0._aggregate(0, sampled[keep], np.searchsorted(slots, lr.pair_slot[pair_keep]), lr.pair_item[pair_keep],
-                     lr.dQ[torch.as_tensor(pair_keep)], lr.dH[torch.as_tensor(keep)], lr.dB[torch.as_tensor(keep)],
-                     lr.weight[torch.as_tensor(keep)])
+    aggregate_without(leaf0, sampled, victim)
     ref.leaves[1].run_round()
     assert_leaves_close(gt.server.leaves, ref.leaves, atol=1e-5)
 

@@ -429,8 +429,11 @@ class FedAvgGMF:
             epochs.append((slots, items, labels))
         return counts, epochs
 
-    def _train_locally(self, sampled, epochs, pair_slot, pair_item, pair_of_example):
-        """Every sampled client's local epochs at once; returns its final parameters."""
+    def _train_locally(self, sampled, epochs, pair_slot, pair_item, pair_of_example, observe=None):
+        """Every sampled client's local epochs at once; returns its final parameters.
+
+        ``observe(P, Q, H, B, slots, pairs, labels)`` (optional) sees each mini-batch before its
+        step (FedFast sums each client's own loss with it)."""
         cfg, m = self.config, len(sampled)
         P = self.user[torch.as_tensor(sampled)].clone()
         Q = self.item[torch.as_tensor(pair_item)].clone()
@@ -439,10 +442,12 @@ class FedAvgGMF:
         opts = [_LazyAdam(x, cfg.lr, cfg.optimizer, sparse=x is P or x is Q) for x in (P, Q, H, B)]
         client_steps = torch.zeros(m, dtype=torch.float32)  # local steps taken by each client
         pair_slot_t = torch.as_tensor(pair_slot)
-        total_loss, total_examples = self._minibatches(
-            sampled, epochs, pair_of_example,
-            lambda slot, pair, label: self._step(P, Q, H, B, opts, slot, pair, label, client_steps, pair_slot_t),
-        )
+        def step(slot, pair, label):  # noqa: ANN001, ANN202
+            if observe is not None:
+                observe(P, Q, H, B, slot, pair, label)
+            return self._step(P, Q, H, B, opts, slot, pair, label, client_steps, pair_slot_t)
+
+        total_loss, total_examples = self._minibatches(sampled, epochs, pair_of_example, step)
         return P, Q, H, B, total_loss, total_examples
 
     def _minibatches(self, sampled, epochs, pair_of_example, step) -> tuple[float, int]:

@@ -66,7 +66,7 @@ import torch
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
 from protocols.exchange import Exchange, Replies, SecureSum, answer_in_process, run_exchanges
-from protocols.fedavg import ClientUpdate, FedAvgConfig, FedAvgGMF, LocalRound, _LazyAdam
+from protocols.fedavg import ClientUpdate, FedAvgConfig, FedAvgGMF, LocalRound
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
@@ -924,29 +924,22 @@ class FedFastGMF(FedAvgGMF):
         model download, which the server half records)."""
         return self._train_sampled(sampled)
 
-    def _train_locally(self, sampled, epochs, pair_slot, pair_item, pair_of_example):
+    def _train_locally(self, sampled, epochs, pair_slot, pair_item, pair_of_example, observe=None):
         """FedAvg-GMF's local epochs, also summing each client's loss on its own (``_slot_loss``,
         float64, in its examples' order: the same batched or alone, to float rounding)."""
-        cfg, m = self.config, len(sampled)
-        P = self.user[torch.as_tensor(sampled)].clone()
-        Q = self.item[torch.as_tensor(pair_item)].clone()
-        H = self.h.expand(m, -1).clone()
-        B = self.b.expand(m).clone().unsqueeze(1)
-        opts = [_LazyAdam(x, cfg.lr, cfg.optimizer, sparse=x is P or x is Q) for x in (P, Q, H, B)]
-        client_steps = torch.zeros(m, dtype=torch.float32)
-        pair_slot_t = torch.as_tensor(pair_slot)
-        slot_loss = torch.zeros(m, dtype=torch.float64)
+        slot_loss = torch.zeros(len(sampled), dtype=torch.float64)
 
-        def step(slot, pair, label):
+        def own_loss(P, Q, H, B, slot, pair, label):  # noqa: ANN001, ANN202, N803
             # the binary cross-entropy of each example, in float64 (softplus(z) - z*y: torch's
             # binary_cross_entropy_with_logits costs ~20 ms a call on this CPU build, whatever the size)
             z = gmf_logits(P[slot], Q[pair], H[slot], B[slot, 0]).double()
             slot_loss.index_add_(0, slot, torch.nn.functional.softplus(z) - z * label.double())
-            return self._step(P, Q, H, B, opts, slot, pair, label, client_steps, pair_slot_t)
+            if observe is not None:
+                observe(P, Q, H, B, slot, pair, label)
 
-        total_loss, total_examples = self._minibatches(sampled, epochs, pair_of_example, step)
+        out = super()._train_locally(sampled, epochs, pair_slot, pair_item, pair_of_example, observe=own_loss)
         self._slot_loss = slot_loss
-        return P, Q, H, B, total_loss, total_examples
+        return out
 
     #: the client steps whose reply is summed through secure aggregation in the secure variant
     SECURE_STEPS = frozenset({"train", "fedfast:popularity", "fedfast:kmeans", "fedfast:delegate-change"})

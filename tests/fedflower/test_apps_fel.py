@@ -321,7 +321,6 @@ def test_a_resumed_fel_run_equals_the_uninterrupted_one(tmp_path):
 @pytest.mark.parametrize("preset, reason", [
     ("fel", "over-arch"),
     ("fel-dp", "over-arch"),  # (its leaves' distributed DP runs on Flower: with a fixed combiner, below)
-    ("fel-fl", "over-arch"),
 ])
 def test_fel_configurations_that_need_more_than_units_are_refused_in_words(preset, reason):
     from experiments.flower_run import check_protocol
@@ -334,7 +333,7 @@ def test_fel_configurations_that_need_more_than_units_are_refused_in_words(prese
             check_runs_on_flower(SPEC, FelConfig(secure_aggregation="secagg+", combiner="mean", **bad))
     for fine in (dict(dp="central"), dict(dp="distributed"), dict(dp="central", sampling="poisson")):  # (device step)
         check_runs_on_flower(SPEC, FelConfig(secure_aggregation="secagg+", combiner="mean", **fine))
-    for ok in ("fel-mean", "fel-median", "fel-max", "fl-baseline", "fel-ncf"):
+    for ok in ("fel-mean", "fel-median", "fel-max", "fl-baseline", "fel-ncf", "fel-fl"):
         check_protocol(cfgmod.load_preset(ok))
     check_protocol(cfgmod.load_preset("fedfast"))  # not units: named exchanges (docs/fedfast.md)
 

@@ -596,13 +596,14 @@ class GridTrainer:
 
         Each client of ``cohort`` gets every unit's global arrays and the step's model (its node
         computes its features from them and its own data) and replies with its upload: the
-        gradient (``step_width()`` finite float32 values), its loss sum (finite, >= 0) and its
-        example count (>= 0). A missing, late, duplicated or malformed reply drops only its sender
+        gradient (``step_width()`` finite float32 values; under DP of L2 norm within ``step_clip()``,
+        which the device applied), its loss sum (finite, >= 0) and its example count (>= 0). A missing, late, duplicated or malformed reply drops only its sender
         (``dropped``, ``drop_reasons``); returns ``(kept, rows, loss sums, counts)`` in cohort order,
         and stops the run with :class:`RoundFailed` when nobody answered validly.
         """
         srv = self.server
         name, width = srv.device_step_name, int(srv.step_width())
+        bound = srv.step_clip()  # (under DP every device clips its upload: the server checks, never clips)
         if len(cohort) == 0:  # (nobody to ask)
             return np.zeros(0, np.int64), np.zeros((0, width)), np.zeros(0), np.zeros(0, np.int64)
         model, step_model = self._all_units_record(), self._step_model_record()
@@ -639,6 +640,8 @@ class GridTrainer:
                 g, loss, n = got["gradient"], got["loss"], got["examples"]
                 if g.dtype != np.float32 or g.shape != (width,) or not np.isfinite(g).all():
                     raise BadReply(f"gradient {g.dtype} {g.shape}; expected {width} finite float32 values")
+                if bound is not None and float(np.linalg.norm(g.astype(np.float64))) > bound * (1 + 1e-5):
+                    raise BadReply(f"gradient of L2 norm {float(np.linalg.norm(g)):.6g} over its clip {bound:g}")
                 if loss.dtype != np.float64 or loss.shape != () or not np.isfinite(loss) or loss < 0:
                     raise BadReply(f"loss {loss.dtype} {loss.shape}; expected one finite float64 >= 0")
                 if n.dtype != np.int64 or n.shape != () or n < 0:

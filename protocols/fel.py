@@ -43,6 +43,7 @@ from protocols.fel_overarch import OVER_ARCH_COHORT, OverArchDp, client_gradient
 from protocols.registry import DeviceSplit, ProtocolSpec, register
 from protocols.base import Release, RoundStats
 from protocols.transport import SERVER, client
+from dp.clipping import clip_rows_l2
 from dp.events import NonPrivate
 from recmodels import clusters as clmod
 from recmodels.data import pair_keys
@@ -271,6 +272,7 @@ class FelTrainer:
                                        exclude=exclude, clients=members))
         self._cache: tuple[int, dict[str, Any]] | None = None
         self._oa_vecs: list[torch.Tensor] | None = None
+        self._oa_clipped: float | None = None
         self.fl_clients = fl_clients
         self.over_arch: OverArch | None = None
         self._oa_dp: OverArchDp | None = None
@@ -399,6 +401,7 @@ class FelTrainer:
                                 **({"population": int(unit_clients)} if c == unit and own_dp is not None else {}))
                        for c in range(config.n_clusters)]
         self.noise_multipliers, self.over_arch, self._oa_dp, self._cache, self._oa_vecs = [], None, None, None, None
+        self._oa_clipped = None
         return self
 
     # -- the ensemble --------------------------------------------------------------------------
@@ -464,9 +467,11 @@ class FelTrainer:
                 self._adam.step(list(model.parameters()), self._unflatten(flat))
                 releases.append(over_arch_release(NonPrivate(), composition=mode, cohort=cohort_label,
                                                   params={"clients": len(kept), "step": step}))
-            else:
-                total, z_eff, extra = dp.noisy_sum(grads, cohort, t=t, transport=self.transport,
+            else:  # (the rows were clipped by each client: over_arch_clip)
+                total, z_eff, extra = dp.noisy_sum(grads, kept, t=t, transport=self.transport, preclipped=True,
                                                    secagg_dropout=cfg.secagg_dropout, secagg_corrupt=cfg.secagg_corrupt)
+                if self._oa_clipped is not None:  # (in-process the simulation knows whose gradient was clipped)
+                    extra = {"clipped_fraction": self._oa_clipped, **extra}
                 flat = torch.as_tensor(total / dp.expected, dtype=torch.float32)
                 self._adam.step(list(model.parameters()), self._unflatten(flat))
                 params = {"clients": len(cohort), "step": step, "clip": dp.clip, "noise_multiplier": z_eff,
@@ -499,7 +504,16 @@ class FelTrainer:
         were valid (``kept``, a subset of ``cohort`` in its order) and their uploads.
         """
         rows, loss, counts = self.over_arch_upload(cohort, t, step, self.over_arch)
+        if self._oa_dp is not None:  # each client's own clip (DP-FedSGD), as on its device
+            self._oa_clipped = 0.0
+            if len(cohort):
+                rows, scales = clip_rows_l2(rows, self.config.over_arch_clip)
+                self._oa_clipped = float(np.mean(scales < 1))
         return cohort, rows, loss, counts
+
+    def step_clip(self) -> float | None:
+        """The L2 bound every client's over-arch upload is clipped to on its device (``None``: no DP)."""
+        return float(self.config.over_arch_clip) if self.config.dp != "none" else None
 
     def step_model(self) -> dict[str, torch.Tensor]:
         """The over-arch's parameters the step's clients compute their gradients at (``{}``: no FL over-arch)."""
@@ -516,6 +530,8 @@ class FelTrainer:
             raise ValueError("this FEL configuration trains no FL over-arch; refusing an over-arch step")
         model = self.load_step_model(arrays)
         rows, loss, counts = self.over_arch_upload(np.array([int(user)], np.int64), int(t), int(step), model)
+        if self.config.dp != "none":  # DP-FedSGD: the gradient of its mean loss, clipped here, on the device
+            rows, _ = clip_rows_l2(rows, self.config.over_arch_clip)
         return rows[0], float(loss[0]), int(counts[0])
 
     def install_step_model(self, arrays: dict[str, np.ndarray]) -> None:
@@ -690,10 +706,11 @@ def check_device_split(config: FelConfig) -> None:
 
     The leaves are FedAvg rounds (sample -> local round -> aggregate), with DP-FedAvg's client step
     (clip, and the distributed noise share) on the device before masking; the FL over-arch without
-    DP is one more step per FedSGD step (each client's plaintext gradient, computed on its device:
-    :meth:`FelTrainer.over_arch_upload`). What is not: the opt-in over-arch (fitted on the opt-in
-    users' labels, which only an in-process server holds), the FL over-arch under DP or next to
-    secure leaves (not implemented on devices), and ``simulate_dropout`` (the in-process simulation's
+    DP or under central DP in plaintext is one more exchange per FedSGD step (each client's
+    gradient, computed and, under DP, clipped on its device: :meth:`FelTrainer.over_arch_upload`;
+    the central noise is the server's). What is not: the opt-in over-arch (fitted on the opt-in
+    users' labels, which only an in-process server holds), the FL over-arch under distributed DP
+    or next to secure leaves (not implemented on devices), and ``simulate_dropout`` (the in-process simulation's
     dropouts: on devices dropouts are real).
     """
     why = []
@@ -701,13 +718,15 @@ def check_device_split(config: FelConfig) -> None:
         why.append("fel.combiner = \"over-arch\" with fel.over_arch_training = \"opt-in\" (the over-arch is refitted "
                    "by the server on the opt-in users' labels, which the server holds only in-process): use "
                    "fel.over_arch_training = \"fl\", or the mean, median or max combiner")
-    elif config.combiner == "over-arch" and config.dp != "none":
-        why.append(f"fel.over_arch_training = \"fl\" with fel.dp = {config.dp!r} (the over-arch's DP-FedSGD step "
-                   "does not run on devices yet): use fel.dp = \"none\", or a mean, median or max combiner")
+    elif config.combiner == "over-arch" and config.dp == "distributed":
+        why.append("fel.over_arch_training = \"fl\" with fel.dp = \"distributed\" (the over-arch's DP-FedSGD step "
+                   "through secure aggregation, with the devices' noise shares, does not run on devices yet): use "
+                   "fel.dp = \"central\" with fel.secure_aggregation = \"none\", or a mean, median or max combiner")
     elif config.combiner == "over-arch" and config.secure_aggregation != "none":
         why.append("fel.over_arch_training = \"fl\" with secure leaves (fel.secure_aggregation = "
-                   f"{config.secure_aggregation!r}; the plaintext over-arch step next to them does not run on "
-                   "devices yet): use fel.secure_aggregation = \"none\", or a mean, median or max combiner")
+                   f"{config.secure_aggregation!r}; the over-arch step through secure aggregation, or in plaintext "
+                   "next to secure leaves, does not run on devices yet): use fel.secure_aggregation = \"none\", or a "
+                   "mean, median or max combiner")
     if config.dp == "distributed" and config.simulate_dropout > 0:
         why.append(f"fel.simulate_dropout = {config.simulate_dropout:g} (the in-process simulation's dropouts; on "
                    "devices a client drops by not answering): set it to 0")

@@ -12,6 +12,7 @@ over-arch reply drops only its sender from its step; the oracle is the in-proces
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -146,8 +147,65 @@ def test_an_over_arch_step_nobody_answers_stops_the_run_in_words(tmp_path):
 
 def test_what_of_the_over_arch_does_not_run_on_devices_is_refused_in_words():
     check_runs_on_flower(SPEC, FelConfig(**FL))
+    check_runs_on_flower(SPEC, FelConfig(**FL, dp="central"))
     for bad, why in ((dict(over_arch_training="opt-in", opt_in_fraction=0.2), "opt-in users. labels"),
-                     (dict(dp="central"), "DP-FedSGD"), (dict(dp="distributed", secure_aggregation="secagg+"), "DP-FedSGD"),
+                     (dict(dp="distributed", secure_aggregation="secagg+"), "DP-FedSGD"),
+                     (dict(dp="central", secure_aggregation="secagg+"), "secure leaves"),
                      (dict(secure_aggregation="secagg+"), "secure leaves")):
         with pytest.raises(ValueError, match=f"cannot run with its clients on separate devices.*{why}"):
             check_runs_on_flower(SPEC, FelConfig(**{**FL, **bad}))
+
+
+def _without_clipped_fraction(stats) -> list[tuple]:  # noqa: ANN001 - the devices clip: the server cannot know it
+    out = []
+    for what, cohort, event, params in releases(stats):
+        p = json.loads(params)
+        p.pop("clipped_fraction", None)
+        out.append((what, cohort, event, json.dumps(p, sort_keys=True)))
+    return out
+
+
+@pytest.mark.parametrize("seed, over", [
+    (7, dict()),
+    (8, dict(sampling="poisson", over_arch_composition="parallel", over_arch_holdout=0.25)),
+])
+def test_noise_free_central_dp_over_arch_on_flower_equals_in_process(tmp_path, seed, over):
+    """Central DP in plaintext, noise off: each device clips the gradient of its mean loss (a clip that
+    binds: over_arch_clip 0.05), the server sums over the fixed denominator and steps Adam."""
+    train, exclude = make_data(24, 30, seed, low_ratings=True)
+    cfg = FelConfig(**{**FL, "dp": "central", "clip": 0.5, "noise_multiplier": 0.0, "server_lr": 5.0,
+                       "over_arch_clip": 0.05, "over_arch_noise_multiplier": 0.0, **over})
+    ref = in_process(train, exclude, cfg, seed)
+    gt, _ = fel_grid(tmp_path, train, exclude, cfg, seed)
+    for _ in range(2):
+        want, got = ref.run_round(), gt.run_round()
+        assert got.extra["dropped"] == 0
+        assert _without_clipped_fraction(got) == _without_clipped_fraction(want)
+        oa = [r for r in want.releases if r.params.get("over_arch") == "fl"]
+        assert oa and all("clipped_fraction" in r.params for r in oa)
+        assert not any("clipped_fraction" in r.params for r in got.releases if r.params.get("over_arch") == "fl")
+        assert got.extra["over_arch_loss"] == pytest.approx(want.extra["over_arch_loss"], rel=1e-5, abs=1e-6)
+    assert max(r.params["clipped_fraction"] for r in oa) > 0  # (the clip binds)
+    assert_same_over_arch(gt.server, ref)
+    for a, b in zip(gt.server.leaves, ref.leaves):
+        for name in ("item", "h", "b"):
+            torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=1e-5, atol=1e-6)
+
+
+def test_an_over_arch_gradient_over_its_clip_drops_its_sender(tmp_path):
+    train, exclude = make_data(24, 30, 9, low_ratings=True)
+    cfg = FelConfig(**{**FL, "dp": "central", "noise_multiplier": 0.0, "over_arch_clip": 0.05,
+                       "over_arch_noise_multiplier": 0.0, "over_arch_steps": 1})
+    victim: dict[str, int] = {}
+
+    def tamper(stage, nid, reply):  # noqa: ANN001 - one device sends its gradient unclipped (x 10)
+        if STEP_UPDATE_KEY not in reply.content.keys():
+            return reply
+        victim.setdefault("nid", nid)
+        return _replace_step(reply, lambda a: a.update(gradient=a["gradient"] * 10)) if nid == victim["nid"] else reply
+
+    gt, _ = fel_grid(tmp_path, train, exclude, cfg, 9, tamper=tamper)
+    stats = gt.run_round()
+    assert stats.extra["dropped"] == 1 and "over its clip 0.05" in stats.extra["drop_reasons"][0]
+    (rel,) = [r for r in stats.releases if r.params.get("over_arch") == "fl"]
+    assert rel.params["clients"] == cfg.over_arch_clients and rel.params["denominator"] == cfg.over_arch_clients

@@ -597,8 +597,8 @@ class GridTrainer:
         Each client of ``cohort`` gets every unit's global arrays and the step's model (its node
         computes its features from them and its own data) and replies with its upload: the
         gradient (``step_width()`` finite float32 values; under DP of L2 norm within ``step_clip()``,
-        which the device applied), its loss sum (finite, >= 0) and its example count (>= 0). A missing, late, duplicated or malformed reply drops only its sender
-        (``dropped``, ``drop_reasons``); returns ``(kept, rows, loss sums, counts)`` in cohort order,
+        which the device applied), its loss sum (finite, >= 0) and its example count (>= 0). A
+        missing, late, duplicated or malformed reply drops only its sender (``dropped``, ``drop_reasons``); returns ``(kept, rows, loss sums, counts)`` in cohort order,
         and stops the run with :class:`RoundFailed` when nobody answered validly.
         """
         srv = self.server

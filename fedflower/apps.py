@@ -190,6 +190,12 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
             return Message(reply, reply_to=msg)
         if spec.exchanges is not None:
             raise ValueError(f"protocol {spec.name!r} runs in exchanges; a training request must name its step")
+        if "step" in run:  # a split protocol's step besides its units' rounds (FEL's FL over-arch)
+            if secure or _requires_secure(context, require_secure):
+                raise ValueError(f"step {str(run['step'])!r} uploads in plaintext; this client trains only "
+                                 "through secure aggregation: refusing")
+            return Message(_device_step(spec, config, part, run, msg, context, _state_dir(context, sdir)),
+                           reply_to=msg)
         wants_secure = getattr(config, "secure_aggregation", "none") != "none"
         if not secure and (wants_secure or _requires_secure(context, require_secure)):
             raise ValueError("this client trains only through secure aggregation "
@@ -228,6 +234,8 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
             client_score_setup(trainer, part, model, context, store, int(run["round"]), sent)
         elif spec.split is not None:
             _install_units(trainer, part, model, _user_state(context, store, part.partition_id, int(run["round"])))
+            if STEP_MODEL_KEY in msg.content.array_records:  # (FEL's FL over-arch: the ensemble's combiner)
+                trainer.install_step_model(_arrays(msg.content[STEP_MODEL_KEY]))
         else:
             state = _user_state(context, store, part.partition_id, int(run["round"]))
             install_global_state(trainer, model, error=ValueError)
@@ -269,6 +277,34 @@ def _install_units(trainer: Any, part, model: dict[str, np.ndarray], state: np.n
     with torch.no_grad():
         if state is not None and part.unit is not None and part.unit >= 0:
             getattr(units[part.unit], CLIENT_STATE)[part.user] = torch.as_tensor(state)
+
+
+#: Record keys of a split protocol's device step: the step's model down, the client's upload up.
+STEP_MODEL_KEY, STEP_UPDATE_KEY = "step_model", "step_update"
+
+
+def _device_step(spec, config, part, run: ConfigRecord, msg: Message, context: Context,  # noqa: ANN001
+                 store: str | None) -> RecordDict:
+    """A client's half of a split protocol's device step (FEL: one FL over-arch step): every unit's
+    global arrays and the step's model installed, its own unit state loaded, the trainer's
+    ``device_step_upload`` computed on its own data only; the reply is the upload."""
+    if spec.split is None:
+        raise ValueError(f"protocol {spec.name!r} has no device steps; refusing step {str(run['step'])!r}")
+    trainer = build_client_trainer(spec, config, int(run["seed"]), part, None)
+    name = getattr(trainer, "device_step_name", None)
+    if name is None or str(run["step"]) != name:
+        raise ValueError(f"protocol {spec.name!r} runs no step {str(run['step'])!r}")
+    if set(msg.content.array_records) != {"model", STEP_MODEL_KEY}:
+        raise ValueError(f"a {name} request carries {sorted(msg.content.array_records)}; expected "
+                         f"['model', '{STEP_MODEL_KEY}']")
+    t = int(run["round"])
+    # the client's own unit state after its latest round up to this one (the step runs after the units')
+    _install_units(trainer, part, _arrays(msg.content["model"]), _user_state(context, store, part.partition_id, t + 1))
+    row, loss, examples = trainer.device_step_upload(part.user, t, int(run["step_index"]),
+                                                     _arrays(msg.content[STEP_MODEL_KEY]))
+    return RecordDict({STEP_UPDATE_KEY: ArrayRecord({"gradient": _np_array(np.asarray(row, np.float32)),
+                                                     "loss": _np_array(np.asarray(loss, np.float64)),
+                                                     "examples": _np_array(np.asarray(examples, np.int64))})})
 
 
 def _np_array(a: np.ndarray):
@@ -344,6 +380,8 @@ class GridTrainer:
             #: ``{user: its public unit}`` (split protocols)
             self.unit_of = {int(u): int(c) for u, c in zip(meta.users, meta.units)}
             self._bound = [_BoundUnit(self, i, unit) for i, unit in enumerate(self.units)]
+            if hasattr(server, "step_model") and server.step_model():  # (FEL's FL over-arch) reached on the nodes
+                server._device_step = self._device_step_exchange
 
     # -- plumbing ------------------------------------------------------------------------------
     def _run_record(self, user: int, **extra: Any) -> ConfigRecord:
@@ -549,6 +587,79 @@ class GridTrainer:
             self._workflows[key] = wf
         return self._workflows[key]
 
+    def _step_model_record(self) -> ArrayRecord | None:
+        arrays = self.server.step_model()
+        return ArrayRecord({n: _np_array(a.numpy()) for n, a in arrays.items()}) if arrays else None
+
+    def _device_step_exchange(self, t: int, step: int, cohort: np.ndarray):  # noqa: ANN202
+        """The server's ``_device_step`` hook of a split protocol (FEL's FL over-arch step) bound to the grid.
+
+        Each client of ``cohort`` gets every unit's global arrays and the step's model (its node
+        computes its features from them and its own data) and replies with its upload: the
+        gradient (``step_width()`` finite float32 values; under DP of L2 norm within ``step_clip()``,
+        which the device applied), its loss sum (finite, >= 0) and its example count (>= 0). A
+        missing, late, duplicated or malformed reply drops only its sender (``dropped``, ``drop_reasons``); returns ``(kept, rows, loss sums, counts)`` in cohort order,
+        and stops the run with :class:`RoundFailed` when nobody answered validly.
+        """
+        srv = self.server
+        name, width = srv.device_step_name, int(srv.step_width())
+        bound = srv.step_clip()  # (under DP every device clips its upload: the server checks, never clips)
+        if len(cohort) == 0:  # (nobody to ask)
+            return np.zeros(0, np.int64), np.zeros((0, width)), np.zeros(0), np.zeros(0, np.int64)
+        model, step_model = self._all_units_record(), self._step_model_record()
+        msgs = []
+        for u in cohort:
+            run = self._run_record(u, round=int(t), step=name, step_index=int(step))
+            msgs.append(Message(RecordDict({"model": model, STEP_MODEL_KEY: step_model, "run": run}),
+                                dst_node_id=self.node_of[int(u)], message_type="train", group_id=f"{t}.{name}.{step}"))
+        self.flower_bytes["down"] += len(msgs) * (model.count_bytes() + step_model.count_bytes())
+        replies: dict[int, Message] = {}
+        duplicated: set[int] = set()
+        for m in self.grid.send_and_receive(msgs, timeout=self.timeout):
+            nid = m.metadata.src_node_id
+            if nid in replies:
+                duplicated.add(nid)
+            replies[nid] = m
+        kept, rows, losses, counts, errors = [], [], [], [], []
+        for u in cohort:
+            reply = replies.get(self.node_of[int(u)])
+            try:
+                if reply is None:
+                    raise BadReply("no reply before the timeout")
+                if self.node_of[int(u)] in duplicated:
+                    raise BadReply("more than one reply from its node")
+                if reply.has_error():
+                    raise BadReply(f"client error: {reply.error.reason}")
+                if set(reply.content.keys()) != {STEP_UPDATE_KEY} or len(reply.content.array_records) != 1:
+                    raise BadReply(f"reply records {sorted(reply.content.keys())}; expected ['{STEP_UPDATE_KEY}']")
+                rec = reply.content[STEP_UPDATE_KEY]
+                self.flower_bytes["up"] += rec.count_bytes()
+                got = _arrays(rec)
+                if set(got) != {"gradient", "loss", "examples"}:
+                    raise BadReply(f"upload fields {sorted(got)}; expected ['examples', 'gradient', 'loss']")
+                g, loss, n = got["gradient"], got["loss"], got["examples"]
+                if g.dtype != np.float32 or g.shape != (width,) or not np.isfinite(g).all():
+                    raise BadReply(f"gradient {g.dtype} {g.shape}; expected {width} finite float32 values")
+                if bound is not None and float(np.linalg.norm(g.astype(np.float64))) > bound * (1 + 1e-5):
+                    raise BadReply(f"gradient of L2 norm {float(np.linalg.norm(g)):.6g} over its clip {bound:g}")
+                if loss.dtype != np.float64 or loss.shape != () or not np.isfinite(loss) or loss < 0:
+                    raise BadReply(f"loss {loss.dtype} {loss.shape}; expected one finite float64 >= 0")
+                if n.dtype != np.int64 or n.shape != () or n < 0:
+                    raise BadReply(f"examples {n.dtype} {n.shape}; expected one int64 >= 0")
+                kept.append(int(u))
+                rows.append(g.astype(np.float64))
+                losses.append(float(loss))
+                counts.append(int(n))
+            except (BadReply, KeyError, TypeError, ValueError) as exc:
+                errors.append(f"user {int(u)}: {exc}")
+        self._dropped += len(cohort) - len(kept)
+        self._drops += [f"{name} step {step}: {e}" for e in errors]
+        if not kept:
+            raise RoundFailed(f"round {t}, {name} step {step}: no client of {len(cohort)} answered validly "
+                              f"({errors[0] if errors else ''})")
+        return (np.asarray(kept, np.int64), np.stack(rows), np.asarray(losses, np.float64),
+                np.asarray(counts, np.int64))
+
     def _split_round(self) -> RoundStats:
         """One round of a protocol made of units: the protocol's own ``run_round``, each unit's
         cohort reached through the grid (:class:`_BoundUnit`)."""
@@ -600,11 +711,14 @@ class GridTrainer:
             model = ArrayRecord({k: _np_array(np.asarray(v)) for k, v in self.server.device_model().items()})
         else:
             model = self._all_units_record() if self.split else self._model_record()
+        step_model = self._step_model_record() if self.split and hasattr(self.server, "step_model") else None
         msgs = []
         for c, u in enumerate(np.asarray(users)):
             content = {"model": model, "run": self._run_record(u, all=items is None)}
             if items is not None:
                 content["items"] = ArrayRecord({"items": _np_array(np.asarray(items[c], np.int64))})
+            if step_model is not None:
+                content[STEP_MODEL_KEY] = step_model
             held = self.server.device_state_from_server(int(u)) if self.exchanges and hasattr(
                 self.server, "device_state_from_server") else None
             if held is not None:  # the server holds this user's state (plaintext FedFast): it sends it

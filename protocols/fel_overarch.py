@@ -187,11 +187,19 @@ class OverArchDp:
 
     def noisy_sum(self, grads: np.ndarray, cohort: np.ndarray, *, t: int, transport,  # noqa: ANN001
                   secagg_dropout: float | None = None, secagg_corrupt: float | None = None,
-                  drop: np.ndarray | None = None) -> tuple[np.ndarray, float, dict[str, Any]]:
-        """Clip ``grads`` (one row per cohort client), sum them with the noise; returns ``(sum, z_eff, extra)``."""
-        clipped, scales = clip_rows_l2(np.asarray(grads, dtype=np.float64).reshape(len(cohort), self.width), self.clip)
+                  drop: np.ndarray | None = None, preclipped: bool = False) -> tuple[np.ndarray, float, dict[str, Any]]:
+        """Clip ``grads`` (one row per cohort client), sum them with the noise; returns ``(sum, z_eff, extra)``.
+
+        ``preclipped``: each client clipped its own row on its device (FEL's over-arch step): the
+        rows are summed as they are and ``extra`` has no ``clipped_fraction`` (the server cannot know it).
+        """
+        grads = np.asarray(grads, dtype=np.float64).reshape(len(cohort), self.width)
+        if preclipped:
+            clipped, extra = grads, {}
+        else:
+            clipped, scales = clip_rows_l2(grads, self.clip)
+            extra = {"clipped_fraction": float(np.mean(scales < 1)) if len(cohort) else 0.0}
         senders = [client(u) for u in cohort]
-        extra: dict[str, Any] = {"clipped_fraction": float(np.mean(scales < 1)) if len(cohort) else 0.0}
         if self.mode == "central" or len(cohort) == 0:
             if self.secure == "none" or len(cohort) == 0:
                 total = clipped.sum(0)

@@ -329,7 +329,6 @@ def test_a_resumed_fel_run_equals_the_uninterrupted_one(tmp_path):
 @pytest.mark.parametrize("preset, reason", [
     ("fel", "over-arch"),
     ("fel-dp", "over-arch"),  # (its leaves' distributed DP runs on Flower: with a fixed combiner, below)
-    ("fel-fl", "over-arch"),
 ])
 def test_fel_configurations_that_need_more_than_units_are_refused_in_words(preset, reason):
     from experiments.flower_run import check_protocol
@@ -342,7 +341,7 @@ def test_fel_configurations_that_need_more_than_units_are_refused_in_words(prese
             check_runs_on_flower(SPEC, FelConfig(secure_aggregation="secagg+", combiner="mean", **bad))
     for fine in (dict(dp="central"), dict(dp="distributed"), dict(dp="central", sampling="poisson")):  # (device step)
         check_runs_on_flower(SPEC, FelConfig(secure_aggregation="secagg+", combiner="mean", **fine))
-    for ok in ("fel-mean", "fel-median", "fel-max", "fl-baseline", "fel-ncf"):
+    for ok in ("fel-mean", "fel-median", "fel-max", "fl-baseline", "fel-ncf", "fel-fl"):
         check_protocol(cfgmod.load_preset(ok))
     check_protocol(cfgmod.load_preset("fedfast"))  # not units: named exchanges (docs/fedfast.md)
 
@@ -366,20 +365,23 @@ eval_every = 0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["fel-mean", "fl-baseline"])
+@pytest.mark.parametrize("preset", ["fel-mean", "fl-baseline", "fel-fl"])
 def test_fel_simulation_through_ray_gives_the_in_process_run(tmp_path, preset):
     """`secagg flower simulate fel-mean` through Ray: the leaves, metrics and transcript of `secagg run`."""
     from experiments.cli import main as secagg
     from experiments.rundir import RunDir
 
     cfg = tmp_path / "c.toml"
-    cfg.write_text(RAY_CONFIG if preset == "fel-mean" else RAY_CONFIG.replace("n_clusters = 3", "n_clusters = 1"))
+    cfg.write_text(RAY_CONFIG if preset != "fl-baseline" else RAY_CONFIG.replace("n_clusters = 3", "n_clusters = 1"))
     assert secagg(["run", preset, "--config", str(cfg), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
     assert secagg(["flower", "simulate", preset, "--config", str(cfg), "--cpus", "1", "--out", str(tmp_path / "sim"),
                    "--quiet"]) == 0
     a = RunDir.open_existing(tmp_path / "sim").load_checkpoint()["trainer"]
     b = RunDir.open_existing(tmp_path / "inproc").load_checkpoint()["trainer"]
-    assert len(a["leaves"]) == len(b["leaves"]) == (3 if preset == "fel-mean" else 1)
+    assert len(a["leaves"]) == len(b["leaves"]) == (1 if preset == "fl-baseline" else 3)
+    if preset == "fel-fl":  # (the FL over-arch: each sampled node computed its gradient)
+        for k, v in b["over_arch"].items():
+            torch.testing.assert_close(a["over_arch"][k], v, rtol=1e-5, atol=1e-6)
     for la, lb in zip(a["leaves"], b["leaves"]):
         for name in ("item", "h", "b"):
             torch.testing.assert_close(la[name], lb[name], rtol=1e-5, atol=1e-6)

@@ -65,7 +65,14 @@ from fedflower.adapter import (
     zero_fields,
 )
 from fedflower.chain_flower import CHAIN_KEY, chain_mod
-from fedflower.exchange_apps import EXCHANGE_KEY, answer_exchange, client_exchange, client_score_setup
+from fedflower.exchange_apps import (
+    EXCHANGE_KEY,
+    answer_exchange,
+    client_exchange,
+    client_score_setup,
+    collect,
+    reply_record,
+)
 from fedflower.records import RECORD_KEY
 from fedflower.secagg_mod import VECTOR_KEY, secagg_mod
 from fedflower.secagg_workflow import SecAggWorkflow
@@ -493,26 +500,11 @@ class GridTrainer:
             msgs.append(Message(RecordDict({"model": model, "run": self._run_record(u, round=int(t), **record)}),
                                 dst_node_id=self.node_of[int(u)], message_type="train", group_id=str(t)))
         self.flower_bytes["down"] += len(msgs) * model.count_bytes()
-        replies: dict[int, Message] = {}
-        duplicated: set[int] = set()
-        for m in self.grid.send_and_receive(msgs, timeout=self.timeout):
-            nid = m.metadata.src_node_id
-            if nid in replies:
-                duplicated.add(nid)  # which one is genuine is unknowable: drop the node
-            replies[nid] = m
+        replies, duplicated = collect(self.grid, msgs, self.timeout)
         kept, updates, errors = [], [], []
         for u in sampled:
-            reply = replies.get(self.node_of[int(u)])
             try:
-                if reply is None:
-                    raise BadReply("no reply before the timeout")
-                if self.node_of[int(u)] in duplicated:
-                    raise BadReply("more than one reply from its node")
-                if reply.has_error():
-                    raise BadReply(f"client error: {reply.error.reason}")
-                if set(reply.content.keys()) != {"update"} or len(reply.content.array_records) != 1:
-                    raise BadReply(f"reply records {sorted(reply.content.keys())}; expected ['update']")
-                rec = reply.content["update"]
+                rec = reply_record(replies.get(self.node_of[int(u)]), self.node_of[int(u)] in duplicated, "update")
                 self.flower_bytes["up"] += rec.count_bytes()
                 updates.append(decode_update(_arrays(rec), n_items=self.meta.n_items, dim=unit.config.dim,
                                              fields=unit.upload_fields()))
@@ -613,26 +605,12 @@ class GridTrainer:
             msgs.append(Message(RecordDict({"model": model, STEP_MODEL_KEY: step_model, "run": run}),
                                 dst_node_id=self.node_of[int(u)], message_type="train", group_id=f"{t}.{name}.{step}"))
         self.flower_bytes["down"] += len(msgs) * (model.count_bytes() + step_model.count_bytes())
-        replies: dict[int, Message] = {}
-        duplicated: set[int] = set()
-        for m in self.grid.send_and_receive(msgs, timeout=self.timeout):
-            nid = m.metadata.src_node_id
-            if nid in replies:
-                duplicated.add(nid)
-            replies[nid] = m
+        replies, duplicated = collect(self.grid, msgs, self.timeout)
         kept, rows, losses, counts, errors = [], [], [], [], []
         for u in cohort:
-            reply = replies.get(self.node_of[int(u)])
             try:
-                if reply is None:
-                    raise BadReply("no reply before the timeout")
-                if self.node_of[int(u)] in duplicated:
-                    raise BadReply("more than one reply from its node")
-                if reply.has_error():
-                    raise BadReply(f"client error: {reply.error.reason}")
-                if set(reply.content.keys()) != {STEP_UPDATE_KEY} or len(reply.content.array_records) != 1:
-                    raise BadReply(f"reply records {sorted(reply.content.keys())}; expected ['{STEP_UPDATE_KEY}']")
-                rec = reply.content[STEP_UPDATE_KEY]
+                rec = reply_record(replies.get(self.node_of[int(u)]), self.node_of[int(u)] in duplicated,
+                                   STEP_UPDATE_KEY)
                 self.flower_bytes["up"] += rec.count_bytes()
                 got = _arrays(rec)
                 if set(got) != {"gradient", "loss", "examples"}:

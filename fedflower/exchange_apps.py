@@ -151,6 +151,33 @@ def client_score_setup(trainer: Any, part: Any, model: dict[str, np.ndarray], co
 
 
 # -- the server half ------------------------------------------------------------------------------
+def collect(grid: Any, msgs: list[Message], timeout: float) -> tuple[dict[int, Message], set[int]]:
+    """Send ``msgs`` and gather the replies by sender node; a node that answered more than once is
+    in the second set (which reply is genuine is unknowable: the caller drops it)."""
+    replies: dict[int, Message] = {}
+    duplicated: set[int] = set()
+    for m in grid.send_and_receive(msgs, timeout=timeout):
+        nid = m.metadata.src_node_id
+        if nid in replies:
+            duplicated.add(nid)
+        replies[nid] = m
+    return replies, duplicated
+
+
+def reply_record(reply: Message | None, duplicated: bool, key: str) -> ArrayRecord:
+    """The one ArrayRecord ``key`` of a client's reply; ``ValueError`` (the client is dropped, with
+    the reason) if it is missing, duplicated, an error, or holds other records."""
+    if reply is None:
+        raise ValueError("no reply before the timeout")
+    if duplicated:
+        raise ValueError("more than one reply from its node")
+    if reply.has_error():
+        raise ValueError(f"client error: {reply.error.reason}")
+    if set(reply.content.keys()) != {key} or len(reply.content.array_records) != 1:
+        raise ValueError(f"reply records {sorted(reply.content.keys())}; expected ['{key}']")
+    return reply.content[key]
+
+
 def answer_exchange(gt: Any, ex: Exchange, step: int) -> Replies:
     """One exchange over the grid of :class:`fedflower.apps.GridTrainer` ``gt``."""
     t = int(gt.server.round)
@@ -174,27 +201,12 @@ def answer_exchange(gt: Any, ex: Exchange, step: int) -> Replies:
         return _secure(gt, ex, t, contents, dropped)
     msgs = [Message(c, dst_node_id=gt.node_of[u], message_type="train", group_id=f"{t}.{step}")
             for u, c in contents.items()]
-    replies: dict[int, Message] = {}
-    duplicated: set[int] = set()
-    for m in gt.grid.send_and_receive(msgs, timeout=gt.timeout):
-        nid = m.metadata.src_node_id
-        if nid in replies:
-            duplicated.add(nid)
-        replies[nid] = m
+    replies, duplicated = collect(gt.grid, msgs, gt.timeout)
     values: dict[int, Any] = {}
     for u in users:
         nid = gt.node_of[u]
-        reply = replies.get(nid)
         try:
-            if reply is None:
-                raise ValueError("no reply before the timeout")
-            if nid in duplicated:
-                raise ValueError("more than one reply from its node")
-            if reply.has_error():
-                raise ValueError(f"client error: {reply.error.reason}")
-            if set(reply.content.keys()) != {"reply"} or len(reply.content.array_records) != 1:
-                raise ValueError(f"reply records {sorted(reply.content.keys())}; expected ['reply']")
-            rec = reply.content["reply"]
+            rec = reply_record(replies.get(nid), nid in duplicated, "reply")
             gt.flower_bytes["up"] += rec.count_bytes()
             values[u] = ex.check_reply(u, _arrays(rec))
         except (ValueError, TypeError, KeyError) as exc:

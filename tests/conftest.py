@@ -31,3 +31,15 @@ def require_shared(relative: str) -> Path:
 def ml_latest_small() -> Path:
     """Path of MovieLens latest-small's ``ratings.csv`` in ../shared."""
     return require_shared("datasets/ml-latest-small/ratings.csv")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread, as ``secagg run`` sets it (the batched simulation's small ops lose to thread
+    contention); modules that train many small batches use it with ``pytestmark``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

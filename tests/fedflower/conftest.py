@@ -88,3 +88,16 @@ def secagg_round() -> Callable[..., RoundResult]:
         return RoundResult(wf, grid, wf.last_report, global_parameters(ctx), nodes, shapes)
 
     return run
+
+
+def run_in_process_and_simulated(tmp_path, preset: str, config_text: str):  # noqa: ANN001, ANN201
+    """``secagg run PRESET`` and ``secagg flower simulate PRESET`` (Ray, one CPU) on the same small
+    config; returns the two run directories ``(simulated, in_process)``."""
+    from experiments.cli import main as secagg
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config_text)
+    assert secagg(["run", preset, "--config", str(cfg), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
+    assert secagg(["flower", "simulate", preset, "--config", str(cfg), "--cpus", "1", "--out", str(tmp_path / "sim"),
+                   "--quiet"]) == 0
+    return tmp_path / "sim", tmp_path / "inproc"

@@ -41,6 +41,7 @@ from protocols.fel import FelConfig, FelTrainer
 from protocols.registry import get_protocol
 from protocols.transport import InProcessTransport, Transcript
 
+from .conftest import run_in_process_and_simulated
 from .test_apps_loopback import _replace_update, make_data
 
 logging.getLogger("flwr").setLevel(logging.ERROR)
@@ -77,6 +78,26 @@ def aggregate_without(leaf, sampled: np.ndarray, victim: int) -> None:  # noqa: 
         leaf._deltas = (dW[kt], dC[kt])
     leaf._aggregate(0, sampled[keep], np.searchsorted(slots, lr.pair_slot[pair_keep]), lr.pair_item[pair_keep],
                     lr.dQ[torch.as_tensor(pair_keep)], lr.dH[kt], lr.dB[kt], lr.weight[kt])
+
+
+def round_with_a_bad_first_reply(tmp_path, train, exclude, cfg, seed, attack):  # noqa: ANN001, ANN201
+    """Round 0 on the grid with the first node asked (in leaf 0's cohort) answering ``attack(update)``;
+    returns ``(grid trainer, its stats, the in-process oracle, leaf 0's cohort)``: the oracle's leaf 0
+    aggregated without that client, its other leaves as usual."""
+    victim: dict[str, int] = {}
+
+    def tamper(stage, nid, reply):  # noqa: ANN001, ANN202
+        victim.setdefault("nid", nid)
+        return _replace_update(reply, attack) if nid == victim["nid"] else reply
+
+    gt, _ = fel_grid(tmp_path, train, exclude, cfg, seed, tamper=tamper)
+    stats = gt.run_round()
+    ref = in_process(train, exclude, cfg, seed)
+    sampled = ref.leaves[0]._sample_clients()
+    aggregate_without(ref.leaves[0], sampled, next(u for u, n in gt.node_of.items() if n == victim["nid"]))
+    for leaf in ref.leaves[1:]:
+        leaf.run_round()
+    return gt, stats, ref, sampled
 
 
 def view(transport) -> list[tuple]:  # noqa: ANN001 - what every adversary's view is built from
@@ -173,23 +194,8 @@ def test_central_dp_noise_is_added_by_the_server_and_released_per_leaf(tmp_path)
 def test_a_bad_reply_drops_only_its_sender_from_its_leaf(tmp_path):
     train, exclude = make_data(24, 30, 9)
     cfg = FelConfig(**BASE)
-    victim: dict[str, int] = {}
-
-    def tamper(stage, nid, reply):  # noqa: ANN001 - the first node asked in round 0 (leaf 0's cohort)
-        victim.setdefault("nid", nid)
-        return _replace_update(reply, lambda a: a.pop("loss")) if nid == victim["nid"] else reply
-
-    gt, _ = fel_grid(tmp_path, train, exclude, cfg, 9, tamper=tamper)
-    stats = gt.run_round()
+    gt, stats, ref, sampled = round_with_a_bad_first_reply(tmp_path, train, exclude, cfg, 9, lambda a: a.pop("loss"))
     assert stats.extra["dropped"] == 1 and re.search("unit 0: user .*missing", stats.extra["drop_reasons"][0])
-    victim_user = next(u for u, n in gt.node_of.items() if n == victim["nid"])
-    # Oracle: in-process; leaf 0 aggregates over its cohort without the victim, the other leaves as usual.
-    ref = in_process(train, exclude, cfg, 9)
-    leaf0 = ref.leaves[0]
-    sampled = leaf0._sample_clients()
-    aggregate_without(leaf0, sampled, victim_user)
-    for leaf in ref.leaves[1:]:
-        leaf.run_round()
     assert stats.extra["leaf_clients"] == [len(sampled) - 1] + [cfg.clients_in_round(len(leaf._clients))
                                                                 for leaf in ref.leaves[1:]]
     for a, b in zip(gt.server.leaves, ref.leaves):
@@ -368,14 +374,10 @@ eval_every = 0
 @pytest.mark.parametrize("preset", ["fel-mean", "fl-baseline", "fel-fl"])
 def test_fel_simulation_through_ray_gives_the_in_process_run(tmp_path, preset):
     """`secagg flower simulate fel-mean` through Ray: the leaves, metrics and transcript of `secagg run`."""
-    from experiments.cli import main as secagg
     from experiments.rundir import RunDir
 
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(RAY_CONFIG if preset != "fl-baseline" else RAY_CONFIG.replace("n_clusters = 3", "n_clusters = 1"))
-    assert secagg(["run", preset, "--config", str(cfg), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
-    assert secagg(["flower", "simulate", preset, "--config", str(cfg), "--cpus", "1", "--out", str(tmp_path / "sim"),
-                   "--quiet"]) == 0
+    run_in_process_and_simulated(tmp_path, preset, RAY_CONFIG if preset != "fl-baseline"
+                                 else RAY_CONFIG.replace("n_clusters = 3", "n_clusters = 1"))
     a = RunDir.open_existing(tmp_path / "sim").load_checkpoint()["trainer"]
     b = RunDir.open_existing(tmp_path / "inproc").load_checkpoint()["trainer"]
     assert len(a["leaves"]) == len(b["leaves"]) == (1 if preset == "fl-baseline" else 3)

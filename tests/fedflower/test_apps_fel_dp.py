@@ -31,6 +31,7 @@ from protocols.fel import FelConfig, fel_privacy_report
 from protocols.fel_leaf import ExcessDropoutError
 
 from .test_apps_fel import BASE, fel_grid, in_process, releases
+from .conftest import run_in_process_and_simulated
 from .test_apps_loopback import make_data
 
 logging.getLogger("flwr").setLevel(logging.ERROR)
@@ -210,15 +211,10 @@ def test_fel_dp_simulation_through_ray_gives_the_in_process_run(tmp_path, noise)
     """`secagg flower simulate fel-dp` (its distributed noise through SecAgg+, a fixed combiner) through Ray
     against `secagg run fel-dp`: noise off, the same leaves and metrics; the preset's calibrated noise, the
     same privacy report (releases, epsilon)."""
-    from experiments.cli import main as secagg
     from experiments.rundir import RunDir
 
-    cfg = tmp_path / "c.toml"
     extra = '\ncalibration = "noise"\nnoise_multiplier = 0.0\n' if noise == "off" else "\n"
-    cfg.write_text(RAY_DP_CONFIG.replace("frac_bits = 20\n", "frac_bits = 20" + extra))
-    assert secagg(["run", "fel-dp", "--config", str(cfg), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
-    assert secagg(["flower", "simulate", "fel-dp", "--config", str(cfg), "--cpus", "1", "--out", str(tmp_path / "sim"),
-                   "--quiet"]) == 0
+    run_in_process_and_simulated(tmp_path, "fel-dp", RAY_DP_CONFIG.replace("frac_bits = 20\n", "frac_bits = 20" + extra))
     sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("sim", "inproc"))
     assert sa["runtime"]["engine"] == "flower simulation (ray)"
     assert sa["privacy"] == sb["privacy"] and sa["bytes_per_client_per_round"] == sb["bytes_per_client_per_round"]

@@ -28,8 +28,9 @@ from fedflower.adapter import UPDATE_KEYS, BadReply, decode_update, encode_updat
 from protocols.fedavg import LocalRound
 from protocols.fel import FelConfig
 
-from .test_apps_fel import BASE, aggregate_without, fel_grid, in_process, releases, view
-from .test_apps_loopback import _replace_update, make_data
+from .conftest import run_in_process_and_simulated
+from .test_apps_fel import BASE, aggregate_without, fel_grid, in_process, releases, round_with_a_bad_first_reply, view
+from .test_apps_loopback import make_data
 
 logging.getLogger("flwr").setLevel(logging.ERROR)
 
@@ -130,23 +131,9 @@ def test_the_decoder_refuses_every_bad_ncf_field():
 def test_a_bad_ncf_reply_drops_only_its_sender_from_its_leaf(tmp_path, attack, reason):
     train, exclude = make_data(24, 30, 38)
     cfg = FelConfig(**NCF)
-    victim: dict[str, int] = {}
-
-    def tamper(stage, nid, reply):  # noqa: ANN001 - the first node asked in round 0 (leaf 0's cohort)
-        victim.setdefault("nid", nid)
-        return _replace_update(reply, attack) if nid == victim["nid"] else reply
-
-    gt, _ = fel_grid(tmp_path, train, exclude, cfg, 38, tamper=tamper)
-    stats = gt.run_round()
-    assert stats.extra["dropped"] == 1 and re.search(f"unit 0: user .*{reason}", stats.extra["drop_reasons"][0])
-    victim_user = next(u for u, n in gt.node_of.items() if n == victim["nid"])
     # Oracle: in-process; leaf 0 aggregates over its cohort without the victim (MLP changes included).
-    ref = in_process(train, exclude, cfg, 38)
-    leaf0 = ref.leaves[0]
-    sampled = leaf0._sample_clients()
-    aggregate_without(leaf0, sampled, victim_user)
-    for leaf in ref.leaves[1:]:
-        leaf.run_round()
+    gt, stats, ref, _ = round_with_a_bad_first_reply(tmp_path, train, exclude, cfg, 38, attack)
+    assert stats.extra["dropped"] == 1 and re.search(f"unit 0: user .*{reason}", stats.extra["drop_reasons"][0])
     assert_leaves_close(gt.server.leaves, ref.leaves)
     assert not torch.allclose(gt.server.leaves[0].W, in_process(train, exclude, cfg, 38).leaves[0].W)
 
@@ -213,16 +200,11 @@ def test_fedavg_gmf_and_gmf_leaves_keep_their_wire_format(tmp_path):
 def test_fel_ncf_simulation_through_ray_gives_the_in_process_run(tmp_path):
     """`secagg flower simulate fel-ncf` through Ray: the leaves (MLP included), metrics and transcript of
     `secagg run fel-ncf`."""
-    from experiments.cli import main as secagg
     from experiments.rundir import RunDir
 
     from .test_apps_fel import RAY_CONFIG
 
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(RAY_CONFIG)
-    assert secagg(["run", "fel-ncf", "--config", str(cfg), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
-    assert secagg(["flower", "simulate", "fel-ncf", "--config", str(cfg), "--cpus", "1", "--out",
-                   str(tmp_path / "sim"), "--quiet"]) == 0
+    run_in_process_and_simulated(tmp_path, "fel-ncf", RAY_CONFIG)
     a = RunDir.open_existing(tmp_path / "sim").load_checkpoint()["trainer"]
     b = RunDir.open_existing(tmp_path / "inproc").load_checkpoint()["trainer"]
     assert len(a["leaves"]) == len(b["leaves"]) == 3

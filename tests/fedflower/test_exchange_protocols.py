@@ -24,6 +24,8 @@ from fedflower.apps import make_client_app
 from fedflower.loopback import LoopbackGrid
 from protocols.registry import all_protocols
 
+from .conftest import run_in_process_and_simulated
+
 logging.getLogger("flwr").setLevel(logging.ERROR)
 
 SMALL = """
@@ -165,13 +167,7 @@ def test_fedcl_with_ldp_runs_on_flower(tmp_path):
 @pytest.mark.parametrize("preset", ["lightfr", "sttfedrec"])
 def test_simulation_through_ray_gives_the_in_process_run(tmp_path, preset):
     """`secagg flower simulate PRESET` through Flower's simulation engine (Ray): ``secagg run``'s model."""
-    from experiments.cli import main as secagg
-
-    config = tmp_path / "small.toml"
-    config.write_text(CASES[preset])
-    assert secagg(["run", preset, "--config", str(config), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
-    assert secagg(["flower", "simulate", preset, "--config", str(config), "--cpus", "1", "--out", str(tmp_path / "sim"),
-                   "--quiet"]) == 0
+    run_in_process_and_simulated(tmp_path, preset, CASES[preset])
     compare_runs(tmp_path / "sim", tmp_path / "inproc", client_held=CLIENT_HELD.get(preset, ()),
                  atol=ATOL.get(preset, 1e-6))
     assert json.loads((tmp_path / "sim" / "summary.json").read_text())["runtime"]["engine"] == "flower simulation (ray)"

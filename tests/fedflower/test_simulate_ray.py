@@ -12,6 +12,8 @@ import torch
 from experiments.cli import main as secagg
 from experiments.rundir import RunDir
 
+from .conftest import run_in_process_and_simulated
+
 CONFIG = """[data]
 synthetic_users = 12
 synthetic_items = 200
@@ -29,11 +31,7 @@ eval_every = 0
 
 
 def test_simulation_reports_like_secagg_run_and_gives_the_in_process_model(tmp_path):
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(CONFIG)
-    assert secagg(["run", "fedavg-gmf", "--config", str(cfg), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
-    assert secagg(["flower", "simulate", "fedavg-gmf", "--config", str(cfg), "--cpus", "1", "--out",
-                   str(tmp_path / "sim"), "--quiet"]) == 0
+    run_in_process_and_simulated(tmp_path, "fedavg-gmf", CONFIG)
     for name in ("run.json", "config.toml", "metrics.jsonl", "costs.jsonl", "transcript.csv", "privacy_ledger.sqlite",
                  "checkpoint.safetensors", "summary.json", "metrics.png"):
         assert (tmp_path / "sim" / name).is_file(), name
@@ -65,11 +63,7 @@ def test_flower_commands_fail_in_one_line_without_flower(tmp_path):
 @pytest.mark.slow
 def test_secure_simulation_gives_the_in_process_secure_model(tmp_path):
     """`fedavg-gmf-secagg` through Ray: our SecAgg+ between virtual nodes, the in-process secure model."""
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(CONFIG)
-    assert secagg(["run", "fedavg-gmf-secagg", "--config", str(cfg), "--out", str(tmp_path / "inproc"), "--quiet"]) == 0
-    assert secagg(["flower", "simulate", "fedavg-gmf-secagg", "--config", str(cfg), "--cpus", "1", "--out",
-                   str(tmp_path / "sim"), "--quiet"]) == 0
+    run_in_process_and_simulated(tmp_path, "fedavg-gmf-secagg", CONFIG)
     a = RunDir.open_existing(tmp_path / "sim").load_checkpoint()["trainer"]
     b = RunDir.open_existing(tmp_path / "inproc").load_checkpoint()["trainer"]
     for name in ("item", "h", "b"):

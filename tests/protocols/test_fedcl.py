@@ -17,7 +17,7 @@ from dp.rng import DeterministicTestSource
 from protocols.fedcl import CentralSeqRec, FedCL, FedCLConfig
 from protocols.fedcl_server import cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
 from protocols.state import state_from_bytes, state_to_bytes
-from protocols.transport import SERVER, InProcessTransport, Transcript, client
+from protocols.transport import SERVER, InProcessTransport, Transcript
 from recmodels.seqrec import client_sequences, contrastive_loss
 from recmodels.splits import leave_one_out
 from recmodels.synthetic import generate_synthetic

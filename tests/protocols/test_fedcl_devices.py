@@ -26,13 +26,7 @@ SMALL = dict(dim=8, max_len=8, clients_per_round=6, clusters=3, semi_hard=5, loc
 N_USERS, N_ITEMS = 16, 50
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread, as ``secagg run`` (the small ops of many one-client devices lose to thread contention)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _data(seed: int = 0):

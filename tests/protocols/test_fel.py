@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
-from dp.events import Gaussian, NonPrivate, PoissonSampled
+from dp.events import NonPrivate
 from dp.ledger import PrivacyLedger
 from experiments.cli import main
 from protocols.fel import FelConfig, FelTrainer, fel_privacy_report

@@ -21,13 +21,7 @@ from recmodels.data import Interactions
 from recmodels.ensemble import OverArch, over_arch_gradient
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread, as ``secagg run`` (the batched simulation's small ops lose to thread contention)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_train(n_users: int = 60, n_items: int = 30, k: int = 6, seed: int = 0) -> Interactions:

@@ -371,9 +371,10 @@ eval_every = 0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["fel-mean", "fl-baseline", "fel-fl"])
+@pytest.mark.parametrize("preset", ["fel-mean", "fl-baseline", "fel-fl", "fel-ncf"])
 def test_fel_simulation_through_ray_gives_the_in_process_run(tmp_path, preset):
-    """`secagg flower simulate fel-mean` through Ray: the leaves, metrics and transcript of `secagg run`."""
+    """`secagg flower simulate PRESET` through Ray: the leaves (an NCF leaf's MLP included), the FL
+    over-arch, metrics and transcript of `secagg run`."""
     from experiments.rundir import RunDir
 
     run_in_process_and_simulated(tmp_path, preset, RAY_CONFIG if preset != "fl-baseline"
@@ -384,8 +385,9 @@ def test_fel_simulation_through_ray_gives_the_in_process_run(tmp_path, preset):
     if preset == "fel-fl":  # (the FL over-arch: each sampled node computed its gradient)
         for k, v in b["over_arch"].items():
             torch.testing.assert_close(a["over_arch"][k], v, rtol=1e-5, atol=1e-6)
-    for la, lb in zip(a["leaves"], b["leaves"]):
-        for name in ("item", "h", "b"):
+    names = ("item", "h", "b", "ncf_W", "ncf_c") if preset == "fel-ncf" else ("item", "h", "b")
+    for la, lb in zip(a["leaves"], b["leaves"], strict=True):
+        for name in names:
             torch.testing.assert_close(la[name], lb[name], rtol=1e-5, atol=1e-6)
     sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("sim", "inproc"))
     assert sa["runtime"]["engine"] == "flower simulation (ray)"

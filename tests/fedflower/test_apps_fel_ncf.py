@@ -28,7 +28,6 @@ from fedflower.adapter import UPDATE_KEYS, BadReply, decode_update, encode_updat
 from protocols.fedavg import LocalRound
 from protocols.fel import FelConfig
 
-from .conftest import run_in_process_and_simulated
 from .test_apps_fel import BASE, aggregate_without, fel_grid, in_process, releases, round_with_a_bad_first_reply, view
 from .test_apps_loopback import make_data
 
@@ -194,26 +193,3 @@ def test_fedavg_gmf_and_gmf_leaves_keep_their_wire_format(tmp_path):
     assert [list(gt._model_record(u).keys()) for u in gt.units] == [["item", "h", "b"]] * len(gt.units)
     assert all(u.upload_fields() == {} and u.local_fields() == {} for u in gt.units)
     json.dumps(gt.run_round().extra["drop_reasons"])  # (a clean round)
-
-
-@pytest.mark.slow
-def test_fel_ncf_simulation_through_ray_gives_the_in_process_run(tmp_path):
-    """`secagg flower simulate fel-ncf` through Ray: the leaves (MLP included), metrics and transcript of
-    `secagg run fel-ncf`."""
-    from experiments.rundir import RunDir
-
-    from .test_apps_fel import RAY_CONFIG
-
-    run_in_process_and_simulated(tmp_path, "fel-ncf", RAY_CONFIG)
-    a = RunDir.open_existing(tmp_path / "sim").load_checkpoint()["trainer"]
-    b = RunDir.open_existing(tmp_path / "inproc").load_checkpoint()["trainer"]
-    assert len(a["leaves"]) == len(b["leaves"]) == 3
-    for la, lb in zip(a["leaves"], b["leaves"], strict=True):
-        for name in ("item", "h", "b", "ncf_W", "ncf_c"):
-            torch.testing.assert_close(la[name], lb[name], rtol=1e-5, atol=1e-6)
-    sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("sim", "inproc"))
-    assert sa["runtime"]["engine"] == "flower simulation (ray)"
-    for k, v in sb["metrics"].items():
-        assert sa["metrics"][k] == pytest.approx(v, abs=1e-6), k
-    assert sa["privacy"]["statement"] == sb["privacy"]["statement"]
-    assert (tmp_path / "sim" / "transcript.csv").read_text() == (tmp_path / "inproc" / "transcript.csv").read_text()

@@ -80,6 +80,7 @@ def secure_sum(
     dropout: float | None = None,
     corrupt: float | None = None,
     unsafe_threshold: bool = False,
+    min_survivors: int = 2,
 ) -> SecureSumResult:
     """Sum the rows of ``values`` (one per sender) through ``protocol``; see the module docstring.
 
@@ -97,6 +98,9 @@ def secure_sum(
         dropout, corrupt: the dropout and colluding fractions SecAgg+ chooses ``k`` and ``t`` for
             (:func:`secagg.params.choose`; ``None``: the runner's defaults).
         unsafe_threshold: accept ``t`` at or below half of a client's holders (attack demos only).
+        min_survivors: the clients' own minimum (:class:`secagg.bonawitz.ClientPolicy`, the chain's
+            ``min_survivors``): no client helps unmask a sum over fewer survivors, so such a round
+            aborts (:class:`SecureSumAborted`) before the server can decode anything.
     """
     if protocol not in SECURE_PROTOCOLS:
         raise ValueError(f"secure aggregation must be one of {SECURE_PROTOCOLS}; found {protocol!r}")
@@ -116,7 +120,7 @@ def secure_sum(
     record: list = []
     extra = {} if corrupt is None else {"corrupt": corrupt}
     spec = RunSpec(k=k, t=t, dropouts=dict(dropouts or {}), round=round, dropout=dropout,
-                   unsafe_threshold=unsafe_threshold, **extra)
+                   unsafe_threshold=unsafe_threshold, min_survivors=min_survivors, **extra)
     runner = PROTOCOLS[protocol]
     encoded = codec.encode(vals, rounding="nearest")
     res = runner(encoded, spec, record=record) if protocol in ("secagg", "secagg+") else runner(encoded, spec)

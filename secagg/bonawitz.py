@@ -98,6 +98,7 @@ __all__ = [
     "CLIENT_TRANSITIONS",
     "SERVER_TRANSITIONS",
     "AdvertiseKeys",
+    "ClientPolicy",
     "ClientStage",
     "ConsistencySignature",
     "EncryptedShares",
@@ -238,6 +239,35 @@ class MaskingConfig:
         return hashlib.sha256(b"secagg/consistency/v1" + self.info(b"") + body).digest()
 
 
+@dataclass(frozen=True)
+class ClientPolicy:
+    """What one client insists on whatever the server's parameters say: its operator's settings.
+
+    The server chooses ``n``, ``k``, ``t`` and the survivor set; a client that trusted them would
+    let a deviating server sum it with too few others, or switch off the consistency check. These
+    settings come from the client's own configuration (a node's config on Flower, the run's
+    ``[secure]`` section in simulation), never from a server message.
+
+    Attributes:
+        min_survivors: the client takes part only in an aggregation announced for at least this
+            many clients (``n``, refused at ADVERTISE) and signs a survivor set U3 only if it
+            holds at least this many clients (refused at CONSISTENCY, so the sum over fewer is
+            never unmasked). At least 2: a sum of one client is its input.
+        unsafe_threshold: accept a ``t`` at or below half of this client's holders (attack
+            demonstrations only; see :class:`MaskingConfig`).
+    """
+
+    min_survivors: int = 2
+    unsafe_threshold: bool = False
+
+    def __post_init__(self) -> None:
+        if type(self.min_survivors) is not int or self.min_survivors < 2:
+            raise ValueError(f"min_survivors must be an int >= 2 (a sum of one client is its input); "
+                             f"found {self.min_survivors!r}.")
+        if type(self.unsafe_threshold) is not bool:
+            raise ValueError(f"unsafe_threshold must be a bool; found {self.unsafe_threshold!r}.")
+
+
 class SigningKey:
     """A client's long-term Ed25519 identity key (registered in the PKI out of band)."""
 
@@ -341,10 +371,14 @@ class _Signed:
 class MaskingClient:
     """One SecAgg/SecAgg+ client (see the module docstring for the stages)."""
 
-    def __init__(self, cfg: MaskingConfig, client_id: int, identity: SigningKey, pki: Mapping[int, bytes]) -> None:
+    def __init__(self, cfg: MaskingConfig, client_id: int, identity: SigningKey, pki: Mapping[int, bytes],
+                 policy: ClientPolicy | None = None) -> None:
         if type(client_id) is not int or not 0 <= client_id < cfg.n:
             raise ValueError(f"client_id must be in [0, {cfg.n}); found {client_id!r}.")
         self.cfg = cfg
+        #: the client's own settings (:class:`ClientPolicy`); the default refuses an unsafe ``t``
+        #: even when the server's configuration opted into it
+        self.policy = ClientPolicy() if policy is None else policy
         self.id = client_id
         self._identity = identity
         self._pki = pki
@@ -387,6 +421,13 @@ class MaskingClient:
     def advertise(self) -> AdvertiseKeys:
         """Stage 1: fresh X25519 keys for the share channel (``c``) and the masks (``s``)."""
         self._enter("advertise")
+        holders = len(self._nbrs) + 1
+        if self.cfg.n < self.policy.min_survivors:
+            raise AbortError(f"stage ADVERTISE: an aggregation of n = {self.cfg.n} clients is below this client's "
+                             f"min_survivors = {self.policy.min_survivors}; it does not take part")
+        if not self.policy.unsafe_threshold and self.cfg.t < min_safe_threshold(holders):
+            raise AbortError(f"stage ADVERTISE: threshold t = {self.cfg.t} is at or below half of this client's "
+                             f"{holders} holders; it refuses unless its own policy sets unsafe_threshold")
         c, s = KeyPair.generate(), KeyPair.generate()
         sig = self._identity.sign(_advert_digest(self.cfg, self.id, c.public_bytes, s.public_bytes))
         self._leave("advertise", _Advertised(c, s))
@@ -490,6 +531,9 @@ class MaskingClient:
             raise MessageError(f"stage CONSISTENCY: survivor list omits this client ({self.id})")
         if any(not 0 <= v < self.cfg.n for v in u3):
             raise MessageError("stage CONSISTENCY: survivor id out of range")
+        if len(u3) < self.policy.min_survivors:
+            raise AbortError(f"stage CONSISTENCY: {len(u3)} survivors, below this client's min_survivors = "
+                             f"{self.policy.min_survivors}; it does not sign (the sum is never unmasked)")
         live = len(u3 & (st.u2 | {self.id}) & (self._nbrs | {self.id}))
         if live < self.cfg.t:
             raise AbortError(f"stage CONSISTENCY: {live} of this client's holders survived, fewer than t = {self.cfg.t}")

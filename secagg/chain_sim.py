@@ -247,7 +247,7 @@ def run_chain(inputs: np.ndarray, spec) -> object:  # noqa: ANN001 (RunSpec -> R
             if c not in dropouts or DROP_STAGES.index(mapped) < DROP_STAGES.index(dropouts[c].stage):
                 dropouts[c] = Dropout(mapped, None)  # the earliest stage wins
     config = ChainConfig(instance=os.urandom(INSTANCE_BYTES), round=spec.round, dim=dim,
-                         successors=effective_successors(s, n))
+                         successors=effective_successors(s, n), min_survivors=getattr(spec, "min_survivors", 2))
     chain = simulate(config, {i: arr[i] for i in range(n)}, dropouts=dropouts, keep_view=False)
     return RunResult(
         "chain",

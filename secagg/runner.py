@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from secagg.bonawitz import MaskingClient, MaskingConfig, MaskingServer, make_pki
+from secagg.bonawitz import ClientPolicy, MaskingClient, MaskingConfig, MaskingServer, make_pki
 from secagg.chain_sim import run_chain
 from secagg.encoding import FixedPoint, check_budget
 from secagg.errors import AbortError
@@ -70,6 +70,9 @@ class RunSpec:
             plans for the fraction of clients listed in ``dropouts``.
         corrupt: fraction of clients that may collude with the server (SecAgg+'s choice).
         unsafe_threshold: accept ``t`` at or below half of a client's holders (attack demos).
+        min_survivors: every simulated client's own minimum (:class:`secagg.bonawitz.ClientPolicy`;
+            the chain's ``min_survivors``): a client takes part only in an aggregation of at least
+            this many clients and never helps unmask a sum over fewer.
     """
 
     k: int | None = None
@@ -79,6 +82,7 @@ class RunSpec:
     dropout: float | None = None
     corrupt: float = DEFAULT_CORRUPT
     unsafe_threshold: bool = False
+    min_survivors: int = 2
 
     def planned_dropout(self, n: int) -> float:
         """``dropout``, or the fraction of the ``n`` clients that ``dropouts`` lists."""
@@ -170,7 +174,8 @@ def _run_masking(
 ) -> RunResult:
     n = cfg.n
     identities, pki = make_pki(n)
-    clients = [MaskingClient(cfg, i, identities[i], pki) for i in range(n)]
+    policy = ClientPolicy(min_survivors=spec.min_survivors, unsafe_threshold=spec.unsafe_threshold)
+    clients = [MaskingClient(cfg, i, identities[i], pki, policy) for i in range(n)]
     server = MaskingServer(cfg, pki)
     client_s = np.zeros(n)
     sent = np.zeros(n, dtype=np.int64)

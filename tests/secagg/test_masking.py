@@ -13,6 +13,7 @@ from scipy.stats import chisquare
 
 from secagg import prg, shamir
 from secagg.bonawitz import (
+    ClientPolicy,
     CLIENT_TRANSITIONS,
     SERVER_TRANSITIONS,
     AdvertiseKeys,
@@ -59,7 +60,7 @@ def _oracle(graph, n: int, t: int, drops: dict[str, frozenset[int]]) -> frozense
     if len(u2) < t:
         return None
     u3 = {u for u in u2 - d("masked_input") if len(h(u) & u2) >= t}
-    if len(u3) < t:
+    if len(u3) < max(t, 2):  # no client signs a survivor set below its min_survivors (>= 2)
         return None
     u4 = {u for u in u3 - d("consistency") if len(h(u) & u3) >= t}
     if len(u4) < t:
@@ -102,7 +103,7 @@ def _property_exact_sum_or_clean_abort(data):
     x = np.array(words, dtype=np.uint64).reshape(n, d)
     from secagg.runner import _run_masking
 
-    res = _run_masking("secagg+", cfg, x, RunSpec(dropouts=drops))
+    res = _run_masking("secagg+", cfg, x, RunSpec(dropouts=drops, unsafe_threshold=True))
     expected = _oracle(graph, n, t, drops)
     if expected is None:
         assert not res.ok and ("aborted" in res.abort or "fewer than t" in res.abort), res.abort
@@ -272,10 +273,28 @@ def test_limit_t_colluding_holders_with_the_server_recover_a_victims_input():
         shamir.combine(b_sh[:-1], t=cfg.t)
 
 
-def test_limit_single_survivor_sum_is_its_input():
+def test_a_single_survivor_sum_is_never_unmasked_even_with_t_one():
+    """Formerly a stated limit (``|U3| = 1`` with the unsafe ``t = 1`` handed the server that
+    client's input); now no client signs a survivor set below its own ``min_survivors`` (>= 2),
+    so the round aborts before anything is unmasked."""
     x = _inputs(3, 5)
     res = run_secagg(x, RunSpec(t=1, unsafe_threshold=True, dropouts={"masked_input": frozenset({1, 2})}))
-    assert res.ok and res.total.tolist() == x[0].tolist()
+    assert not res.ok and res.total is None and "signed" in res.abort
+    # the client's own refusal, in words
+    cfg = MaskingConfig.secagg(3, 5, t=1, unsafe_threshold=True)
+    identities, pki = make_pki(3)
+    policy = ClientPolicy(unsafe_threshold=True)
+    clients = [MaskingClient(cfg, i, identities[i], pki, policy) for i in range(3)]
+    server = MaskingServer(cfg, pki)
+    for c in clients:
+        server.receive(c.advertise().to_bytes())
+    inbox = server.broadcast_keys()
+    for c in clients:
+        server.receive(c.share_keys(inbox[c.id]).to_bytes())
+    inbox = server.forward_shares()
+    server.receive(clients[0].mask_input(inbox[0], x[0]).to_bytes())
+    with pytest.raises(AbortError, match="min_survivors = 2"):
+        clients[0].sign_survivors(server.request_consistency()[0])
     # any safe threshold (t > half the holders) needs at least 2 survivors: the round aborts
     res = run_secagg(x, RunSpec(t=2, dropouts={"masked_input": frozenset({1, 2})}))
     assert not res.ok and "fewer than t" in res.abort

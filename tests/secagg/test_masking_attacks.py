@@ -14,6 +14,7 @@ import pytest
 from secagg import prg, shamir
 from secagg.bonawitz import (
     AdvertiseKeys,
+    ClientPolicy,
     KeyBroadcast,
     MaskingClient,
     MaskingConfig,
@@ -230,3 +231,53 @@ def test_split_view_attack_succeeds_only_in_the_explicitly_unsafe_mode(start_rou
     safe = MaskingConfig(n, d, 3, complete_graph(n), os.urandom(16))
     with pytest.raises(AbortError, match="valid consistency signatures"):
         _split_view_attack(safe, 0, [1, 2], [3, 4], start_round)
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 23: safety settings are the client's own (ClientPolicy), never the server's parameters
+# ------------------------------------------------------------------------------------------------
+def test_split_view_attack_fails_when_only_the_server_opts_into_the_unsafe_threshold():
+    """The server's configuration says ``unsafe_threshold`` (as a Flower setup record could); the
+    clients' own policy does not, so they refuse at ADVERTISE and nothing is ever shared. With the
+    clients' operators opting in (the demonstration above), the same attack recovers the input."""
+    n, d = 5, 12
+    cfg = MaskingConfig(n, d, 2, complete_graph(n), os.urandom(16), unsafe_threshold=True)
+    identities, pki = make_pki(n)
+    for i in range(n):
+        with pytest.raises(AbortError, match="unless its own policy sets unsafe_threshold"):
+            MaskingClient(cfg, i, identities[i], pki).advertise()
+    with pytest.raises(AbortError, match="unless its own policy"):
+        MaskingClient(cfg, 0, identities[0], pki, ClientPolicy(min_survivors=3)).advertise()
+    assert MaskingClient(cfg, 0, identities[0], pki, ClientPolicy(unsafe_threshold=True)).advertise().sig
+
+
+def test_a_cohort_below_the_clients_minimum_is_refused_before_any_key_is_shared():
+    """A server that announces an aggregation over fewer clients than a client's own
+    ``min_survivors`` gets no advertisement from it (the runner then aborts for lack of clients)."""
+    identities, pki = make_pki(3)
+    cfg = MaskingConfig.secagg(3, 4)
+    with pytest.raises(AbortError, match="n = 3 clients is below this client's min_survivors = 4"):
+        MaskingClient(cfg, 0, identities[0], pki, ClientPolicy(min_survivors=4)).advertise()
+    res = run("secagg", _inputs(3, 4), RunSpec(min_survivors=4))
+    assert not res.ok and res.total is None
+    assert run("secagg", _inputs(4, 4), RunSpec(min_survivors=4)).ok
+
+
+def test_survivors_below_the_clients_minimum_are_never_unmasked():
+    """The server claims that two of six clients dropped after the masked inputs (``t = 4`` still
+    lets it unmask four): with each client's ``min_survivors = 5`` nobody signs U3, so the sum over
+    four is never unmasked; with the default minimum (2) the same dropouts give the four-client sum."""
+    x = _inputs(6, 3)
+    drops = {"masked_input": frozenset({4, 5})}
+    res = run("secagg", x, RunSpec(t=4, dropouts=drops, min_survivors=5))
+    assert not res.ok and "signed" in res.abort
+    res = run("secagg", x, RunSpec(t=4, dropouts=drops))
+    assert res.ok and res.survivors == frozenset({0, 1, 2, 3})
+    assert res.total.tolist() == x[:4].sum(axis=0).tolist()
+
+
+def test_client_policy_validates_its_own_settings():
+    with pytest.raises(ValueError, match="min_survivors must be an int >= 2"):
+        ClientPolicy(min_survivors=1)
+    with pytest.raises(ValueError, match="unsafe_threshold must be a bool"):
+        ClientPolicy(unsafe_threshold=1)  # type: ignore[arg-type]

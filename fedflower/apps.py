@@ -79,6 +79,7 @@ from fedflower.secagg_workflow import SecAggWorkflow
 from protocols.base import RoundStats
 from protocols.exchange import drive
 from protocols.fedavg import LocalRound
+from protocols.guard import DevicePolicy
 from protocols.registry import get_protocol
 from protocols.transport import SERVER, client
 from secagg.bonawitz_wire import MaskedInput
@@ -193,7 +194,9 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
             trainer = build_client_trainer(spec, config, int(run["seed"]), part, source=_source(context, run))
             reply = client_exchange(msg, context, trainer, part, run, secure=secure,
                                     require_secure=_requires_secure(context, require_secure),
-                                    store=_state_dir(context, sdir), vector_key=VECTOR_KEY)
+                                    store=_state_dir(context, sdir), vector_key=VECTOR_KEY,
+                                    policy=DevicePolicy.from_node_config(context.node_config,
+                                                                         require_secure=require_secure))
             return Message(reply, reply_to=msg)
         if spec.exchanges is not None:
             raise ValueError(f"protocol {spec.name!r} runs in exchanges; a training request must name its step")

@@ -19,23 +19,34 @@ nodes, and what comes back becomes the :class:`protocols.exchange.Replies` it is
   workflow per distinct encoding (``frac_bits``, ``value_clip``, protocol, dropout, corrupt), all
   sharing one table of pinned identity keys for the run.
 
-A client asked in plaintext for a step its configuration sends only through secure aggregation
-(``device_requires_secure``) refuses, as does a node started with ``require-secagg=true`` for
-every plaintext step; a secure step's request that arrives outside the ``masked_input`` stage is
-refused too. The node's state (``device_state``) lives in its ``Context.state`` between steps
-and, with a ``state-dir``, in one file per round on its own disk, so a resumed run continues
-from the state after the last round the server completed (:func:`load_device_state`).
+Before any step the node admits it through its own guard (:mod:`protocols.guard`, the same
+rules as in process and on simulated devices): rounds only move forward, a secure step is
+answered once per round, a once-per-instance step once, no plaintext where the configuration
+promises a sum (or, with ``require-secagg=true``, anywhere), and the protocol's own refusals
+(``device_check``, e.g. FedFast's own-cluster rule); a secure step's request that arrives outside
+the ``masked_input`` stage is refused too. The guard's record is written to the node's
+``Context.state`` (and, with a ``state-dir``, to its disk) *before* the step runs, so neither a
+crash nor a resumed run lets the node answer a step twice. The node's state (``device_state``)
+lives in its ``Context.state`` between steps and, with a ``state-dir``, in one file per round on
+its own disk, so a resumed run continues from the state after the last round the server
+completed (:func:`load_device_state`).
+
+A grouped secure exchange (:attr:`protocols.exchange.Exchange.groups`) runs one SecAgg instance per
+group; a group too small for SecAgg+'s targets runs as SecAgg (:func:`protocols.secure_sum.small_cohort_protocol`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from protocols.exchange import Exchange, Replies
+from protocols.exchange import Exchange, Replies, admit_step, group_members, merge_groups
+from protocols.guard import DevicePolicy, RefusedStep, StepGuard, device_guard, set_device_policy
+from protocols.secure_sum import small_cohort_protocol
 from protocols.transport import client
 from secagg.bonawitz_wire import MaskedInput
 from secagg.encoding import FixedPoint
@@ -46,6 +57,7 @@ __all__ = ["EXCHANGE_KEY", "answer_exchange", "client_exchange", "load_device_st
 EXCHANGE_KEY = "exchange"
 _CTX_STATE = "fedflower.device_state"
 _CTX_ROUND = "fedflower.device_state_round"
+_CTX_GUARD = "fedflower.step_guard"
 
 
 def _np(a: np.ndarray):
@@ -92,6 +104,34 @@ def save_device_state(directory: str | Path, partition_id: int, round_: int, sta
     tmp.replace(d / f"r{int(round_):07d}.npz")
 
 
+def _guard_file(directory: str | Path, partition_id: int) -> Path:
+    return _node_dir(directory, partition_id) / "guard.npz"
+
+
+def load_guard(context: Context, store: str | None, pid: int) -> dict[str, np.ndarray] | None:
+    """The node's step-guard record (:class:`protocols.guard.StepGuard`): from its disk when it keeps
+    one (it survives restarts and resumed runs), else from its Flower context."""
+    if store is not None:
+        f = _guard_file(store, pid)
+        if not f.is_file():
+            return None
+        with np.load(f, allow_pickle=False) as z:
+            return {k: z[k].copy() for k in z.files}
+    rec = context.state.array_records.get(_CTX_GUARD)
+    return None if rec is None else _arrays(rec)
+
+
+def save_guard(context: Context, store: str | None, pid: int, state: dict[str, np.ndarray]) -> None:
+    """Write the node's step-guard record (atomically on disk), before the step it admits runs."""
+    context.state[_CTX_GUARD] = ArrayRecord({k: _np(np.asarray(v)) for k, v in state.items()})
+    if store is not None:
+        d = _node_dir(store, pid)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / "guard.tmp.npz"
+        np.savez(tmp, **{k: np.asarray(v) for k, v in state.items()})
+        tmp.replace(_guard_file(store, pid))
+
+
 def _restore(context: Context, store: str | None, pid: int, round_: int) -> dict[str, np.ndarray] | None:
     """The state to start a step of ``round_`` from: an earlier step of the same round (this run's
     context), else the node's store (after the last round before ``round_``), else the context."""
@@ -113,18 +153,33 @@ def _keep(context: Context, store: str | None, pid: int, round_: int, state: dic
 
 # -- the client half ------------------------------------------------------------------------------
 def client_exchange(msg: Message, context: Context, trainer: Any, part: Any, run: ConfigRecord, *, secure: bool,
-                    require_secure: bool, store: str | None, vector_key: str) -> RecordDict:
-    """Run the step a ``train`` message asks for on this node's own data; the reply's content."""
+                    require_secure: bool, store: str | None, vector_key: str,
+                    policy: DevicePolicy | None = None) -> RecordDict:
+    """Run the step a ``train`` message asks for on this node's own data; the reply's content.
+
+    The step is admitted first by the node's guard (``policy``: its operator's
+    :class:`protocols.guard.DevicePolicy`; ``require_secure`` forces its ``require_secure``), whose
+    record is persisted before the step runs."""
     head = msg.content[EXCHANGE_KEY]
     kind, round_, user = str(head["kind"]), int(run["round"]), int(part.user)
-    if not secure and (require_secure or trainer.device_requires_secure(kind)):
-        why = "node setting" if require_secure else "its configuration sends it only through secure aggregation"
-        raise ValueError(f"step {kind!r} answered only through secure aggregation ({why}); refusing a plaintext request")
+    policy = policy or DevicePolicy()
+    if require_secure and not policy.require_secure:
+        policy = DevicePolicy(**{**policy.__dict__, "require_secure": True})
+    set_device_policy(trainer, policy)
+    guard: StepGuard = device_guard(trainer)
+    kept = load_guard(context, store, part.partition_id)
+    if kept is not None:
+        guard.load_state(user, kept)
     state = _restore(context, store, part.partition_id, round_)
     if state is not None:
         trainer.load_device_state(user, state)
     broadcast = _arrays(msg.content["broadcast"])
     own = _arrays(msg.content["own"]) if "own" in msg.content.array_records else None
+    try:
+        admit_step(trainer, kind, round_, user, broadcast, own or {}, secure=secure)
+    except RefusedStep as exc:
+        raise ValueError(f"refused: {exc}") from None
+    save_guard(context, store, part.partition_id, guard.state(user))
     out = trainer.device_step(kind, round_, np.array([user], np.int64), broadcast, {} if own is None else {user: own})
     if user not in out:
         raise ValueError(f"step {kind!r} produced no reply for this client")
@@ -215,6 +270,15 @@ def answer_exchange(gt: Any, ex: Exchange, step: int) -> Replies:
 
 
 def _secure(gt: Any, ex: Exchange, t: int, contents: dict[int, RecordDict], dropped: dict[int, str]) -> Replies:
+    """A secure exchange: one secure aggregation over the reachable members, or one per group."""
+    if ex.groups is None:
+        return _secure_one(gt, ex, t, contents, dropped)
+    parts = {g: _secure_one(gt, ex, t, {u: contents[u] for u in members}, {})
+             for g, members in group_members(ex, [u for u in ex.users.tolist() if u in contents]).items()}
+    return merge_groups(parts, dropped)
+
+
+def _secure_one(gt: Any, ex: Exchange, t: int, contents: dict[int, RecordDict], dropped: dict[int, str]) -> Replies:
     spec = ex.secure
     assert spec is not None
     transport = gt.server.transport
@@ -227,7 +291,9 @@ def _secure(gt: Any, ex: Exchange, t: int, contents: dict[int, RecordDict], drop
         raise ValueError("simulated dropouts do not run on Flower (its dropouts are real); unset them")
     if spec.protocol == "chain":
         return _chain(gt, ex, t, contents, dropped)
-    wf = gt.exchange_workflow(spec)
+    run_as = small_cohort_protocol(spec.protocol, len(contents), dropout=spec.dropout, corrupt=spec.corrupt,
+                                   k=spec.k, t=spec.t)
+    wf = gt.exchange_workflow(spec if run_as == spec.protocol else dataclasses.replace(spec, protocol=run_as))
     user_of = {gt.node_of[u]: u for u in contents}
     keep = bool(transport.transcript.keep_payloads)
     try:
@@ -243,7 +309,7 @@ def _secure(gt: Any, ex: Exchange, t: int, contents: dict[int, RecordDict], drop
                        payload, nbytes)
     n = len(contents)
     for u in contents:
-        transport.send(spec.receiver, client(u), t, f"{spec.protocol}:server", None, rep.bytes_to_clients // n)
+        transport.send(spec.receiver, client(u), t, f"{run_as}:server", None, rep.bytes_to_clients // n)
     for nid, (stage, why) in rep.dropped.items():
         dropped[user_of[nid]] = f"{stage}: {why}"
     return _replies(gt, spec, rep, user_of, dropped, n)

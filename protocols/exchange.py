@@ -23,7 +23,24 @@ runtime-specific code of their own:
   ``trainer.load_device_model(model)`` on the client (evaluation runs where the user's state is);
 * ``trainer.device_requires_secure(kind) -> bool``: whether this configuration sends the reply of
   step ``kind`` only through secure aggregation. A client asked for such a step in plaintext
-  refuses (so a server cannot simply ask for a raw update the protocol promises to sum).
+  refuses (so a server cannot simply ask for a raw update the protocol promises to sum);
+* ``trainer.ONCE_PER_INSTANCE`` (optional): the steps whose vector depends on the client's static
+  data only, answered at most once per protocol instance;
+* ``trainer.device_check(kind, round, user, broadcast, own, *, secure)`` (optional): the protocol's
+  own refusals, checked before a step runs (raises :class:`protocols.guard.RefusedStep`), e.g. a
+  group that is not the client's own.
+
+Every runtime admits each client's step through the client's :class:`protocols.guard.StepGuard`
+first (:func:`protocols.guard.device_guard`): rounds only move forward, a secure step is answered
+once per round, a once-per-instance step once, no plaintext where the configuration promises a sum,
+and the client's own minimum sum size inside the secure aggregation. A refused client is dropped
+from the exchange with the reason; nothing is computed for it.
+
+A secure exchange may be **grouped** (:attr:`Exchange.groups`): each group of members is summed by
+its own secure aggregation (the server learns one sum per group, never a sum of a group below the
+clients' minimum). The server routes a client by what the client reported; the client checks
+that the group it is asked to join (its ``per_user`` entry ``"group"``) is its own, so the server
+never chooses the slot of a client's value.
 
 A protocol that runs this way sets ``ProtocolSpec.exchanges`` (:class:`protocols.registry.Exchanges`)
 and implements its in-process ``run_round`` as ``run_exchanges(self, self.device_step)``: one
@@ -59,6 +76,7 @@ from typing import Any
 import numpy as np
 
 from protocols.base import RoundStats
+from protocols.guard import RefusedStep, device_guard
 from protocols.secure_sum import SecureSumAborted, secure_sum
 from protocols.transport import SERVER, client
 
@@ -67,9 +85,13 @@ __all__ = [
     "Exchange",
     "Replies",
     "SecureSum",
+    "admit",
+    "admit_step",
     "answer_in_process",
     "census",
     "drive",
+    "group_members",
+    "merge_groups",
     "run_exchanges",
     "run_on_devices",
 ]
@@ -135,6 +157,9 @@ class Exchange:
         validate: ``(user, reply) -> value`` for a plaintext reply; raises ``ValueError`` to
             drop the client; the value is what :attr:`Replies.values` holds (default: the reply).
         secure: sum the clients' ``"vector"`` replies through secure aggregation instead.
+        groups: secure only: ``user -> group``; each group is summed by its own secure
+            aggregation (:attr:`Replies.groups`). Every member's ``per_user`` entry must carry
+            ``"group"``, the same id, which the client checks against its own.
     """
 
     kind: str
@@ -144,6 +169,7 @@ class Exchange:
     reply_keys: frozenset[str] = frozenset()
     validate: Callable[[int, dict[str, np.ndarray]], Any] | None = None
     secure: SecureSum | None = None
+    groups: Mapping[int, int] | None = None
 
     def __post_init__(self) -> None:
         users = np.asarray(self.users, dtype=np.int64)
@@ -155,6 +181,17 @@ class Exchange:
             raise ValueError(f"exchange {self.kind!r}: per-user arrays for users outside the cohort {sorted(extra)[:5]}")
         if self.secure is None and not self.reply_keys:
             raise ValueError(f"exchange {self.kind!r}: give the reply keys of a plaintext exchange")
+        if self.groups is not None:
+            if self.secure is None:
+                raise ValueError(f"exchange {self.kind!r}: groups apply to a secure exchange only")
+            groups = {int(u): int(g) for u, g in self.groups.items()}
+            if set(groups) != set(users.tolist()):
+                raise ValueError(f"exchange {self.kind!r}: groups must name every member of the cohort, and only them")
+            for u, g in groups.items():
+                got = self.per_user.get(u, {}).get("group")
+                if got is None or np.asarray(got).shape != () or int(np.asarray(got)) != g:
+                    raise ValueError(f"exchange {self.kind!r}: user {u}'s per-user 'group' must be its group {g}")
+            object.__setattr__(self, "groups", groups)
 
     def message_for(self, user: int) -> dict[str, np.ndarray]:
         """What ``user`` receives: the broadcast and its own per-user arrays (names must not clash)."""
@@ -196,6 +233,8 @@ class Replies:
         aborted: secure: why no sum was produced (``None`` if it was).
         bytes_per_client: secure: protocol bytes per client (sent plus its share of the server's).
         client_seconds, server_seconds: secure: protocol work per client and at the server.
+        groups: grouped secure exchange: ``group -> Replies`` of that group's own sum (``total``
+            and ``survivors``, or ``aborted``); the top-level ``survivors`` are every group's.
     """
 
     values: dict[int, Any] = field(default_factory=dict)
@@ -206,19 +245,23 @@ class Replies:
     bytes_per_client: float = 0.0
     client_seconds: float = 0.0
     server_seconds: float = 0.0
+    groups: dict[int, Replies] = field(default_factory=dict)
 
 
 Step = Callable[[str, int, np.ndarray, ArrayDict, Mapping[int, ArrayDict]], Mapping[int, Mapping[str, np.ndarray]]]
 
 
-def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.ndarray]) -> Replies:
-    """Sum the cohort's vectors through :func:`protocols.secure_sum.secure_sum`, in chunks."""
+def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.ndarray], users: list[int],
+                  min_survivors: int) -> Replies:
+    """Sum ``users``' vectors through :func:`protocols.secure_sum.secure_sum`, in chunks; every
+    simulated client refuses a sum below ``min_survivors`` (its own policy)."""
     spec = ex.secure
     assert spec is not None
-    users = [u for u in ex.users.tolist() if u in vectors]
-    if len(users) < 2:  # (a sum of one is that client's vector: never released)
+    users = [u for u in users if u in vectors]
+    if len(users) < min_survivors:  # no client takes part in a sum this small (a sum of one is its vector)
         return Replies(dropped={u: "secure aggregation aborted" for u in users},
-                       aborted=f"secure aggregation needs at least 2 clients; {len(users)} sent a vector")
+                       aborted=f"secure aggregation needs at least {min_survivors} clients (the clients' "
+                               f"min_survivors); {len(users)} sent a vector")
     values = np.stack([vectors[u] for u in users])
     senders = [client(u) for u in users]
     step = max(1, SECURE_CHUNK // len(users))
@@ -231,7 +274,8 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
             res = secure_sum(values[:, lo:hi], protocol=spec.protocol, frac_bits=spec.frac_bits,
                              value_clip=spec.value_clip, round=round_, transport=server.transport, senders=senders,
                              kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt,
-                             receiver=spec.receiver, k=spec.k, t=spec.t, dropouts=spec.dropouts)
+                             receiver=spec.receiver, k=spec.k, t=spec.t, dropouts=spec.dropouts,
+                             min_survivors=min_survivors)
             total[lo:hi] = res.total
             nbytes += res.bytes_per_client
             client_s += float(np.mean(res.client_seconds))
@@ -245,9 +289,37 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
                    client_seconds=client_s, server_seconds=server_s)
 
 
+def merge_groups(parts: Mapping[int, Replies], dropped: dict[int, str]) -> Replies:
+    """One :class:`Replies` for a grouped secure exchange from each group's own (``parts``)."""
+    out = Replies(dropped=dict(dropped), groups=dict(parts))
+    surv = [p.survivors for p in parts.values() if p.total is not None]
+    out.survivors = np.sort(np.concatenate(surv)) if surv else np.zeros(0, np.int64)
+    n = max(sum(len(p.survivors) + len(p.dropped) for p in parts.values()), 1)
+    for p in parts.values():
+        out.dropped.update(p.dropped)
+        members = len(p.survivors) + len(p.dropped)
+        out.bytes_per_client += p.bytes_per_client * members / n
+        out.client_seconds += p.client_seconds * members / n
+        out.server_seconds += p.server_seconds
+    if parts and all(p.total is None for p in parts.values()):
+        out.aborted = "every group's secure aggregation aborted: " + "; ".join(
+            f"group {g}: {p.aborted}" for g, p in sorted(parts.items()))
+    return out
+
+
+def group_members(ex: Exchange, users: list[int]) -> dict[int, list[int]]:
+    """``group -> members`` (in cohort order) of a grouped exchange, restricted to ``users``."""
+    assert ex.groups is not None
+    out: dict[int, list[int]] = {}
+    for u in users:
+        out.setdefault(ex.groups[u], []).append(u)
+    return dict(sorted(out.items()))
+
+
 def _answer(server: Any, ex: Exchange, round_: int, replies: Mapping[int, Any], dropped: dict[int, str], *,
-            devices: bool = False) -> Replies:
-    """Validate each reply (structurally, then the exchange's ``validate``); secure: sum the vectors.
+            devices: bool = False, min_survivors: int = 2) -> Replies:
+    """Validate each reply (structurally, then the exchange's ``validate``); secure: sum the vectors
+    (one sum per group of a grouped exchange), the clients refusing a sum below ``min_survivors``.
 
     With ``devices`` a secure vector holding a non-finite value or one beyond ``value_clip`` drops
     its client (as a device's secure-aggregation mod refuses to encode it); in one process it
@@ -271,10 +343,43 @@ def _answer(server: Any, ex: Exchange, round_: int, replies: Mapping[int, Any], 
         except ValueError as exc:
             dropped[u] = str(exc)
     if ex.secure is not None:
-        out = _local_secure(server, ex, round_, {u: v["vector"] for u, v in values.items()})
+        vectors = {u: v["vector"] for u, v in values.items()}
+        if ex.groups is not None:
+            parts = {g: _local_secure(server, ex, round_, vectors, members, min_survivors)
+                     for g, members in group_members(ex, ex.users.tolist()).items()}
+            return merge_groups(parts, dropped)
+        out = _local_secure(server, ex, round_, vectors, ex.users.tolist(), min_survivors)
         out.dropped = {**dropped, **out.dropped}
         return out
     return Replies(values=values, dropped=dropped)
+
+
+def admit_step(trainer: Any, kind: str, round_: int, user: int, broadcast: ArrayDict, own: ArrayDict, *,
+               secure: bool) -> None:
+    """Admit ``user``'s step ``kind`` of ``round_`` on the client ``trainer``: its guard's rules
+    (:class:`protocols.guard.StepGuard`), then the protocol's own (``trainer.device_check``,
+    optional); the admitted step is recorded as answered. Raises
+    :class:`protocols.guard.RefusedStep` (nothing recorded) when the client refuses."""
+    guard = device_guard(trainer)
+    guard.check(user, kind, round_, secure=secure)
+    check = getattr(trainer, "device_check", None)
+    if check is not None:
+        check(kind, round_, user, broadcast, own, secure=secure)
+    guard.admit(user, kind, round_, secure=secure)
+
+
+def admit(trainer: Any, ex: Exchange, round_: int, users: list[int]) -> tuple[list[int], dict[int, str]]:
+    """The members of ``users`` whose client admits step ``ex.kind`` of ``round_``
+    (:func:`admit_step`), and the others with the reason they refused."""
+    ok: list[int] = []
+    refused: dict[int, str] = {}
+    for u in users:
+        try:
+            admit_step(trainer, ex.kind, round_, u, ex.broadcast, ex.per_user.get(u, {}), secure=ex.secure is not None)
+            ok.append(u)
+        except RefusedStep as exc:
+            refused[u] = f"refused: {exc}"
+    return ok, refused
 
 
 def drive(round_gen: DeviceRound, answer: Callable[[Exchange], Replies]) -> RoundStats:
@@ -293,9 +398,15 @@ def drive(round_gen: DeviceRound, answer: Callable[[Exchange], Replies]) -> Roun
 
 def answer_in_process(server: Any, ex: Exchange, step: Step, round_: int) -> Replies:
     """One exchange in one process: ``step`` (the trainer's own ``device_step``) plays the whole
-    cohort at once; a secure exchange goes through :func:`protocols.secure_sum.secure_sum`."""
-    replies = step(ex.kind, round_, ex.users, ex.broadcast, ex.per_user) if len(ex.users) else {}
-    return _answer(server, ex, round_, replies, {}, devices=False)
+    cohort at once, each member admitted by its guard first (:func:`protocols.guard.device_guard`
+    of the trainer, which plays every client); a secure exchange goes through
+    :func:`protocols.secure_sum.secure_sum`."""
+    guard = device_guard(server)
+    ok, refused = admit(server, ex, round_, ex.users.tolist())
+    users = np.asarray(ok, np.int64)
+    per_user = {u: ex.per_user[u] for u in ok if u in ex.per_user}
+    replies = step(ex.kind, round_, users, ex.broadcast, per_user) if len(users) else {}
+    return _answer(server, ex, round_, replies, refused, devices=False, min_survivors=guard.policy.min_survivors)
 
 
 def run_exchanges(server: Any, step: Step) -> RoundStats:
@@ -313,13 +424,17 @@ def run_on_devices(server: Any, clients: Mapping[int, Any], *, silent: Callable[
     own data. Each member of an exchange gets a deep copy of its message and runs
     ``device_step`` alone; its reply is deep-copied back (nothing is shared by reference, as
     on a wire). ``silent(exchange, user)`` makes a client drop out of that exchange and
-    ``tamper(exchange, user, reply)`` replaces its reply (tests of the server's checks).
+    ``tamper(exchange, user, reply)`` replaces its reply (tests of the server's checks). Each
+    device admits the step through its own guard (:func:`protocols.guard.device_guard`); the
+    secure sums' simulated clients refuse sums below the largest ``min_survivors`` among the
+    cohort's devices.
     """
     round_ = int(server.round)
 
     def answer(ex: Exchange) -> Replies:
         replies: dict[int, Any] = {}
         dropped: dict[int, str] = {}
+        floor = 2
         for u in ex.users.tolist():
             if silent is not None and silent(ex, u):
                 dropped[u] = "silent"
@@ -328,8 +443,10 @@ def run_on_devices(server: Any, clients: Mapping[int, Any], *, silent: Callable[
                 dropped[u] = "no such device"
                 continue
             ex.message_for(u)  # the names of the broadcast and of the client's own arrays must not clash
-            if ex.secure is None and clients[u].device_requires_secure(ex.kind):
-                dropped[u] = f"refused: step {ex.kind!r} is answered only through secure aggregation"
+            floor = max(floor, device_guard(clients[u]).policy.min_survivors)
+            ok, refused = admit(clients[u], ex, round_, [u])
+            if refused:
+                dropped.update(refused)
                 continue
             bcast = copy.deepcopy(dict(ex.broadcast))
             own = {u: copy.deepcopy(dict(ex.per_user[u]))} if u in ex.per_user else {}
@@ -339,7 +456,7 @@ def run_on_devices(server: Any, clients: Mapping[int, Any], *, silent: Callable[
                 dropped[u] = "no reply"
                 continue
             replies[u] = tamper(ex, u, reply) if tamper is not None else reply
-        return _answer(server, ex, round_, replies, dropped, devices=True)
+        return _answer(server, ex, round_, replies, dropped, devices=True, min_survivors=floor)
 
     return drive(server.device_round(), answer)
 

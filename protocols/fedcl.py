@@ -64,7 +64,7 @@ import torch
 from dp.events import Laplace, NonPrivate
 from dp.ldp import ldp_laplace
 from protocols.base import Release, RoundStats
-from protocols.exchange import DeviceRound, Exchange, Replies, SecureSum, answer_in_process, drive, run_exchanges
+from protocols.exchange import DeviceRound, Exchange, Replies, SecureSum, admit, answer_in_process, drive, run_exchanges
 from protocols.fedcl_server import CLUSTERINGS, WARD_MAX_POINTS, cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
@@ -485,10 +485,13 @@ class FedCL:
         t = int(self.round)
         if ex.kind != "train":
             return answer_in_process(self, ex, self.device_step, t)
-        total, losses, dropped = self._train(ex.kind, t, ex.users, ex.broadcast, ex.per_user, summed=True)
+        ok, refused = admit(self, ex, t, ex.users.tolist())  # the clients' guards, as on devices
+        users = np.asarray(ok, np.int64)
+        per_user = {u: ex.per_user[u] for u in ok if u in ex.per_user}
+        total, losses, dropped = self._train(ex.kind, t, users, ex.broadcast, per_user, summed=True)
         values = {u: {"loss": float(losses[c]), "semi_hard_dropped": int(dropped[c]), "gradient": None}
-                  for c, u in enumerate(ex.users.tolist())}
-        return Replies(values=values, total=total, survivors=ex.users.copy())
+                  for c, u in enumerate(ok)}
+        return Replies(values=values, total=total, survivors=users.copy(), dropped=refused)
 
     def device_round(self) -> DeviceRound:
         """The server's half of a round (protocols.exchange): it never reads client data.

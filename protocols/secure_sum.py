@@ -21,11 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from protocols.transport import SERVER, InProcessTransport
+from secagg import params
 from secagg.bonawitz import MaskedInput
 from secagg.encoding import FixedPoint, check_budget
 from secagg.runner import PROTOCOLS, RunSpec
 
-__all__ = ["SECURE_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "secure_sum"]
+__all__ = ["SECURE_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "secure_sum", "small_cohort_protocol"]
 
 #: Names accepted by :func:`secure_sum` (``"none"`` is the caller's plaintext path).
 SECURE_PROTOCOLS = ("secagg", "secagg+", "chain", "plain")
@@ -60,6 +61,25 @@ class SecureSumResult:
         """Mean bytes a client sent plus its share of what the server sent."""
         n = len(self.bytes_sent)
         return float(self.bytes_sent.mean() + self.bytes_server_sent / max(n, 1))
+
+
+def small_cohort_protocol(protocol: str, n: int, *, dropout: float | None, corrupt: float | None,
+                          k: int | None = None, t: int | None = None) -> str:
+    """The protocol to run for ``n`` clients: SecAgg+ (with chosen ``k``, ``t``) over too few clients
+    for any graph to meet its abort target runs as SecAgg, the complete graph with its safe ``t``,
+    whenever that graph meets the security target (the abort target is liveness only: such a sum
+    tolerates fewer dropouts than planned, and aborts rather than release less). A cluster's sum of
+    two clients (FedFast) is the case: one planned dropout of two leaves nothing to release."""
+    if protocol != "secagg+" or k is not None or t is not None or n < 2:
+        return protocol
+    drop = params.DEFAULT_DROPOUT if dropout is None else dropout
+    bad = params.DEFAULT_CORRUPT if corrupt is None else corrupt
+    try:
+        params.choose(n, dropout=drop, corrupt=bad)
+        return protocol
+    except ValueError:
+        full = params.evaluate(n, n - 1, params.min_safe_threshold(n), dropout=drop, corrupt=bad)
+        return "secagg" if full.security <= 2.0 ** -params.SECURITY_EXPONENT else protocol
 
 
 def secure_sum(
@@ -121,6 +141,9 @@ def secure_sum(
     extra = {} if corrupt is None else {"corrupt": corrupt}
     spec = RunSpec(k=k, t=t, dropouts=dict(dropouts or {}), round=round, dropout=dropout,
                    unsafe_threshold=unsafe_threshold, min_survivors=min_survivors, **extra)
+    if vals.shape[0] >= 2:
+        protocol = small_cohort_protocol(protocol, vals.shape[0], dropout=spec.planned_dropout(vals.shape[0]),
+                                         corrupt=spec.corrupt, k=k, t=t)
     runner = PROTOCOLS[protocol]
     encoded = codec.encode(vals, rounding="nearest")
     res = runner(encoded, spec, record=record) if protocol in ("secagg", "secagg+") else runner(encoded, spec)

@@ -240,7 +240,7 @@ def test_the_node_store_resumes_from_the_last_completed_round(toy_protocol, tmp_
     np.testing.assert_allclose(gt2.server.model, local.model, atol=1e-4)
 
 
-def test_a_secure_step_left_with_too_few_clients_aborts_cleanly(toy_protocol, tmp_path):
+def test_a_secure_step_left_with_too_few_clients_aborts_cleanly_and_a_pair_runs_as_secagg(toy_protocol, tmp_path):
     train, cfg = _data([2, 2, 2, 2]), ToyConfig(secure_aggregation="secagg+")
     gt, _ = _flower(tmp_path, train, cfg, drop=lambda stage, nid: stage == 1 and nid != 9000)  # one answers
     stats = gt.run_round()
@@ -248,8 +248,10 @@ def test_a_secure_step_left_with_too_few_clients_aborts_cleanly(toy_protocol, tm
     assert log["aborted"] and stats.clients == 0 and gt.server.model.tolist() == [0.0, 0.0, 0.0]
     train, cfg = _data([2, 2, 2, 2, 2]), ToyConfig(secure_aggregation="secagg+")
     gt, _ = _flower(tmp_path / "b", train, cfg, drop=lambda stage, nid: stage == 1 and nid in (9000, 9007, 9014))
-    stats = gt.run_round()  # two left: SecAgg+ has no safe parameters for n = 2, an abort in words
-    assert "refused to start with 2 clients" in gt.server.log[-1]["aborted"] and stats.clients == 0
+    stats = gt.run_round()  # two left: SecAgg+ has no parameters meeting its abort target for n = 2,
+    # so the pair is summed by SecAgg (the complete graph, the same security; it tolerates no dropout)
+    assert gt.server.log[-1]["aborted"] is None and stats.clients == 2
+    assert any(r.kind == "secagg:server" for r in gt.server.transport.transcript.records)
 
 
 def test_a_chain_exchange_survives_a_client_that_drops_mid_chain(toy_protocol, tmp_path):
@@ -260,3 +262,49 @@ def test_a_chain_exchange_survives_a_client_that_drops_mid_chain(toy_protocol, t
     log = gt.server.log[-1]
     assert log["survivors"] == [0, 1, 2, 3] and 4 in log["dropped"] and stats.clients == 4
     np.testing.assert_allclose(gt.server.model, [10.0, 0.0, 4.0], atol=1e-4)  # the sum over the survivors only
+
+
+# -- issue 23: a server that deviates through the real secagg_mod ----------------------------------------
+def _count_spec(cfg):
+    return SecureSum(cfg.secure_aggregation, width=3, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip)
+
+
+@pytest.mark.parametrize("protocol", ["secagg", "secagg+"])
+def test_the_same_secure_step_twice_in_a_round_gives_no_difference_through_flower(toy_protocol, tmp_path, protocol):
+    """The server asks the secure step ``count`` over every node, then again over every node but the
+    victim's (secagg_mod accepts a new setup at any time): the difference would be the victim's
+    ``[x, s, 1]``. Each node's guard, persisted in its own context, refuses the second answer."""
+    victim = 2
+
+    class Differencer(Toy):
+        def device_round(self):
+            cfg = self.config
+            a = yield Exchange("count", self.users, secure=_count_spec(cfg))
+            b = yield Exchange("count", self.users[self.users != victim], secure=_count_spec(cfg))
+            self.log.append({"a": a.total, "b": b.total, "dropped": b.dropped, "aborted": b.aborted})
+            self.round += 1
+            return RoundStats(round=0, loss=0.0)
+
+    train, cfg = _data([3, 1, 4, 1, 5]), ToyConfig(secure_aggregation=protocol)
+    gt, _ = _flower(tmp_path, train, cfg)
+    gt.server.__class__ = Differencer
+    gt.run_round()
+    log = gt.server.log[-1]
+    np.testing.assert_allclose(log["a"], [14.0, 0.0, 5.0], atol=1e-3)  # the first sum is the protocol's
+    assert log["b"] is None and log["aborted"]
+    assert all("already answered" in why for why in log["dropped"].values() if "refused" in why)
+
+
+def test_a_replayed_round_is_refused_by_nodes_that_keep_their_record_on_disk(toy_protocol, tmp_path):
+    """Round 0 runs; a new grid (fresh Flower contexts, as after a server restart) claims round 0 again
+    over fewer nodes: the nodes' guards, read back from their state directories, refuse it."""
+    train, cfg = _data([3, 1, 4, 1, 5]), ToyConfig()
+    gt, _ = _flower(tmp_path, train, cfg, state_dir=tmp_path / "nodes")
+    gt.run_round()
+    gt2, _ = _flower(tmp_path, train, cfg, state_dir=tmp_path / "nodes")
+    gt2.server.round = 0
+    gt2.run_round()
+    log = gt2.server.log[-1]
+    assert log["aborted"] and not log["survivors"]
+    assert any("a rolled-back round is refused" in why or "already answered" in why for why in log["dropped"].values())
+

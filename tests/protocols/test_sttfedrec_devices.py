@@ -164,8 +164,12 @@ def rows_devices(train):
     return server, clients, server.state_dict()
 
 
-def _restart(server, state):
+def _restart(server, state, clients=None):
+    """The server back at ``state``; the devices' step records wiped too (their operators start a new
+    protocol instance: a device keeps refusing a round it already answered, by design)."""
     server.load_state_dict(state)
+    for c in (clients or {}).values():
+        c.__dict__.pop("_device_guard", None)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +177,7 @@ def request_oracle(train, rows_devices):
     """The round with its first client's request refused: who that is, the in-process round with
     that client silent (the oracle), and the full round's model."""
     server, clients, start = rows_devices
-    _restart(server, start)
+    _restart(server, start, clients)
     run_on_devices(server, clients)
     full = _params(server)
     local = _local(train, item_aggregation="none", item_id_embedding=True)
@@ -200,7 +204,7 @@ def request_oracle(train, rows_devices):
 def test_a_refused_request_drops_only_that_client(rows_devices, request_oracle, bad):
     server, clients, start = rows_devices
     victim, oracle, full = request_oracle
-    _restart(server, start)
+    _restart(server, start, clients)
     stats = run_on_devices(server, clients, tamper=lambda ex, u, r: bad if (ex.kind, u) == ("request", victim) else r)
     assert set(server.last_dropped["request"]) == {victim} and stats.clients == 3
     assert stats.extra["requests_refused"] == 1 and stats.extra["survivors_user"] == 3
@@ -213,7 +217,7 @@ def test_a_refused_request_drops_only_that_client(rows_devices, request_oracle, 
 def rows_silent(rows_devices):
     """The round with the first client silent at the item-gradient step (its rows never arrive)."""
     server, clients, start = rows_devices
-    _restart(server, start)
+    _restart(server, start, clients)
     run_on_devices(server, clients, silent=lambda ex, u: ex.kind == "item-gradient" and u == _first(ex))
     return _params(server)
 
@@ -221,7 +225,7 @@ def rows_silent(rows_devices):
 @pytest.mark.parametrize("bad", ["nan", "float64", "shape", "keys"])
 def test_malformed_item_rows_drop_only_that_client(rows_devices, rows_silent, bad):
     server, clients, start = rows_devices
-    _restart(server, start)
+    _restart(server, start, clients)
 
     def tamper(ex, u, reply):
         if ex.kind != "item-gradient" or u != _first(ex):

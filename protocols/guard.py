@@ -1,0 +1,271 @@
+"""What a client refuses whatever the server asks: the client-enforced invariants of the exchange interface.
+
+Every protocol of exchanges (:mod:`protocols.exchange`) promises that its server learns only sums of
+the clients' secure vectors. A server that *follows the script* keeps that promise by construction;
+a server that *deviates within the interface* (asks a step twice, shrinks the cohort, rolls a round
+back, routes a client into a sum of its own choosing) could otherwise difference two sums and read
+one client's vector. The defence must live on the client, in its own state and its operator's
+settings, never in a field of a server message. This module is that defence, shared by every
+runtime (in process, :func:`protocols.exchange.run_on_devices`, Flower's
+:mod:`fedflower.exchange_apps`).
+
+Parties: one client per user (its device), an untrusted server that sends any sequence of
+exchanges it likes. The client's **operator** (the node's configuration; in simulation the run's
+``[clients]`` section) sets a :class:`DevicePolicy`; the client keeps a :class:`StepGuard` record of
+what it has answered (persisted with its device state).
+
+Rules (each refused step raises :class:`RefusedStep`, the runtime drops the client from that
+exchange with the reason and nothing is computed or sent):
+
+1. **Rounds only move forward.** A step of a round before the latest round the client answered in
+   is refused (a rolled-back round could otherwise be asked again over another cohort).
+2. **One answer per secure step per round.** A step answered through secure aggregation is
+   answered at most once per round and protocol instance; a second request (over any cohort) is
+   refused. Two sums of the same step over cohorts that differ in one client are that client's
+   vector.
+3. **Once per instance** for steps whose vector is a function of the client's static data only
+   (FedFast's item indicator and profile statistics): across rounds they would repeat exactly,
+   so they are answered at most once per protocol instance (the protocol lists them in
+   ``ONCE_PER_INSTANCE``).
+4. **No plaintext where the configuration promises a sum.** A step the client's configuration
+   sends only through secure aggregation (``device_requires_secure``), or every plaintext step
+   under ``require_secure``, is refused when asked in plaintext.
+5. **Minimum sum size** (``min_survivors``): the client takes part only in a secure sum announced
+   for at least that many clients and never helps unmask one over fewer survivors
+   (:class:`secagg.bonawitz.ClientPolicy`, enforced inside the secure-aggregation protocol).
+6. **Local privacy budget** (``ldp_epsilon_budget``): the client counts the epsilon of its own
+   local-DP uploads (basic composition) and refuses an upload beyond its operator's budget.
+
+Protocol-specific rules live in the protocols' client halves and are listed in docs/security.md
+(a client computes the slot of its value in a secure vector itself; FedFast's blocks below the
+minimum are never summed).
+
+"Protocol instance": the client state that holds the record: the trainer in process, a node's
+state directory (or, without one, its Flower context) on Flower. An operator who wipes it starts
+a new instance. A record is written before the client's reply leaves, so a crash after answering
+cannot be used to answer again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from secagg.bonawitz import ClientPolicy
+
+__all__ = ["DevicePolicy", "RefusedStep", "StepGuard", "device_guard", "set_device_policy"]
+
+
+class RefusedStep(ValueError):
+    """A client refused a step (the reason names the rule); the runtime drops it from that exchange."""
+
+
+@dataclass(frozen=True)
+class DevicePolicy:
+    """A client's own safety settings: its operator's, never a server's.
+
+    Attributes:
+        min_survivors: the smallest secure sum the client takes part in (cohort announced and
+            survivors unmasked); at least 2 (a sum of one client is its input).
+        unsafe_threshold: accept a SecAgg threshold at or below half of the client's holders
+            (attack demonstrations only).
+        require_secure: refuse every plaintext step (a node that only ever sends sums).
+        ldp_epsilon_budget: the total local-DP epsilon the client spends on its uploads (basic
+            composition over its uploads); ``inf`` (default) counts without a cap.
+    """
+
+    min_survivors: int = 2
+    unsafe_threshold: bool = False
+    require_secure: bool = False
+    ldp_epsilon_budget: float = math.inf
+
+    def __post_init__(self) -> None:
+        ClientPolicy(min_survivors=self.min_survivors, unsafe_threshold=self.unsafe_threshold)  # validates both
+        if type(self.require_secure) is not bool:
+            raise ValueError(f"require_secure must be a bool; found {self.require_secure!r}")
+        if not (isinstance(self.ldp_epsilon_budget, int | float) and self.ldp_epsilon_budget > 0
+                and not math.isnan(self.ldp_epsilon_budget)):
+            raise ValueError(f"ldp_epsilon_budget must be a positive number (inf: no cap); found "
+                             f"{self.ldp_epsilon_budget!r}")
+
+    #: node-config key (``flower-supernode --node-config``) -> field
+    NODE_KEYS = {"min-survivors": "min_survivors", "unsafe-threshold": "unsafe_threshold",
+                 "require-secagg": "require_secure", "ldp-epsilon-budget": "ldp_epsilon_budget"}
+
+    @classmethod
+    def from_node_config(cls, cfg: Mapping[str, object], *, require_secure: bool = False) -> DevicePolicy:
+        """A node's policy from its own configuration (the keys of :attr:`NODE_KEYS`; others are
+        ignored): ``min-survivors`` (int), ``unsafe-threshold`` and ``require-secagg`` (booleans:
+        ``true``/``false``/``1``/``0``/``yes``/``no``), ``ldp-epsilon-budget`` (a number, ``inf``).
+        A malformed value is refused in words, naming the key. ``require_secure`` (the ClientApp's
+        own setting) can only switch plaintext off, never on."""
+        out: dict[str, object] = {}
+        for key, name in cls.NODE_KEYS.items():
+            if key not in cfg:
+                continue
+            raw = cfg[key]
+            try:
+                if name in ("unsafe_threshold", "require_secure"):
+                    text = str(raw).strip().lower()
+                    if text not in ("true", "false", "1", "0", "yes", "no"):
+                        raise ValueError(raw)
+                    out[name] = text in ("true", "1", "yes")
+                elif name == "min_survivors":
+                    if isinstance(raw, bool) or float(raw) != int(float(raw)):
+                        raise ValueError(raw)
+                    out[name] = int(float(raw))
+                else:
+                    out[name] = float(raw)
+            except (TypeError, ValueError):
+                raise ValueError(f"node config {key} = {raw!r} is not a valid value") from None
+        if require_secure:
+            out["require_secure"] = True
+        try:
+            return cls(**out)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ValueError(f"node config: {exc}") from None
+
+    def secagg(self) -> ClientPolicy:
+        """The settings the client's secure-aggregation protocol enforces."""
+        return ClientPolicy(min_survivors=self.min_survivors, unsafe_threshold=self.unsafe_threshold)
+
+
+_NO_ROUND = -1
+
+
+@dataclass
+class _Record:
+    """One client's record: the latest round it answered in, the secure steps it answered in that
+    round, the once-per-instance steps it ever answered, and the LDP epsilon it spent."""
+
+    last_round: int = _NO_ROUND
+    this_round: set[str] = field(default_factory=set)
+    once: set[str] = field(default_factory=set)
+    ldp_spent: float = 0.0
+
+
+def _pack(kinds: set[str]) -> np.ndarray:
+    return np.frombuffer("\n".join(sorted(kinds)).encode(), np.uint8).copy()
+
+
+def _unpack(a: np.ndarray) -> set[str]:
+    a = np.asarray(a)
+    if a.dtype != np.uint8 or a.ndim != 1:
+        raise ValueError(f"a step guard's record must hold uint8 vectors; found {a.dtype} {a.shape}")
+    text = a.tobytes().decode("utf-8")
+    return set(text.split("\n")) if text else set()
+
+
+class StepGuard:
+    """The record of what each client answered, and the rules of the module docstring.
+
+    In process one guard plays every client (a record per user); on a device it holds one user's.
+
+    Args:
+        policy: the operator's :class:`DevicePolicy`.
+        secure_kind: ``kind -> bool``, whether the client's configuration sends the step only
+            through secure aggregation (the trainer's ``device_requires_secure``).
+        once: the steps answered at most once per protocol instance.
+    """
+
+    def __init__(self, policy: DevicePolicy, *, secure_kind: Callable[[str], bool],
+                 once: frozenset[str] = frozenset()) -> None:
+        self.policy = policy
+        self._secure_kind = secure_kind
+        self._once = frozenset(once)
+        self._records: dict[int, _Record] = {}
+
+    def _record(self, user: int) -> _Record:
+        return self._records.setdefault(int(user), _Record())
+
+    def check(self, user: int, kind: str, round_: int, *, secure: bool) -> None:
+        """Raise :class:`RefusedStep` if ``user`` must refuse step ``kind`` of ``round_`` (no state change)."""
+        if type(round_) is not int and not isinstance(round_, np.integer) or int(round_) < 0:
+            raise RefusedStep(f"step {kind!r}: round {round_!r} is not a round number")
+        rec = self._records.get(int(user), _Record())
+        t = int(round_)
+        if t < rec.last_round:
+            raise RefusedStep(f"step {kind!r} of round {t}: this client already answered in round {rec.last_round}; "
+                              "a rolled-back round is refused")
+        if not secure and (self.policy.require_secure or self._secure_kind(kind)):
+            why = "node setting require_secure" if self.policy.require_secure else \
+                "its configuration sends it only through secure aggregation"
+            raise RefusedStep(f"step {kind!r} asked in plaintext: refused ({why})")
+        if kind in self._once and kind in rec.once:
+            raise RefusedStep(f"step {kind!r} is answered once per protocol instance; this client already did")
+        if secure and t == rec.last_round and kind in rec.this_round:
+            raise RefusedStep(f"secure step {kind!r} of round {t} was already answered; a second sum of the same "
+                              "step is refused")
+
+    def admit(self, user: int, kind: str, round_: int, *, secure: bool) -> None:
+        """:meth:`check`, then record the answer (before the step runs, so it cannot be answered twice)."""
+        self.check(user, kind, round_, secure=secure)
+        rec = self._record(user)
+        t = int(round_)
+        if t > rec.last_round:
+            rec.last_round, rec.this_round = t, set()
+        if secure:
+            rec.this_round.add(kind)
+        if kind in self._once:
+            rec.once.add(kind)
+
+    def spend_ldp(self, user: int, epsilon: float) -> None:
+        """Count a local-DP upload of ``epsilon``; refuse it (no state change) beyond the budget."""
+        if not (epsilon > 0 and math.isfinite(epsilon)):
+            raise RefusedStep(f"a local-DP upload needs a finite epsilon > 0; found {epsilon!r}")
+        rec = self._record(user)
+        budget = self.policy.ldp_epsilon_budget
+        if rec.ldp_spent + epsilon > budget * (1 + 1e-12):
+            raise RefusedStep(f"a local-DP upload of epsilon {epsilon:g} would bring this client's spent epsilon "
+                              f"from {rec.ldp_spent:g} over its operator's budget {budget:g}; refused")
+        rec.ldp_spent += epsilon
+
+    def ldp_spent(self, user: int) -> float:
+        """The local-DP epsilon ``user`` has spent on its uploads (basic composition)."""
+        return self._records.get(int(user), _Record()).ldp_spent
+
+    # -- persistence (a device's record travels with its state: arrays only) --------------------------
+    def state(self, user: int) -> dict[str, np.ndarray]:
+        """``user``'s record as arrays (kept with the device state, never sent)."""
+        rec = self._records.get(int(user), _Record())
+        return {"last_round": np.array(rec.last_round, np.int64), "this_round": _pack(rec.this_round),
+                "once": _pack(rec.once), "ldp_spent": np.array(rec.ldp_spent, np.float64)}
+
+    def load_state(self, user: int, state: Mapping[str, np.ndarray]) -> None:
+        """Restore ``user``'s record from :meth:`state`'s arrays (checked)."""
+        keys = {"last_round", "this_round", "once", "ldp_spent"}
+        if set(state) != keys:
+            raise ValueError(f"a step guard's record holds {sorted(keys)}; found {sorted(state)}")
+        last, spent = np.asarray(state["last_round"]), np.asarray(state["ldp_spent"])
+        if last.shape != () or last.dtype.kind not in "iu" or int(last) < _NO_ROUND:
+            raise ValueError(f"a step guard's last_round must be an integer >= {_NO_ROUND}; found {last!r}")
+        if spent.shape != () or spent.dtype.kind != "f" or not (float(spent) >= 0 and math.isfinite(float(spent))):
+            raise ValueError(f"a step guard's ldp_spent must be a finite float >= 0; found {spent!r}")
+        self._records[int(user)] = _Record(int(last), _unpack(state["this_round"]), _unpack(state["once"]),
+                                           float(spent))
+
+
+def device_guard(trainer: object) -> StepGuard:
+    """The trainer's client-side guard, created on first use from its ``device_policy`` (default
+    :class:`DevicePolicy`), ``device_requires_secure`` and ``ONCE_PER_INSTANCE``."""
+    guard = getattr(trainer, "_device_guard", None)
+    if guard is None:
+        policy = getattr(trainer, "device_policy", None) or DevicePolicy()
+        guard = StepGuard(policy, secure_kind=trainer.device_requires_secure,  # type: ignore[attr-defined]
+                          once=frozenset(getattr(trainer, "ONCE_PER_INSTANCE", frozenset())))
+        trainer._device_guard = guard  # type: ignore[attr-defined]
+    return guard
+
+
+def set_device_policy(trainer: object, policy: DevicePolicy) -> None:
+    """Give the trainer's clients their operator's ``policy`` (before any step: a record already
+    kept is never reset by a new policy)."""
+    if not isinstance(policy, DevicePolicy):
+        raise TypeError(f"a device policy is a DevicePolicy; found {type(policy).__name__}")
+    guard = getattr(trainer, "_device_guard", None)
+    trainer.device_policy = policy  # type: ignore[attr-defined]
+    if guard is not None:
+        guard.policy = policy

@@ -67,10 +67,12 @@ from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
 from protocols.exchange import Exchange, Replies, SecureSum, answer_in_process, run_exchanges
 from protocols.fedavg import ClientUpdate, FedAvgConfig, FedAvgGMF, LocalRound
+from protocols.guard import RefusedStep
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
 from recmodels.models import gmf_logits
+from recmodels.streams import integers, stream_keys
 from secagg.encoding import check_budget
 
 __all__ = [
@@ -93,6 +95,8 @@ _USER_UPDATE = ("copy", "average")
 _FEATURES = ("profile", "random")
 #: the k-means points a client uses (``feature`` of a k-means or assign exchange)
 _PROFILE, _USER = 0, 1
+#: the purpose of the clients' keyed stream for their start cluster (recmodels.streams)
+_STREAM_START = 21
 
 
 @dataclass(frozen=True)
@@ -109,9 +113,18 @@ class FedFastConfig(FedAvgConfig):
         propagate: move subordinates by their cluster's mean delegate change (ActvAGG only).
         user_update: FedAvg aggregation only: ``"copy"`` the delegate's new ``p_u`` or Eq. 1's
             ``"average"`` (notes A6).
-        kmeans_iters: Lloyd iterations per round on the user embeddings (warm-started).
+        kmeans_iters: Lloyd iterations per round on the user embeddings (warm-started). With
+            secure aggregation at most 1: a client answers each secure step once per round
+            (docs/security.md), and successive Lloyd steps over the same points would hand the
+            server the points that switched cluster.
         kmeans_init_iters: Lloyd iterations on the initial features at round 0 (at most: they stop
-            once the centroids stop changing).
+            once the centroids stop changing); ``-1`` (default): 10 in plaintext, 1 with secure
+            aggregation (:attr:`init_iters`). With secure aggregation at most 1: the profile
+            statistics never change, so a client sums them once per protocol instance.
+        min_cluster: a k-means cluster or a cluster's delegates with fewer members are never
+            summed (their centroid keeps its value; their subordinates do not move), so no
+            released sum or published centroid is one client's point or change (2: a block of two
+            reveals each member's point to the other member, not to the server alone).
         kmeans_every: re-cluster in rounds ``t`` with ``t % kmeans_every == 0`` only (1: every round,
             as in the paper; larger values cut the secure variant's all-client sums).
         initial_features: ``"profile"`` statistics or a ``"random"`` partition (notes A8).
@@ -131,10 +144,11 @@ class FedFastConfig(FedAvgConfig):
     propagate: bool = True
     user_update: str = "copy"
     kmeans_iters: int = 1
-    kmeans_init_iters: int = 10
+    kmeans_init_iters: int = -1
     kmeans_every: int = 1
     initial_features: str = "profile"
     without_replacement: bool = False
+    min_cluster: int = 2
 
     def __post_init__(self) -> None:
         try:
@@ -149,12 +163,32 @@ class FedFastConfig(FedAvgConfig):
             raise ValueError(f"fedfast.clusters must be >= 1; found {self.clusters}")
         if type(self.kmeans_every) is not int or self.kmeans_every < 1:
             raise ValueError(f"fedfast.kmeans_every must be an int >= 1; found {self.kmeans_every!r}")
-        if self.kmeans_iters < 0 or self.kmeans_init_iters < 0:
+        if self.kmeans_iters < 0 or self.kmeans_init_iters < -1:
             raise ValueError(
-                f"fedfast.kmeans_iters and fedfast.kmeans_init_iters must be >= 0; found "
+                f"fedfast.kmeans_iters must be >= 0 and fedfast.kmeans_init_iters >= 0 (or -1: the default); found "
                 f"{self.kmeans_iters}, {self.kmeans_init_iters}")
         if not (self.gamma_rate >= 0 and math.isfinite(self.gamma_rate)):
             raise ValueError(f"fedfast.gamma_rate must be a finite number >= 0; found {self.gamma_rate}")
+        if type(self.min_cluster) is not int or self.min_cluster < 1:
+            raise ValueError(f"fedfast.min_cluster must be an int >= 1; found {self.min_cluster!r}")
+        if self.secure_aggregation != "none":
+            if self.min_cluster < 2:
+                raise ValueError("fedfast.min_cluster must be >= 2 with secure aggregation: a cluster of one "
+                                 f"client's sum is its point; found {self.min_cluster}")
+            for key in ("kmeans_iters", "kmeans_init_iters"):
+                if getattr(self, key) > 1:
+                    raise ValueError(
+                        f"fedfast.{key} = {getattr(self, key)} with secure aggregation: set it to 1 (or 0). A client "
+                        "answers each secure step once per round, and successive Lloyd steps over the same points "
+                        "would hand the server every point that switched cluster (docs/fedfast.md)")
+
+    @property
+    def init_iters(self) -> int:
+        """The Lloyd steps at round 0: ``kmeans_init_iters``, or by default 10 in plaintext (the
+        paper's setting) and 1 with secure aggregation."""
+        if self.kmeans_init_iters >= 0:
+            return self.kmeans_init_iters
+        return 10 if self.secure_aggregation == "none" else 1
 
     @property
     def clustered(self) -> bool:
@@ -177,10 +211,12 @@ def cluster_sums(x: np.ndarray, assign: np.ndarray, p: int) -> tuple[np.ndarray,
     return sums, np.bincount(assign, minlength=p).astype(np.float64)
 
 
-def update_centroids(sums: np.ndarray, counts: np.ndarray, prev: np.ndarray | None) -> np.ndarray:
-    """Means of non-empty clusters; an empty one keeps ``prev``'s row (NaN if none in this space)."""
+def update_centroids(sums: np.ndarray, counts: np.ndarray, prev: np.ndarray | None,
+                     min_count: int = 1) -> np.ndarray:
+    """Means of clusters with at least ``min_count`` members (and at least one); any other keeps
+    ``prev``'s row (NaN if none in this space)."""
     keep = prev if prev is not None and prev.shape == sums.shape else np.full(sums.shape, np.nan)
-    live = counts > 0.5
+    live = counts > max(min_count, 1) - 0.5
     out = keep.copy()
     out[live] = sums[live] / counts[live, None]
     return out
@@ -227,14 +263,16 @@ def actvagg_sums(pair_item: np.ndarray | torch.Tensor, dq: torch.Tensor, n_items
 
 
 def propagate_to_subordinates(user: torch.Tensor, assign: np.ndarray, delegates: np.ndarray,
-                              delta_sum: np.ndarray, delta_count: np.ndarray, gamma: float) -> torch.Tensor:
+                              delta_sum: np.ndarray, delta_count: np.ndarray, gamma: float,
+                              min_count: int = 1) -> torch.Tensor:
     """New user table: every non-delegate moves by ``gamma`` x its cluster's mean delegate change.
 
     ``assign[u]`` is user ``u``'s cluster (-1: not a client), ``delta_sum[c]``/``delta_count[c]``
-    the sum and number of delegate changes in cluster ``c``; a cluster without delegates is skipped.
+    the sum and number of delegate changes in cluster ``c``; a cluster with fewer than
+    ``min_count`` delegates (or none) is skipped.
     """
     mean = np.zeros_like(delta_sum)
-    live = delta_count > 0.5
+    live = delta_count > max(min_count, 1) - 0.5
     mean[live] = delta_sum[live] / delta_count[live, None]
     sub = np.ones(len(assign), bool)
     sub[delegates] = False
@@ -300,6 +338,9 @@ class FedFastGMF(FedAvgGMF):
         self._profile = np.zeros((n, 3))  # its raw profile statistics (round 0)
         #: the last round's clients left out of an exchange: ``(kind, user, reason)``
         self.dropped: list[tuple[str, int, str]] = []
+        #: the last round's clusters below ``min_cluster`` (never summed), per kind of sum (plaintext:
+        #: the delegate groups whose change did not propagate)
+        self.suppressed: dict[str, int] = {}
         if config.secure_aggregation != "none" and config.clustered:  # k-means sums run over all clients
             check_budget(n_summands=len(self._clients), clip=config.value_clip, frac_bits=config.frac_bits)
 
@@ -387,14 +428,15 @@ class FedFastGMF(FedAvgGMF):
         """Up to ``iters`` Lloyd steps from ``assign`` over the rows ``x`` of ``users``, at the
         plaintext server. Stops early once a step leaves the centroids unchanged (bit for bit):
         the assignment is then a fixed point, so every further step would repeat it, and the result
-        equals the one of all ``iters`` steps. The server sees this from the centroids it publishes
-        anyway, so the stop reveals nothing more (the secure variant stops the same way)."""
+        equals the one of all ``iters`` steps. A cluster below ``min_cluster`` members keeps its
+        centroid (as the secure variant never sums it)."""
         p = self.config.clusters
         self.kmeans_steps = 0
         for _ in range(iters):
             sums = _one_hot_blocks(x, assign, p).sum(0).reshape(p, x.shape[1] + 1)
             prev = self.centroids
-            self.centroids = update_centroids(sums[:, :-1], np.rint(sums[:, -1]), prev)
+            self._count_small("fedfast:kmeans", sums[:, -1])
+            self.centroids = update_centroids(sums[:, :-1], np.rint(sums[:, -1]), prev, self.config.min_cluster)
             assign = assign_clusters(x, self.centroids)
             self.kmeans_steps += 1
             if prev.shape == self.centroids.shape and np.array_equal(prev, self.centroids, equal_nan=True):
@@ -403,15 +445,28 @@ class FedFastGMF(FedAvgGMF):
         return assign
 
     def _first_centroids(self, sums: np.ndarray, f: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Round 0's first centroids (standardised) and the moments ``mu``, ``sd`` from the sum of
-        ``[blocks(x, start) | x | x^2 | 1]`` (see :meth:`_initial_exchanges`)."""
-        p = self.config.clusters
-        moments = sums[p * (f + 1):]
-        mu = moments[:f] / moments[2 * f]
-        sd = np.sqrt(np.maximum(moments[f: 2 * f] / moments[2 * f] - mu**2, 0.0))
+        """Round 0's first centroids (standardised) and the moments ``mu``, ``sd`` from the
+        per-cluster sums ``[p, 2f + 1]`` of ``[x, x^2, 1]`` over each start cluster's members
+        (clusters below ``min_cluster`` are zero rows: never summed, left out of the moments too)."""
+        cfg = self.config
+        counts = np.rint(sums[:, 2 * f])
+        live = counts > max(cfg.min_cluster, 1) - 0.5
+        n = float(counts[live].sum())
+        if n < 1:  # every start cluster was below the minimum: no centroid yet
+            return np.full((cfg.clusters, f), np.nan), np.zeros(f), np.ones(f)
+        mu = sums[live, :f].sum(0) / n
+        sd = np.sqrt(np.maximum(sums[live, f: 2 * f].sum(0) / n - mu**2, 0.0))
         sd = np.where(sd > 1e-12, sd, 1.0)
-        blocks = sums[: p * (f + 1)].reshape(p, f + 1)
-        return (update_centroids(blocks[:, :-1], np.rint(blocks[:, -1]), None) - mu) / sd, mu, sd
+        cent = update_centroids(sums[:, :f], counts, None, cfg.min_cluster)
+        return (cent - mu) / sd, mu, sd
+
+    def _start_clusters(self, users: np.ndarray) -> np.ndarray:
+        """Each client's start cluster, drawn by the client itself from its own keyed stream (a
+        seeded simulation choice: reproducible, the same alone or batched, never chosen by the
+        server)."""
+        users = np.asarray(users, np.int64)
+        return integers(stream_keys(self.seed, _STREAM_START, users), np.zeros(len(users), np.uint64),
+                        self.config.clusters).astype(np.int64)
 
     def _initial_clusters(self, t: int) -> float:
         """Round 0's partition in one process (the exchanges of :meth:`_initial_exchanges`, answered
@@ -428,25 +483,23 @@ class FedFastGMF(FedAvgGMF):
         """Round 0's partition: k-means on the standardised profile statistics (A8), a generator of
         exchanges returning the clustering bytes per client.
 
-        The first Lloyd step and the standardisation moments share one sum: each client adds its raw
-        statistics ``x`` into its (random) start cluster's block, and ``[x, x^2, 1]`` beside them; the
-        mean of standardised rows is the standardised mean, so the first centroids follow from the raw
-        per-cluster sums (one secure sum fewer than summing the moments on their own).
+        Every client draws its own start cluster (:meth:`_start_clusters`). The first Lloyd step and
+        the standardisation moments share one sum per start cluster: each client sums
+        ``[x, x^2, 1]`` of its raw statistics ``x`` with its cluster's members; the mean of
+        standardised rows is the standardised mean, so the first centroids follow from the raw
+        per-cluster sums, and the moments are the sum of the clusters' (clusters below
+        ``min_cluster`` are left out of both).
         """
         cfg, cl = self.config, self._clients
-        start = self.rng.integers(cfg.clusters, size=len(cl))
         self.kmeans_steps = 0
-        self.assign[cl] = start
-        if cfg.initial_features == "random" or cfg.kmeans_init_iters == 0:
-            if not self._secure:
-                return 0.0
-            # the clients need their start cluster for the k-means and delegate-change sums
-            return (yield from self._assign_exchange(t, {}, tell=dict(zip(cl.tolist(), start.tolist()))))
         if self._secure:
-            return (yield from self._secure_initial(t, start))
-        return (yield from self._plain_initial(t, start))
+            return (yield from self._secure_initial(t))
+        self.assign[cl] = self._start_clusters(cl)
+        if cfg.initial_features == "random" or cfg.init_iters == 0:
+            return 0.0
+        return (yield from self._plain_initial(t))
 
-    def _plain_initial(self, t: int, start: np.ndarray):
+    def _plain_initial(self, t: int):
         """Plaintext round 0: the clients send their positive items (the popularity is their sum), get
         the popularity back and send their statistics; the server runs k-means on them."""
         cfg, cl, n_items = self.config, self._clients, self.train.n_items
@@ -467,88 +520,106 @@ class FedFastGMF(FedAvgGMF):
             return 0.0
         x = np.stack([got.values[u] for u in users.tolist()])
         f, p = x.shape[1], cfg.clusters
-        start = start[np.searchsorted(cl, users)]
-        vec = np.concatenate([_one_hot_blocks(x, start, p), x, x**2, np.ones((len(users), 1))], 1)
-        self.centroids, mu, sd = self._first_centroids(vec.sum(0), f)
+        start = self.assign[users]
+        sums = np.zeros((p, 2 * f + 1))
+        np.add.at(sums, start, np.concatenate([x, x**2, np.ones((len(users), 1))], 1))
+        self._count_small("fedfast:kmeans-profile", sums[:, -1])
+        self.centroids, mu, sd = self._first_centroids(sums, f)
         x = (x - mu) / sd
         assign = assign_clusters(x, self.centroids)
         steps = 1
-        if cfg.kmeans_init_iters > 1:
-            assign = self._lloyd(x, assign, cfg.kmeans_init_iters - 1, t, users)
+        if cfg.init_iters > 1:
+            assign = self._lloyd(x, assign, cfg.init_iters - 1, t, users)
             steps += self.kmeans_steps
         self.assign[users] = assign
         self.kmeans_steps = steps
         return 0.0
 
-    def _secure_initial(self, t: int, start: np.ndarray):
-        """Secure round 0: the popularity, then the first Lloyd step with the moments, then the
-        other Lloyd steps, all through secure aggregation over every client; then each client
-        assigns itself and reports its cluster (ActvSAMP draws from the clusters)."""
-        cfg, cl, n_items, p, f = self.config, self._clients, self.train.n_items, self.config.clusters, 3
-        got = self._note("fedfast:popularity", (yield Exchange("fedfast:popularity", cl,
-                                                               secure=self._spec(n_items, "fedfast:popularity"))))
-        if got.total is None:
-            raise RuntimeError(f"fedfast: round 0's popularity sum failed ({got.aborted}); no partition")
-        pop = np.rint(got.total)
-        self._send_all(t, "fedfast:popularity", 4 * n_items, cl)
-        tell = {int(u): {"cluster": np.array(s, np.int64)} for u, s in zip(cl, start)}
-        self._send_all(t, "fedfast:cluster", 4, cl)
-        got = self._note("fedfast:kmeans", (yield Exchange(
-            "fedfast:kmeans", cl, broadcast={"popularity": pop}, per_user=tell,
-            secure=self._spec(p * (f + 1) + 2 * f + 1, "fedfast:kmeans"))))
-        if got.total is None:
-            raise RuntimeError(f"fedfast: round 0's first k-means sum failed ({got.aborted}); no partition")
-        nbytes = got.bytes_per_client + 4.0
-        self.centroids, mu, sd = self._first_centroids(got.total, f)
-        nbytes += self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size + 8 * 2 * f)
-        feature = {"feature": np.array(_PROFILE, np.int64), "mu": mu, "sd": sd}
-        steps = 1
-        if cfg.kmeans_init_iters > 1:
-            nbytes += yield from self._secure_lloyd(t, cfg.kmeans_init_iters - 1, feature, announce=self.centroids)
-            steps += self.kmeans_steps
-        self.kmeans_steps = steps
-        nbytes += yield from self._assign_exchange(t, {**feature, "centroids": self.centroids})
-        return nbytes
-
-    def _secure_lloyd(self, t: int, iters: int, feature: dict, announce: np.ndarray | None):
-        """Up to ``iters`` Lloyd steps through secure aggregation over every client: each client
-        assigns itself by the centroids ``announce`` (if any; else keeps its cluster) and adds its
-        point and a 1 into its cluster's block; the server publishes the new centroids. Stops
-        like :meth:`_lloyd`. Returns the bytes per client; the clients assign themselves by the
-        last centroids in the exchange that follows."""
-        p = self.config.clusters
-        f = 3 if int(feature["feature"]) == _PROFILE else self.config.dim
-        total = 0.0
-        self.kmeans_steps = 0
-        for _ in range(iters):
-            bc = dict(feature) if announce is None else {**feature, "centroids": announce}
-            got = self._note("fedfast:kmeans", (yield Exchange(
-                "fedfast:kmeans", self._clients, broadcast=bc, secure=self._spec(p * (f + 1), "fedfast:kmeans"))))
-            if got.total is None:  # aborted: keep the last centroids
-                break
-            sums = got.total.reshape(p, f + 1)
-            prev = self.centroids
-            self.centroids = update_centroids(sums[:, :-1], np.rint(sums[:, -1]), prev)
-            total += got.bytes_per_client + self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size)
-            self.kmeans_steps += 1
-            announce = self.centroids
-            if prev.shape == self.centroids.shape and np.array_equal(prev, self.centroids, equal_nan=True):
-                break
-        return total
-
-    def _assign_exchange(self, t: int, broadcast: dict, tell: dict | None = None):
-        """Every client applies ``broadcast`` (assigns itself by ``centroids``, moves by its
-        cluster's ``change``), or takes the cluster the server chose (``tell``), and reports its
-        cluster. Returns the bytes per client."""
-        per_user = {u: {"cluster": np.array(c, np.int64)} for u, c in (tell or {}).items()}
-        self._send_all(t, "fedfast:cluster", 4, per_user)
-        got = self._note("fedfast:assign", (yield Exchange(
-            "fedfast:assign", self._clients, broadcast=broadcast, per_user=per_user,
-            reply_keys=frozenset({"cluster"}), validate=self._check_cluster)))
+    def _secure_initial(self, t: int):
+        """Secure round 0: every client draws its start cluster and reports it; then the popularity
+        (one secure sum over every client), the first Lloyd step with the moments (one secure sum
+        per start cluster), and each client assigns itself by the first centroids and reports its
+        cluster (ActvSAMP draws from the clusters). One Lloyd step: the profile statistics never
+        change, so a client sums them once per protocol instance."""
+        cfg, cl, n_items, f = self.config, self._clients, self.train.n_items, 3
+        profile = not (cfg.initial_features == "random" or cfg.init_iters == 0)
+        start: dict[str, np.ndarray] = {}
+        nbytes = 4.0
+        if profile:
+            got = self._note("fedfast:popularity", (yield Exchange("fedfast:popularity", cl,
+                                                                   secure=self._spec(n_items, "fedfast:popularity"))))
+            if got.total is None:
+                raise RuntimeError(f"fedfast: round 0's popularity sum failed ({got.aborted}); no partition")
+            start = {"popularity": np.rint(got.total)}
+            nbytes += got.bytes_per_client + self._broadcast(t, "fedfast:popularity", 4 * n_items)
+        # each client draws its start cluster (and, given the popularity, computes its statistics)
+        got = self._note("fedfast:start", (yield Exchange(
+            "fedfast:start", cl, broadcast=start, reply_keys=frozenset({"cluster"}), validate=self._check_cluster)))
         for u, c in got.values.items():
             self.assign[u] = c
         self._receive(t, "fedfast:cluster", got.values, lambda r: 4)
-        return 4.0 * (1 + bool(per_user))
+        if not profile:
+            return nbytes
+        sums, more = yield from self._grouped_sums(t, "fedfast:kmeans-profile", {}, 2 * f + 1, cl)
+        nbytes += more
+        self.centroids, mu, sd = self._first_centroids(sums, f)
+        nbytes += self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size + 8 * 2 * f)
+        self.kmeans_steps = 1
+        feature = {"feature": np.array(_PROFILE, np.int64), "mu": mu, "sd": sd}
+        nbytes += yield from self._assign_exchange(t, {**feature, "centroids": self.centroids})
+        return nbytes
+
+    def _count_small(self, kind: str, counts: np.ndarray) -> None:
+        """Record how many non-empty clusters of a sum are below ``min_cluster`` (never summed)."""
+        counts = np.rint(np.asarray(counts))
+        self.suppressed[kind] = int(((counts > 0) & (counts < self.config.min_cluster)).sum())
+
+    def _grouped_sums(self, t: int, kind: str, broadcast: dict, width: int, members: np.ndarray):
+        """One secure sum per cluster over ``members`` (routed by the clusters they reported; each
+        client checks that the group it is asked to join is its own), clusters below
+        ``min_cluster`` members never asked. Returns ``(sums [p, width], bytes per client)``; a
+        cluster that was not summed (or whose sum aborted) is a zero row."""
+        cfg, p = self.config, self.config.clusters
+        members = np.asarray(members, np.int64)
+        groups = self.assign[members]
+        counts = np.bincount(groups[groups >= 0], minlength=p)
+        keep = (groups >= 0) & (counts[np.maximum(groups, 0)] >= cfg.min_cluster)
+        self._count_small(kind, counts)
+        users = members[keep]
+        sums = np.zeros((p, width))
+        if not len(users):
+            return sums, 0.0
+        route = {int(u): int(self.assign[u]) for u in users}
+        got = self._note(kind, (yield Exchange(
+            kind, users, broadcast=broadcast, per_user={u: {"group": np.array(g, np.int64)} for u, g in route.items()},
+            secure=self._spec(width, kind), groups=route)))
+        for g, part in got.groups.items():
+            if part.total is not None:
+                sums[g] = part.total
+        return sums, got.bytes_per_client
+
+    def _secure_kmeans(self, t: int):
+        """One Lloyd step on the user embeddings through secure aggregation: every client sums
+        ``[p_u, 1]`` with the members of the cluster it reported last (one sum per cluster); the
+        server publishes the new centroids (a cluster below ``min_cluster`` keeps its own).
+        Returns the bytes per client; the clients assign themselves in the exchange that follows."""
+        d = self.config.dim
+        sums, nbytes = yield from self._grouped_sums(t, "fedfast:kmeans", {"feature": np.array(_USER)}, d + 1,
+                                                     self._clients)
+        self.centroids = update_centroids(sums[:, :d], np.rint(sums[:, d]), self.centroids, self.config.min_cluster)
+        self.kmeans_steps = 1
+        return nbytes + self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size)
+
+    def _assign_exchange(self, t: int, broadcast: dict):
+        """Every client assigns itself by the broadcast ``centroids`` and reports its cluster.
+        Returns the bytes per client."""
+        got = self._note("fedfast:assign", (yield Exchange(
+            "fedfast:assign", self._clients, broadcast=broadcast, reply_keys=frozenset({"cluster"}),
+            validate=self._check_cluster)))
+        for u, c in got.values.items():
+            self.assign[u] = c
+        self._receive(t, "fedfast:cluster", got.values, lambda r: 4)
+        return 4.0
 
     # -- one round -----------------------------------------------------------------------------------
     def run_round(self) -> RoundStats:
@@ -567,6 +638,7 @@ class FedFastGMF(FedAvgGMF):
         start = time.perf_counter()
         cluster_s, cluster_bytes, steps = 0.0, 0.0, 0
         self.dropped = []
+        self.suppressed = {}
         if cfg.clustered and t == 0 and self.assign[self._clients[0]] < 0:
             t0 = time.perf_counter()
             cluster_bytes += yield from self._initial_exchanges(t)
@@ -598,30 +670,33 @@ class FedFastGMF(FedAvgGMF):
         if cfg.clustered and cfg.kmeans_iters and t % cfg.kmeans_every == 0:  # re-cluster on the embeddings (A9)
             t0 = time.perf_counter()
             if self._secure:
-                cluster_bytes += yield from self._secure_lloyd(t, cfg.kmeans_iters, {"feature": np.array(_USER)}, None)
+                cluster_bytes += yield from self._secure_kmeans(t)
                 reclustered = True
             else:
                 x = self.user[torch.as_tensor(self._clients)].numpy().astype(np.float64)
                 self._lloyd(x, self.assign[self._clients], cfg.kmeans_iters, t, self._clients)
             cluster_s += time.perf_counter() - t0
             steps += self.kmeans_steps
-        announce = {"feature": np.array(_USER), "centroids": self.centroids} if reclustered else {}
+        if reclustered and cfg.sampling == "active" or reclustered and cfg.aggregation == "actvagg" and cfg.propagate:
+            # every client assigns itself by the new centroids and reports its cluster (ActvSAMP draws
+            # from the clusters; the delegates' changes are summed per new cluster)
+            cluster_bytes += yield from self._assign_exchange(t, {"feature": np.array(_USER),
+                                                                  "centroids": self.centroids})
         if cfg.aggregation == "actvagg" and cfg.propagate:
             if self._secure:
-                nbytes, more = yield from self._secure_propagate(t, delegates, announce)
+                nbytes, more = yield from self._secure_propagate(t, delegates)
                 upload_bytes += nbytes
                 cluster_bytes += more
             else:
                 self._plain_propagate(t, delegates, dP)
-        elif reclustered and cfg.sampling == "active":  # ActvSAMP needs every client's new cluster
-            cluster_bytes += yield from self._assign_exchange(t, announce)
 
         self.round += 1
         secure = self._secure
         what = ("delegate updates in plaintext: item changes (I_k and |delta|), output layer, user embeddings, "
                 "profile statistics" if not secure else
                 f"sums through {cfg.secure_aggregation} (no DP noise): ActvAGG numerators/denominators, output "
-                "layer, per-cluster k-means and delegate-change sums and counts")
+                f"layer, per-cluster k-means and delegate-change sums and counts (clusters of at least "
+                f"{cfg.min_cluster})")
         total = time.perf_counter() - start
         down = self.model_bytes + (4.0 * cfg.dim if self._mirror else 0.0)  # the model, and p_u from the mirror
         return RoundStats(
@@ -632,6 +707,7 @@ class FedFastGMF(FedAvgGMF):
             seconds={"round": total, "client": t_train / max(m, 1), "server": total - t_train},
             extra={"examples": examples, "cluster_seconds": cluster_s, "cluster_bytes_per_client": cluster_bytes,
                    "kmeans_steps": steps, "dropped": len(self.dropped),
+                   "clusters_below_min": dict(self.suppressed),
                    "clusters_used": int(len(np.unique(self.assign[self._clients]))) if cfg.clustered else 0},
             releases=(Release(NonPrivate(), who="clients", what=what, params={"clients": m}),),
         )
@@ -720,33 +796,34 @@ class FedFastGMF(FedAvgGMF):
 
     def _plain_propagate(self, t: int, delegates: np.ndarray, dP: torch.Tensor | None) -> None:
         """Subordinates move by ``gamma_t`` x their new cluster's mean delegate change (A9, A10); the
-        plaintext server has every ``p_u`` and computes it itself."""
+        plaintext server has every ``p_u`` and computes it itself (a cluster with fewer than
+        ``min_cluster`` delegates does not move, as in the secure variant)."""
         if dP is None:
             return
         p, d = self.config.clusters, self.config.dim
         gamma = math.exp(-self.config.gamma_rate * t)
         total = _one_hot_blocks(dP.double().numpy(), self.assign[delegates], p).sum(0).reshape(p, d + 1)
-        self.user = propagate_to_subordinates(self.user, self.assign, delegates, total[:, :d],
-                                              np.rint(total[:, d]), gamma)
+        counts = np.rint(total[:, d])
+        self._count_small("fedfast:delegate-change", counts)
+        self.user = propagate_to_subordinates(self.user, self.assign, delegates, total[:, :d], counts, gamma,
+                                              self.config.min_cluster)
 
-    def _secure_propagate(self, t: int, delegates: np.ndarray, announce: dict):
-        """Secure: the delegates (assigned by the new centroids) sum their ``p_u`` change and a 1 in
-        their cluster's block; the server broadcasts each cluster's mean change and every client
-        moves its own ``p_u`` if it was not a delegate. Returns ``(delegate bytes, all-client bytes)``."""
+    def _secure_propagate(self, t: int, delegates: np.ndarray):
+        """Secure: the delegates sum ``[change of p_u, 1]`` per cluster they reported (one sum per
+        cluster with at least ``min_cluster`` delegates); the server broadcasts each cluster's mean
+        change (zero for the others) and every client that was not a delegate moves its own
+        ``p_u``. Returns ``(delegate bytes, all-client bytes)``."""
         p, d = self.config.clusters, self.config.dim
-        got = self._note("fedfast:delegate-change", (yield Exchange(
-            "fedfast:delegate-change", delegates, broadcast=announce,
-            secure=self._spec(p * (d + 1), "fedfast:delegate-change"))))
-        nbytes = got.bytes_per_client
+        sums, nbytes = yield from self._grouped_sums(t, "fedfast:delegate-change", {}, d + 1, delegates)
+        counts = np.rint(sums[:, d])
+        live = counts > max(self.config.min_cluster, 1) - 0.5
         mean = np.zeros((p, d))
-        if got.total is not None:
-            total = got.total.reshape(p, d + 1)
-            counts = np.rint(total[:, d])
-            live = counts > 0.5
-            mean[live] = total[live, :d] / counts[live, None]
-        nbytes += self._broadcast(t, "fedfast:cluster-change", 4 * p * d)
-        more = yield from self._assign_exchange(t, {**announce, "change": mean})
-        return nbytes, more
+        mean[live] = sums[live, :d] / counts[live, None]
+        more = self._broadcast(t, "fedfast:cluster-change", 4 * p * d)
+        self._note("fedfast:propagate", (yield Exchange(
+            "fedfast:propagate", self._clients, broadcast={"change": mean}, reply_keys=frozenset({"done"}),
+            validate=_check_done)))
+        return nbytes, more + 1.0
 
     # -- the server's checks of a reply (ValueError: the client is dropped, with the reason) ------------
     def _check_items(self, u: int, r: dict) -> dict:
@@ -789,22 +866,55 @@ class FedFastGMF(FedAvgGMF):
         return r
 
     # -- the client's half -------------------------------------------------------------------------------
+    #: the secure sums a client adds its value to with the members of its own cluster only
+    GROUPED_STEPS = frozenset({"fedfast:kmeans-profile", "fedfast:kmeans", "fedfast:delegate-change"})
+    #: steps whose value depends on the client's static data only: answered once per protocol instance
+    ONCE_PER_INSTANCE = frozenset({"fedfast:start", "fedfast:popularity", "fedfast:kmeans-profile", "fedfast:profile"})
+
+    def device_check(self, kind: str, round_: int, user: int, broadcast, own, *, secure: bool) -> None:
+        """FedFast's own refusals (before the step runs; :mod:`protocols.guard` has the general rules):
+
+        * a grouped secure sum (k-means, delegate change) is answered only for the group the client
+          is in by its own assignment (``own["group"]`` must equal it): the server routes, it never
+          chooses which sum holds a client's point;
+        * the delegate change only by a client that trained in this round (a stale change would be
+          the same vector in every round it is asked);
+        * the k-means step sums the user embedding only (the profile statistics once, at round 0).
+        """
+        u = int(user)
+        if kind in self.GROUPED_STEPS:
+            g = own.get("group") if hasattr(own, "get") else None
+            g = None if g is None else np.asarray(g)
+            if g is None or g.shape != () or g.dtype.kind not in "iu":
+                raise RefusedStep(f"fedfast: step {kind!r} needs the group it is summed in (one integer)")
+            if int(g) != int(self.assign[u]) or self.assign[u] < 0:
+                raise RefusedStep(f"fedfast: step {kind!r} asks this client to sum in group {int(g)}; its own "
+                                  f"cluster is {int(self.assign[u])}: refused (the server never chooses the slot)")
+        if kind == "fedfast:delegate-change" and int(self._trained[u]) != int(round_):
+            raise RefusedStep(f"fedfast: only a client that trained in round {int(round_)} sends its change")
+        if kind == "fedfast:kmeans" and int(np.asarray(broadcast.get("feature", -1))) != _USER:
+            raise RefusedStep("fedfast: the per-round k-means step sums the user embedding only")
+
     def device_step(self, kind: str, round_: int, users, broadcast, per_user) -> dict[int, dict[str, np.ndarray]]:
         """Client step ``kind`` for ``users`` (batched in process, one user on a device): reads only
-        their rows, the broadcast and their own ``per_user`` arrays; writes only their state."""
+        their rows, the broadcast and their own ``per_user`` arrays; writes only their state.
+        The runtimes admit each user first (:func:`protocols.exchange.admit`: the guard's rules and
+        :meth:`device_check`); called directly, the same checks run here."""
         self.round = int(round_)
         users = np.asarray(users, np.int64)
         if not np.isin(users, self._clients).all():
             raise ValueError(f"fedfast: users {users[~np.isin(users, self._clients)][:5].tolist()} have no data here")
         p = self.config.clusters
-        for u in users.tolist():  # a cluster the server chose (round 0's start partition)
-            if "cluster" in per_user.get(u, {}):
-                c = np.asarray(per_user[u]["cluster"])
-                if c.shape != () or not (0 <= int(c) < p):
-                    raise ValueError(f"fedfast: the server sent cluster {c!r}; expected 0..{p - 1}")
-                self.assign[u] = int(c)
+        for u in users.tolist():
+            self.device_check(kind, round_, u, broadcast, per_user.get(u, {}), secure=self._secure)
         if kind == "train":
             return self._client_train(users, broadcast, per_user)
+        if kind == "fedfast:start":  # the client draws its own start cluster (and computes its statistics)
+            self.assign[users] = self._start_clusters(users)
+            if "popularity" in broadcast:
+                self._profile[users] = self._profile_of(users, self._expect(broadcast, "popularity",
+                                                                            (self.train.n_items,)))
+            return {int(u): {"cluster": np.array(self.assign[u], np.int64)} for u in users}
         if kind == "fedfast:popularity":
             if self._secure:
                 ind = np.zeros((len(users), self.train.n_items))
@@ -816,28 +926,34 @@ class FedFastGMF(FedAvgGMF):
         if kind == "fedfast:profile":
             x = self._profile_of(users, self._expect(broadcast, "popularity", (self.train.n_items,)))
             return {int(u): {"profile": x[i].copy()} for i, u in enumerate(users)}
-        if kind == "fedfast:kmeans":
-            if "popularity" in broadcast:  # round 0's first step: the raw statistics and their moments
-                x = self._profile_of(users, self._expect(broadcast, "popularity", (self.train.n_items,)))
-                self._profile[users] = x
-                vec = np.concatenate([_one_hot_blocks(x, self.assign[users], p), x, x**2, np.ones((len(users), 1))], 1)
-            else:
-                x = self._assign_by(users, broadcast)
-                vec = _one_hot_blocks(x, self.assign[users], p)
+        if kind == "fedfast:kmeans-profile":  # round 0: the raw statistics and their squares, per start cluster
+            x = self._profile[users]
+            if not (x[:, 0] > 0).all():  # log(1 + n_k) > 0 once computed (the start step, with the popularity)
+                raise ValueError("fedfast: the profile statistics are computed at the start step (with the "
+                                 "popularity); this client has none")
+            vec = np.concatenate([x, x**2, np.ones((len(users), 1))], 1)
+            return {int(u): {"vector": vec[i]} for i, u in enumerate(users)}
+        if kind == "fedfast:kmeans":  # the user embedding and a 1, summed with its cluster's members
+            x = self.user[torch.as_tensor(users)].numpy().astype(np.float64)
+            vec = np.concatenate([x, np.ones((len(users), 1))], 1)
             return {int(u): {"vector": vec[i]} for i, u in enumerate(users)}
         if kind == "fedfast:assign":
+            if "centroids" not in broadcast:
+                raise ValueError("fedfast: an assign step needs the centroids")
             self._assign_by(users, broadcast)
-            if "change" in broadcast:  # subordinates move by their cluster's mean delegate change
-                mean = self._expect(broadcast, "change", (p, self.config.dim))
-                gamma = math.exp(-self.config.gamma_rate * self.round)
-                rows = users[(self._trained[users] != self.round) & (self.assign[users] >= 0)]
-                self.user[torch.as_tensor(rows)] += gamma * torch.as_tensor(mean[self.assign[rows]], dtype=self.user.dtype)
             return {int(u): {"cluster": np.array(self.assign[u], np.int64)} for u in users}
-        if kind == "fedfast:delegate-change":
-            self._assign_by(users, broadcast)
-            dP = self.user[torch.as_tensor(users)] - self._before[torch.as_tensor(users)]
-            vec = _one_hot_blocks(dP.double().numpy(), self.assign[users], p)
+        if kind == "fedfast:delegate-change":  # the change of p_u and a 1, summed with its cluster's delegates
+            dP = (self.user[torch.as_tensor(users)] - self._before[torch.as_tensor(users)]).double().numpy()
+            vec = np.concatenate([dP, np.ones((len(users), 1))], 1)
             return {int(u): {"vector": vec[i]} for i, u in enumerate(users)}
+        if kind == "fedfast:propagate":  # subordinates move by their cluster's mean delegate change
+            mean = self._expect(broadcast, "change", (p, self.config.dim))
+            if not np.isfinite(mean).all():
+                raise ValueError("fedfast: the cluster changes must be finite")
+            gamma = math.exp(-self.config.gamma_rate * self.round)
+            rows = users[(self._trained[users] != self.round) & (self.assign[users] >= 0)]
+            self.user[torch.as_tensor(rows)] += gamma * torch.as_tensor(mean[self.assign[rows]], dtype=self.user.dtype)
+            return {int(u): {"done": np.array(True)} for u in users}
         if kind == "fedfast:dilute":
             n_sigma = float(self._expect(broadcast, "n_sigma", ()))
             if not n_sigma > 0:
@@ -942,7 +1058,8 @@ class FedFastGMF(FedAvgGMF):
         return out
 
     #: the client steps whose reply is summed through secure aggregation in the secure variant
-    SECURE_STEPS = frozenset({"train", "fedfast:popularity", "fedfast:kmeans", "fedfast:delegate-change"})
+    SECURE_STEPS = frozenset({"train", "fedfast:popularity", "fedfast:kmeans-profile", "fedfast:kmeans",
+                              "fedfast:delegate-change"})
 
     def device_requires_secure(self, kind: str) -> bool:
         """Whether this configuration answers step ``kind`` only through secure aggregation (a

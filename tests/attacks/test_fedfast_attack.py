@@ -15,7 +15,7 @@ from recmodels.synthetic import generate_synthetic
 
 def trained(rounds: int, **kw):
     data = generate_synthetic(n_users=40, n_items=80, dim=6, mean_interactions=10, seed=3)
-    cfg = FedFastConfig(**{"dim": 6, "clients_per_round": 10, "clusters": 3, "kmeans_init_iters": 2, **kw})
+    cfg = FedFastConfig(**{"dim": 6, "clients_per_round": 10, "clusters": 3, "kmeans_init_iters": 1, **kw})
     keep = lambda r: r.receiver == SERVER and r.kind == "update"  # noqa: E731
     m = FedFastGMF(data, cfg, seed=1, transport=InProcessTransport(Transcript(keep_payloads=keep)))
     for _ in range(rounds):

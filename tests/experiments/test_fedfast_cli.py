@@ -23,7 +23,7 @@ full_ranking = false
 dim = 6
 clients_per_round = 6
 clusters = 3
-kmeans_init_iters = 2
+kmeans_init_iters = 1
 """
 
 

@@ -44,7 +44,7 @@ CASES: dict[str, str] = {
     "fedfast": SMALL + "[eval]\nnegatives = 10\n[fedfast]\ndim = 4\nclusters = 3\nclients_per_round = 4\n"
                        "kmeans_init_iters = 2\n",
     "fedfast-secagg": SMALL + "[eval]\nnegatives = 10\n[fedfast]\ndim = 4\nclusters = 3\nclients_per_round = 4\n"
-                              "kmeans_init_iters = 2\n",
+                              "kmeans_init_iters = 1\n",
     # FedCL without semi-hard negatives (the paper's Fed): no LDP upload, so no noise, and the run is
     # reproducible from its seed; with the LDP upload see test_fedcl_with_ldp_runs_on_flower
     "fed-local-negatives": SMALL.replace("[run]", "[split]\nvalidation = false\n[run]")

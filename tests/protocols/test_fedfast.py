@@ -263,7 +263,7 @@ def test_bad_config_names_the_key(kwargs, message):
 @given(st.integers(0, 10**4), st.sampled_from(["component", "row"]), st.sampled_from(["secagg", "secagg+"]))
 def test_secure_variant_gives_the_plaintext_model(seed, weighting, protocol):
     train = data(users=24, items=30, seed=seed % 7)
-    cfg = dict(clients_per_round=6, clusters=3, item_weighting=weighting, kmeans_init_iters=3)
+    cfg = dict(clients_per_round=6, clusters=3, item_weighting=weighting, kmeans_init_iters=1)
     plain = FedFastGMF(train, small(**cfg), seed=seed)
     secure = FedFastGMF(train, small(secure_aggregation=protocol, **cfg), seed=seed)
     for _ in range(2):
@@ -275,12 +275,13 @@ def test_secure_variant_gives_the_plaintext_model(seed, weighting, protocol):
 
 def test_secure_server_sees_no_embedding_no_statistic_and_no_single_update():
     train = data(users=24, items=30)
-    m = FedFastGMF(train, small(secure_aggregation="secagg+", clients_per_round=6, clusters=3, kmeans_init_iters=2),
+    m = FedFastGMF(train, small(secure_aggregation="secagg+", clients_per_round=6, clusters=3),
                    seed=1, transport=InProcessTransport(Transcript(keep_payloads=True)))
     m.run_round()
     view = m.transport.transcript.view(SERVER)
     kinds = {r.kind for r in view if r.receiver == SERVER}
-    assert {"update", "fedfast:kmeans", "fedfast:delegate-change", "fedfast:popularity"} <= kinds
+    assert {"update", "fedfast:kmeans", "fedfast:kmeans-profile", "fedfast:delegate-change",
+            "fedfast:popularity"} <= kinds
     assert "fedfast:profile" not in kinds
     for r in view:
         if r.receiver == SERVER and r.payload is not None:  # only masked ring elements reach the server
@@ -329,13 +330,27 @@ def test_the_convergence_stop_changes_nothing_but_the_number_of_sums():
         assert torch.equal(model_of(b)[k], v), k
 
 
-def test_secure_round_zero_runs_one_all_client_sum_per_kmeans_step_and_none_for_the_moments():
-    m = FedFastGMF(data(users=16, seed=3), small(clusters=2, kmeans_init_iters=3, secure_aggregation="secagg+"),
-                   seed=5)
-    steps = m.run_round().extra["kmeans_steps"]
+def test_secure_round_zero_runs_one_sum_per_start_cluster_for_the_first_step_and_the_moments():
+    """Round 0 under secure aggregation: the popularity (one all-client sum) and one Lloyd step on
+    the profile statistics, one sum per start cluster that carries the moments too (no separate
+    moments sum); then the round's step on the embeddings, one sum per cluster."""
+    m = FedFastGMF(data(users=16, seed=3), small(clusters=2, secure_aggregation="secagg+"), seed=5)
+    stats = m.run_round()
+    assert stats.extra["kmeans_steps"] == 1 + 1  # the profile step (one per instance), the embedding step
     kinds = [r.kind for r in m.transport.transcript.view(SERVER, round=0) if r.receiver == SERVER]
-    assert kinds.count("fedfast:kmeans") == len(m._clients) * steps  # one masked upload per client per step
-    assert kinds.count("fedfast:popularity") == len(m._clients) and "fedfast:moments" not in kinds
+    n = len(m._clients)
+    assert kinds.count("fedfast:popularity") == n and "fedfast:moments" not in kinds
+    assert kinds.count("fedfast:kmeans-profile") == n and kinds.count("fedfast:kmeans") == n  # one upload each
+
+
+@pytest.mark.parametrize("key", ["kmeans_iters", "kmeans_init_iters"])
+def test_secure_aggregation_refuses_more_than_one_lloyd_step_per_sum_in_words(key):
+    """Successive Lloyd steps over the same points would hand the server every point that switched
+    cluster between them (and a client answers each secure step once per round)."""
+    with pytest.raises(ValueError, match=f"fedfast.{key} = 2 with secure aggregation: set it to 1"):
+        small(secure_aggregation="secagg+", **{key: 2})
+    assert small(**{key: 2}).init_iters == (2 if key == "kmeans_init_iters" else 10)  # plaintext: as configured
+    assert small(secure_aggregation="secagg").init_iters == 1  # the default under secure aggregation
 
 
 def test_kmeans_every_skips_the_reclustering_rounds():

@@ -28,8 +28,8 @@ VARIANTS = {
     "literal-average": {"sampling": "uniform", "aggregation": "fedavg", "user_update": "average"},
     "average-mirror": {"aggregation": "fedavg", "user_update": "average", "item_aggregation": "touched"},
     "row-random": {"item_weighting": "row", "without_replacement": True, "initial_features": "random"},
-    "secagg": {"secure_aggregation": "secagg", "kmeans_init_iters": 2},
-    "secagg+-row": {"secure_aggregation": "secagg+", "item_weighting": "row", "kmeans_init_iters": 2},
+    "secagg": {"secure_aggregation": "secagg", "kmeans_init_iters": 1},
+    "secagg+-row": {"secure_aggregation": "secagg+", "item_weighting": "row", "kmeans_init_iters": 1},
     "secagg-literal-average": {"secure_aggregation": "secagg", "sampling": "uniform", "aggregation": "fedavg",
                                "user_update": "average"},
     "secagg-random-every2": {"secure_aggregation": "secagg", "initial_features": "random", "kmeans_every": 2},
@@ -201,8 +201,8 @@ def _round_with(tamper=None, silent=None, secure: str = "none"):
     """Round 1 on devices with clients misbehaving in it (``tamper(victims)``/``silent(victims)`` make
     the callbacks from round 1's delegates, known from the in-process run of the same rounds)."""
     train, seed = data(), 5
-    cfg = config(secure_aggregation=secure, kmeans_init_iters=2)
-    local = FedFastGMF(train, config(kmeans_init_iters=2), seed=seed,
+    cfg = config(secure_aggregation=secure, kmeans_init_iters=1)
+    local = FedFastGMF(train, config(kmeans_init_iters=1), seed=seed,
                        transport=InProcessTransport(Transcript(keep_payloads=True)))
     server, clients = devices(train, cfg, seed)
     local.run_round(), run_on_devices(server, clients)
@@ -267,7 +267,7 @@ def test_malformed_cluster_reports_keep_the_servers_last_cluster():
            2: ({"cluster": np.array([0], np.int64)}, "cluster must be one int64"),
            4: ({"cluster": np.array(1.0)}, "cluster must be one int64"),
            6: ({"vector": np.zeros(3)}, "reply keys")}
-    server, clients = devices(train, config(secure_aggregation="secagg", kmeans_init_iters=2), seed)
+    server, clients = devices(train, config(secure_aggregation="secagg", kmeans_init_iters=1), seed)
     run_on_devices(server, clients)
     before = server.assign.copy()
     stats = run_on_devices(server, clients, tamper=lambda ex, u, r: bad[u][0] if ex.kind == "fedfast:assign" and u in bad else r)
@@ -289,7 +289,7 @@ def test_a_silent_and_a_wrong_width_kmeans_client_are_left_out_of_the_centroids(
                            tamper=lambda ex, u, r: {"vector": np.zeros(2)} if ex.kind == "fedfast:kmeans" and u == 5 else r)
     reasons = {(k, u): why for k, u, why in server.dropped}
     assert set(reasons) == {("fedfast:kmeans", 3), ("fedfast:kmeans", 5)} and stats.extra["dropped"] == 2
-    assert reasons[("fedfast:kmeans", 3)] == "silent" and "float64 vector of 21" in reasons[("fedfast:kmeans", 5)]
+    assert reasons[("fedfast:kmeans", 3)] == "silent" and "float64 vector of 7" in reasons[("fedfast:kmeans", 5)]
     # oracle: per cluster, the plain mean of the other clients' embeddings (no propagation: as after the round)
     kept = [u for u in prev if u not in (3, 5)]
     x = np.stack([clients[u].user[u].numpy().astype(np.float64) for u in kept])

@@ -338,3 +338,68 @@ def test_a_privacy_budget_stops_the_run_before_it_is_exceeded(tmp_path, capsys):
     assert s["stopped"] and s["rounds"] < 10
     assert s["privacy"]["epsilon"] <= 1.2
     assert len((tmp_path / "mf" / "costs.jsonl").read_text().splitlines()) == s["rounds"]
+
+
+# -- nesting: bounded at save and load, refused in words (issue 23, item 9) --------------------------------
+
+#: The documented bound on a state tree's nesting (protocols/state.py, docs/security.md): the root
+#: table is level 1; every dict, list or tuple below it adds one.
+STATE_DEPTH_LIMIT = 64
+_OPEN = {"list": ("[", "]"), "dict": ('{"k": ', "}"), "tuple": ('{"__tuple__": [', "]}")}
+
+
+def _nested_state(kinds: list[str]) -> dict:
+    """A state table whose deepest path holds ``1 + len(kinds)`` containers."""
+    node: object = 7
+    for kind in reversed(kinds):
+        node = [node] if kind == "list" else {"k": node} if kind == "dict" else (node,)
+    return {"s": node}
+
+
+def _skeleton_checkpoint(skeleton: str) -> bytes:
+    from safetensors.torch import save
+
+    return save({}, metadata={"format": "secagg-fedrec-state/1", "state": skeleton})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, STATE_DEPTH_LIMIT + 40).flatmap(
+    lambda n: st.lists(st.sampled_from(sorted(_OPEN)), min_size=n, max_size=n)))
+def test_state_depth_is_bounded_at_save_and_load(kinds):
+    """Up to 64 levels round-trip; deeper is refused at save with a ValueError naming the limit,
+    so every checkpoint written can be read back."""
+    state = _nested_state(kinds)
+    if 1 + len(kinds) <= STATE_DEPTH_LIMIT:
+        assert state_from_bytes(state_to_bytes(state)) == state
+    else:
+        with pytest.raises(ValueError, match=f"nested deeper than {STATE_DEPTH_LIMIT} levels"):
+            state_to_bytes(state)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    depth=st.one_of(st.integers(STATE_DEPTH_LIMIT, 3000), st.sampled_from([STATE_DEPTH_LIMIT, 998, 100_000])),
+    kinds=st.lists(st.sampled_from(sorted(_OPEN)), min_size=1, max_size=3),
+    where=st.sampled_from(["skeleton", "header"]),
+)
+def test_deeply_nested_checkpoint_json_raises_only_a_state_error(depth, kinds, where):
+    """A crafted checkpoint nesting lists, tables or tuple markers 64 to 100,000 deep, in the JSON
+    skeleton or in the safetensors header itself, is refused with StateError naming the nesting
+    (it used to escape as RecursionError, or load 900 levels and overflow later)."""
+    opens = "".join(_OPEN[kinds[i % len(kinds)]][0] for i in range(depth))
+    closes = "".join(_OPEN[kinds[i % len(kinds)]][1] for i in reversed(range(depth)))
+    nest = opens + "1" + closes
+    if where == "skeleton":
+        data = _skeleton_checkpoint('{"s": ' + nest + "}")
+    else:
+        header = ('{"__metadata__": {"format": "secagg-fedrec-state/1", "state": "{}"}, "x": ' + nest + "}").encode()
+        data = len(header).to_bytes(8, "little") + header
+    with pytest.raises(StateError, match="nested"):
+        state_from_bytes(data)
+
+
+def test_malformed_int_keys_in_a_checkpoint_raise_state_errors():
+    for key in ("#int:x", "#int:" + "9" * 5000, "#int:"):
+        with pytest.raises(StateError, match="int key"):
+            state_from_bytes(_skeleton_checkpoint(json.dumps({key: 1})))
+

@@ -134,13 +134,15 @@ def _check_budget_arg(budget: object) -> tuple[float, float] | None:
     return eps, delta
 
 
-def _parse_event(text: str, round_: int | None = None, seq: int | None = None) -> DpEvent:
-    """A stored event, or LedgerError if the row was tampered with or corrupted."""
+def _parse_event(text: str, round_: int | None = None, seq: int | None = None, path: Path | None = None) -> DpEvent:
+    """A stored event, or LedgerError (naming ``path`` when given) if the row was tampered with or corrupted."""
     try:
         return event_from_dict(_loads(text))
     except (json.JSONDecodeError, ValueError, TypeError) as exc:
         where = f" (round {round_}, seq {seq})" if round_ is not None else ""
-        raise LedgerError(f"corrupt ledger entry{where}: {exc}. The ledger file was modified outside PrivacyLedger.") from exc
+        ledger = f"ledger {path}: " if path is not None else ""
+        raise LedgerError(f"{ledger}corrupt ledger entry{where}: {exc}. The ledger file was modified outside "
+                          "PrivacyLedger.") from exc
 
 
 def _included(small: dict[str | None, Counter], big: dict[str | None, Counter]) -> bool:
@@ -410,14 +412,14 @@ class PrivacyLedger:
             try:
                 params = _loads(r[6])
             except ValueError as exc:
-                raise LedgerError(f"ledger entry (round {r[0]}, seq {r[1]}) has corrupt params: {exc}.") from exc
-            out.append(LedgerEntry(r[0], r[1], r[2], r[3], r[4], _parse_event(r[5], r[0], r[1]), params, r[7]))
+                raise LedgerError(f"ledger {self.path}: entry (round {r[0]}, seq {r[1]}) has corrupt params: {exc}.") from exc
+            out.append(LedgerEntry(r[0], r[1], r[2], r[3], r[4], _parse_event(r[5], r[0], r[1], self.path), params, r[7]))
         return out
 
     def _curve(self, event_json: str) -> np.ndarray:
         curve = self._curve_cache.get(event_json)
         if curve is None:
-            curve = self._rdp_acc.rdp_of(_parse_event(event_json))
+            curve = self._rdp_acc.rdp_of(_parse_event(event_json, path=self.path))
             self._curve_cache[event_json] = curve
         return curve
 

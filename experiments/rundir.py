@@ -168,8 +168,12 @@ class RunDir:
         path = self.file(name)
         if not path.exists():
             return []
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read {path}: {exc}") from None
         rows = []
-        for line in path.read_text(encoding="utf-8").split("\n"):
+        for line in text.split("\n"):
             try:
                 row = loads_json(line)
             except ValueError:

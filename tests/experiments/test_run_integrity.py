@@ -473,6 +473,14 @@ def test_deep_json_is_refused_by_the_commands_that_read_a_run_directory(tmp_path
     assert code == 2 and name in err and "nested" in err, err
 
 
+@pytest.mark.parametrize("name", ["run.json", "config.toml", "metrics.jsonl", "costs.jsonl"])
+def test_bytes_that_are_not_utf8_in_a_run_directory_file_fail_resume_in_words(tmp_path, capsys, finished_run, name):
+    run = _copy_run(finished_run, tmp_path / "run")
+    (run / name).write_bytes((run / name).read_bytes().replace(b"round", b"r\xffund", 1).replace(b"[run]", b"[r\xffn]"))
+    code, _, err = cli(capsys, "run", "--resume", str(run), "--rounds", "3", "--quiet")
+    assert code == 2 and name in err and "0xff" in err and "\ufffd" not in err, err
+
+
 def test_a_damaged_ledger_fails_resume_in_words(tmp_path, capsys, finished_run):
     """The ledger's own error (LedgerError, a RuntimeError) used to reach the user as a traceback."""
     run = _copy_run(finished_run, tmp_path / "run")

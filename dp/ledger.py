@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 import time
 import warnings
@@ -85,6 +86,28 @@ CREATE TABLE IF NOT EXISTS entries (
     UNIQUE (round, seq));
 """
 
+#: Deepest JSON nesting a ledger row may hold (events nest 2 to 4 levels, params 1 or 2). Deeper
+#: text is refused before parsing: Python's json recurses once per level, so 100,000 nested
+#: lists in an edited row would escape as RecursionError.
+_MAX_JSON_DEPTH = 64
+_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')  # strings (skipped whole) and brackets
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` after a depth scan (``dp`` imports nothing above it, so this is a twin of
+    ``protocols.state.loads_json``). Raises ValueError when nested too deeply or not JSON."""
+    if text.count("[") + text.count("{") > _MAX_JSON_DEPTH:
+        depth = 0
+        for match in _JSON_TOKENS.finditer(text):
+            token = match.group()
+            if token == "[" or token == "{":
+                depth += 1
+                if depth > _MAX_JSON_DEPTH:
+                    raise ValueError(f"JSON nested deeper than {_MAX_JSON_DEPTH} levels")
+            elif token == "]" or token == "}":
+                depth -= 1
+    return json.loads(text)
+
 
 @dataclass(frozen=True)
 class LedgerEntry:
@@ -111,13 +134,15 @@ def _check_budget_arg(budget: object) -> tuple[float, float] | None:
     return eps, delta
 
 
-def _parse_event(text: str, round_: int | None = None, seq: int | None = None) -> DpEvent:
-    """A stored event, or LedgerError if the row was tampered with or corrupted."""
+def _parse_event(text: str, round_: int | None = None, seq: int | None = None, path: Path | None = None) -> DpEvent:
+    """A stored event, or LedgerError (naming ``path`` when given) if the row was tampered with or corrupted."""
     try:
-        return event_from_dict(json.loads(text))
+        return event_from_dict(_loads(text))
     except (json.JSONDecodeError, ValueError, TypeError) as exc:
         where = f" (round {round_}, seq {seq})" if round_ is not None else ""
-        raise LedgerError(f"corrupt ledger entry{where}: {exc}. The ledger file was modified outside PrivacyLedger.") from exc
+        ledger = f"ledger {path}: " if path is not None else ""
+        raise LedgerError(f"{ledger}corrupt ledger entry{where}: {exc}. The ledger file was modified outside "
+                          "PrivacyLedger.") from exc
 
 
 def _included(small: dict[str | None, Counter], big: dict[str | None, Counter]) -> bool:
@@ -194,7 +219,7 @@ class PrivacyLedger:
             self._db.close()
             raise LedgerError(f"ledger {self.path}: schema version {meta.get('version')!r} is not {_SCHEMA_VERSION!r}.")
         try:
-            stored = _check_budget_arg(json.loads(meta["budget"]))
+            stored = _check_budget_arg(_loads(meta["budget"]))
             if meta["neighboring_relation"] not in ("add_remove", "replace_one"):
                 raise ValueError(f"unknown neighbouring relation {meta['neighboring_relation']!r}")
         except (KeyError, ValueError, TypeError) as exc:
@@ -308,6 +333,7 @@ class PrivacyLedger:
         self._curve(ev)  # validates support (and caches the curve) before anything is stored
         try:
             par = json.dumps(params or {}, sort_keys=True, allow_nan=False)
+            _loads(par)  # what is stored must read back: nesting within _MAX_JSON_DEPTH
         except (TypeError, ValueError) as exc:
             raise ValueError(f"params must be JSON-serialisable finite values: {exc}.") from exc
         self._pending.append((who, str(what), cohort, ev, par, time.time()))
@@ -384,16 +410,16 @@ class PrivacyLedger:
         out = []
         for r in rows:
             try:
-                params = json.loads(r[6])
-            except json.JSONDecodeError as exc:
-                raise LedgerError(f"ledger entry (round {r[0]}, seq {r[1]}) has corrupt params: {exc}.") from exc
-            out.append(LedgerEntry(r[0], r[1], r[2], r[3], r[4], _parse_event(r[5], r[0], r[1]), params, r[7]))
+                params = _loads(r[6])
+            except ValueError as exc:
+                raise LedgerError(f"ledger {self.path}: entry (round {r[0]}, seq {r[1]}) has corrupt params: {exc}.") from exc
+            out.append(LedgerEntry(r[0], r[1], r[2], r[3], r[4], _parse_event(r[5], r[0], r[1], self.path), params, r[7]))
         return out
 
     def _curve(self, event_json: str) -> np.ndarray:
         curve = self._curve_cache.get(event_json)
         if curve is None:
-            curve = self._rdp_acc.rdp_of(_parse_event(event_json))
+            curve = self._rdp_acc.rdp_of(_parse_event(event_json, path=self.path))
             self._curve_cache[event_json] = curve
         return curve
 

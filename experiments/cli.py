@@ -7,7 +7,8 @@ import-time discovery). Conventions shared by every command:
 * ``--json`` prints exactly one JSON object as the last line of stdout;
 * progress bars and logs go to stderr;
 * user errors (:class:`experiments.errors.UserError`, or ``ValueError``/``FileNotFoundError`` from a
-  lower layer reporting bad input) print one clear line on stderr and exit 2, without a
+  lower layer reporting bad input, or :class:`dp.errors.LedgerError` for a damaged or edited
+  ``privacy_ledger.sqlite``) print one clear line on stderr and exit 2, without a
   traceback (``SECAGG_DEBUG=1`` re-raises them with the traceback).
 """
 
@@ -19,6 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from dp.errors import LedgerError
 from experiments.errors import UserError
 
 __all__ = ["COMMAND_MODULES", "UserError", "build_parser", "main"]
@@ -63,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(func(args) or 0)
-    except (UserError, ValueError, FileNotFoundError) as exc:
+    except (UserError, ValueError, FileNotFoundError, LedgerError) as exc:
         if os.environ.get("SECAGG_DEBUG"):
             raise  # a developer asked for the traceback
         print(f"secagg: error: {exc}", file=sys.stderr)

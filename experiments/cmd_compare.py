@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.errors import UserError
+from protocols.state import loads_json
 
 __all__ = ["compare_runs", "paired_comparison", "register"]
 
@@ -50,8 +51,17 @@ def _curve(run: Path, metric: str) -> list[tuple[int, float]]:
     if not path.is_file():
         raise UserError(f"{run}: no metrics.jsonl; give a run directory written by 'secagg run'.")
     points = []
-    for line in path.read_text().splitlines():
-        row = json.loads(line) if line.strip() else {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = loads_json(line) if line.strip() else {}
+        except ValueError as exc:
+            raise UserError(f"{path} line {number}: {exc}") from None
+        if not isinstance(row, dict):
+            raise UserError(f"{path} line {number}: expected a JSON object, found {type(row).__name__}")
         value = row.get(metric)
         if isinstance(value, (int, float)) and isinstance(row.get("round"), int) and math.isfinite(value):
             points.append((row["round"], float(value)))

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from experiments.errors import UserError
+from protocols.state import loads_json
 
 __all__ = ["register"]
 
@@ -228,15 +229,20 @@ def _report(args: argparse.Namespace) -> int:
             "or was written by an older version"
         )
     try:
-        ident = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
+        ident = loads_json((run_dir / "run.json").read_text(encoding="utf-8"))
+    except OSError:
         ident = {}
+    except ValueError as exc:
+        raise UserError(f"cannot read {run_dir / 'run.json'}: {exc}") from None
     delta = args.delta
     if delta is None:
         try:
             delta = ident["config"]["privacy"]["delta"]
         except (KeyError, TypeError):
             delta = None
+        if delta is not None and (type(delta) not in (int, float) or not 0 < delta < 1):
+            raise UserError(f"{run_dir / 'run.json'}: config.privacy.delta must be a number in (0, 1); "
+                            f"found {str(delta)[:40]} (pass --delta to report at another delta)")
     try:
         ledger = PrivacyLedger(path)
     except LedgerError as exc:

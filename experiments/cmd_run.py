@@ -70,6 +70,8 @@ def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
         rd = RunDir.open_existing(Path(args.resume))
         config = cfgmod.load_config_file(rd.file("config.toml"))
         preset = rd.read_json("run.json").get("preset", "custom")
+        if not isinstance(preset, str):
+            raise UserError(f"{rd.file('run.json')}: 'preset' must be a preset name; found {type(preset).__name__}")
     else:
         preset = args.preset or DEFAULT_PRESET
         config = cfgmod.load_preset(preset)

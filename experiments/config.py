@@ -8,12 +8,21 @@ checked again by the dataclasses' own validation (``fedavg.lr must be a positive
 Resolution order: the preset (or ``fedavg-gmf``), then ``--config FILE.toml`` (overrides only the
 keys it sets), then command-line flags. The resolved configuration is written to the run
 directory as ``config.toml`` and is what ``--resume`` reads back.
+
+A config file is user input (``--config``, or a run directory's ``config.toml``), so it is read
+as hostile: at most :data:`MAX_CONFIG_BYTES`, UTF-8 (an invalid byte is named by its line), and
+nested at most :data:`MAX_TOML_DEPTH` (64) levels of tables, arrays and dotted keys, counted by a
+scan before ``tomllib`` runs (``tomllib`` recurses once per array level and keeps every prefix of
+a dotted key: 100,000 levels of ``a.a.a...`` wanted about 40 GB). Every problem is a ``ValueError``
+naming the file. String values must be valid Unicode text (a path with undecodable bytes is
+refused when it is set), so what :func:`to_toml` writes always reads back equal.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field, fields
@@ -24,6 +33,8 @@ from typing import Any
 from protocols.registry import all_protocols, get_protocol, sections as protocol_sections
 
 __all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_TOML_DEPTH",
     "PRESETS",
     "RunSection",
     "DataSection",
@@ -327,10 +338,30 @@ def _replace(current: Any, values: dict[str, Any]) -> Any:
     return dataclasses.replace(current, **changes)
 
 
+def _check_text(where: str, value: Any) -> None:
+    """Refuse strings that UTF-8 cannot encode (lone surrogates: ``os.fsdecode`` of a file name in
+    another encoding), which ``config.toml`` could not hold."""
+    if isinstance(value, dict):
+        for key, v in value.items():
+            _check_text(f"{where}.{key}", v)
+    elif isinstance(value, list):
+        for v in value:
+            _check_text(where, v)
+    elif isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{where} is not valid text: it holds bytes that are not UTF-8 ({value!r}); rename (or link) a file "
+                "whose name is in another encoding to a UTF-8 name"
+            ) from None
+
+
 def merge(base: RunConfig, overrides: dict[str, dict[str, Any]]) -> RunConfig:
     """Apply validated ``overrides`` to ``base``; each section re-validates itself."""
     core, protos = {}, dict(base.sections)
     for section, values in overrides.items():
+        _check_text(section, values)
         if section in CORE_SECTIONS:
             core[section] = _replace(getattr(base, section), values)
         else:
@@ -338,16 +369,98 @@ def merge(base: RunConfig, overrides: dict[str, dict[str, Any]]) -> RunConfig:
     return dataclasses.replace(base, **core, sections=protos)
 
 
+#: Largest config file read (a resolved configuration is about 2 KB).
+MAX_CONFIG_BYTES = 1 << 20
+#: Deepest nesting of a config file: the document is level 1; every table (a header part or a
+#: dotted-key part), array and inline table below it adds one. Real configurations use 3.
+MAX_TOML_DEPTH = 64
+#: TOML strings and comments (skipped whole, so brackets and dots inside them do not count), then
+#: the characters that open, close or separate structure.
+_TOML_TOKENS = re.compile(
+    r'"""(?:[^"\\]|\\[\s\S]|"(?!""))*""""{0,2}'  # multi-line basic string
+    r"|'''(?:[^']|'(?!''))*''''{0,2}"  # multi-line literal string
+    r'|"(?:[^"\\\n]|\\.)*"'  # basic string
+    r"|'[^'\n]*'"  # literal string
+    r"|#[^\n]*"  # comment
+    r"|[\[\]{},.\n]"
+)
+_TOML_FIRST = re.compile(r"[^ \t\r]")
+
+
+def _check_toml_depth(text: str, origin: str) -> None:
+    """Raise ValueError (naming the line) if ``text`` nests deeper than :data:`MAX_TOML_DEPTH`.
+
+    A count that never under-counts, linear in the text: a ``[table]`` header's level is its
+    dotted parts plus two (so ``[[array.of.tables]]``, one level more, is covered), a key-value
+    line starts at its table's level, each dot of a key and each ``[``/``{`` of a value adds one,
+    and ``,`` starts the next element or inline key at its container's level. The dot of a number
+    over-counts by one.
+    """
+    table = base = 1  # the current [table]'s level; the level the current key or element hangs from
+    dots = 0  # dots of the current key (or header)
+    stack: list[tuple[int, int]] = []  # (base, dots) of each open array / inline table
+    header, line_begin, line_first = False, 0, -1  # line_first: the line's first non-blank (-1: not looked up)
+    for match in _TOML_TOKENS.finditer(text):
+        token = match.group()
+        if token == "\n":
+            if not stack:
+                header, line_begin, line_first, base, dots = False, match.end(), -1, table, 0
+            continue
+        if token[0] in "#\"'":
+            continue
+        if token == "[" and not stack and not header:
+            if line_first < 0:
+                line_first = _TOML_FIRST.search(text, line_begin).start()
+            header = match.start() == line_first  # a "[" that opens the line opens a header
+            if header:
+                dots = 0
+                continue
+        if header:
+            if token == ".":
+                dots += 1
+            elif token == "]":
+                header, table, base, dots = False, dots + 3, dots + 3, 0
+        elif token in "[{":
+            stack.append((base, dots))
+            base, dots = base + dots + 1, 0
+        elif token in "]}":
+            if stack:
+                base, dots = stack.pop()
+        elif token == ",":
+            dots = 0
+        elif token == ".":
+            dots += 1
+        if (dots + 3 if header else base + dots) > MAX_TOML_DEPTH:
+            line = text.count("\n", 0, match.start()) + 1
+            raise ValueError(
+                f"{origin} is not valid TOML: arrays, tables or dotted keys nested deeper than {MAX_TOML_DEPTH} "
+                f"levels (line {line})"
+            )
+
+
 def _read_toml(path: Path, origin: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            data = fh.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise FileNotFoundError(f"config file not found: {path}") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {origin}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{origin} is larger than {MAX_CONFIG_BYTES:,} bytes; a config file holds a few keys")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{origin} is not valid TOML: line {line} holds a byte that is not UTF-8 "
+                         f"(0x{data[exc.start]:02x}); save the file as UTF-8") from None
+    _check_toml_depth(text, origin)
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{origin} is not valid TOML: {exc}") from None
-    except RecursionError:  # tomllib recurses per nesting level of arrays and inline tables
-        raise ValueError(f"{origin} is not valid TOML: arrays or tables nested too deeply") from None
+    except RecursionError:  # not expected after _check_toml_depth; kept so that it can never escape
+        raise ValueError(f"{origin} is not valid TOML: arrays or tables nested deeper than {MAX_TOML_DEPTH} levels") from None
 
 
 def _preset_names() -> list[str]:

@@ -21,6 +21,10 @@ round at round 10 as at round 10,000; whole files (config, run.json, checkpoint,
 are written to a temporary name and renamed into place. A crash can leave the appended files
 ahead of the checkpoint or with a torn last line: :meth:`RunDir.truncate_after` repairs both on
 resume, so the files always match the checkpoint they continue from.
+
+Everything read back is user-editable, so it is parsed as hostile: JSON nested deeper than
+:data:`protocols.state.MAX_DEPTH` (64) levels is refused before parsing, and a file or line the run
+never wrote stops ``--resume`` with a :class:`~experiments.errors.UserError` that names it.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.errors import UserError
-from protocols.state import StateError, state_from_bytes, state_to_bytes
+from protocols.state import StateError, loads_json, state_from_bytes, state_to_bytes
 
 __all__ = ["CHECKPOINT", "RunDir", "atomic_write_bytes", "atomic_write_text", "default_run_dir"]
 
@@ -137,11 +141,16 @@ class RunDir:
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
-    def read_json(self, name: str) -> Any:
+    def read_json(self, name: str) -> dict[str, Any]:
+        """The JSON object in ``name``; anything else (not JSON, not an object, nested deeper than
+        :data:`protocols.state.MAX_DEPTH` levels) is a :class:`UserError` naming the file."""
         try:
-            return json.loads(self.file(name).read_text())
+            obj = loads_json(self.file(name).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise UserError(f"cannot read {self.file(name)}: {exc}") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"cannot read {self.file(name)}: expected a JSON object, found {type(obj).__name__}")
+        return obj
 
     # -- appended per-round files -------------------------------------------------------------
     def append(self, name: str, text: str) -> None:
@@ -159,12 +168,16 @@ class RunDir:
         path = self.file(name)
         if not path.exists():
             return []
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read {path}: {exc}") from None
         rows = []
-        for line in path.read_text(encoding="utf-8").split("\n"):
+        for line in text.split("\n"):
             try:
-                row = json.loads(line)
+                row = loads_json(line)
             except ValueError:
-                continue  # the empty tail or a torn line
+                continue  # the empty tail or a torn line (resume refuses other bad lines: truncate_after)
             if isinstance(row, dict):
                 rows.append(row)
         return rows
@@ -173,15 +186,27 @@ class RunDir:
         """Keep the complete lines of ``name`` for which ``keep(line)`` holds; returns how many.
 
         Drops a torn last line (no newline) and every line past the checkpoint the run
-        continues from, so a resumed run appends exactly where the checkpoint left off.
+        continues from, so a resumed run appends exactly where the checkpoint left off. A
+        ``ValueError`` from ``keep`` (a line the run never wrote) becomes a :class:`UserError`
+        naming the file and the 1-based line, and the file is left as it was.
         """
         path = self.file(name)
         if not path.exists():
             return 0
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read {path}: {exc}") from None
         lines = text.split("\n")[:-1]  # the part after the last newline is torn or empty
-        body = lines[1:] if header is not None and lines and lines[0] == header else lines
-        kept = [ln for ln in body if ln and keep(ln)]
+        skip = 1 if header is not None and lines and lines[0] == header else 0
+        kept = []
+        for number, ln in enumerate(lines[skip:], start=skip + 1):
+            try:
+                if ln and keep(ln):
+                    kept.append(ln)
+            except ValueError as exc:
+                raise UserError(f"{path} line {number}: {exc}; the file was edited or damaged, so the run cannot "
+                                "be continued") from None
         out = ([header] if header is not None else []) + kept
         new = "".join(ln + "\n" for ln in out)
         if new != text:

@@ -39,6 +39,7 @@ from experiments.errors import UserError
 from experiments.prepare import Prepared, data_fingerprint, prepare_data
 from experiments.rundir import CHECKPOINT, RunDir, default_run_dir
 from protocols.registry import BuildContext
+from protocols.state import loads_json
 from protocols.transport import InProcessTransport, Transcript
 from recmodels.metrics import evaluate_full, evaluate_sampled
 
@@ -99,8 +100,11 @@ def _same(a: Any, b: Any) -> bool:
 def verify_resume(rd: RunDir, config: cfgmod.RunConfig) -> dict[str, Any]:
     """Refuse to continue if the configuration or the data differ from the run's creation."""
     ident = rd.read_json("run.json")
-    if not isinstance(ident, dict) or not isinstance(ident.get("config"), dict) or "run_id" not in ident:
+    if not isinstance(ident.get("config"), dict) or "run_id" not in ident:
         raise UserError(f"{rd.file('run.json')} does not describe a run (no config or run id); cannot verify a resume")
+    if not isinstance(ident.setdefault("data_files", {}), dict):
+        raise UserError(f"{rd.file('run.json')}: data_files must be a table of file -> SHA-256; found "
+                        f"{_short(ident['data_files'])}")
     stored, now = _flatten(ident["config"]), _flatten(json.loads(json.dumps(config.to_dict())))
     # A key added to the framework after the run was created is absent from run.json; at its
     # default it changes nothing (the run was made under that default), so it is not a change.
@@ -114,14 +118,54 @@ def verify_resume(rd: RunDir, config: cfgmod.RunConfig) -> dict[str, Any]:
                 f"{now.get(key, '(unset)')!r} since the run was created; only run.rounds may change on --resume"
             )
     files = data_fingerprint(config.data.source)
-    for path in sorted(set(files) | set(ident.get("data_files", {}))):
-        old, new = ident.get("data_files", {}).get(path), files.get(path)
+    for path in sorted(set(files) | set(ident["data_files"])):
+        old, new = ident["data_files"].get(path), files.get(path)
         if old != new:
             raise UserError(
                 f"data file {path} changed since the run was created (sha256 then {old or 'absent'}, "
                 f"now {new or 'absent'}); resuming would train on other data"
             )
     return ident
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+#: The keys of a costs.jsonl row that the summary averages.
+_COST_KEYS = ("bytes_per_client", "bytes_up", "bytes_down", "messages", "clients")
+
+
+def _row_round(line: str, name: str) -> int:
+    """The round of one ``metrics.jsonl`` / ``costs.jsonl`` line, after checking that the line holds
+    what the run wrote there (the summary and the plot read these rows back).
+
+    Raises:
+        ValueError: not a JSON object (or nested too deeply), no integer ``round``, a metrics value
+            that is not a number, or cost fields the summary averages that are not numbers.
+    """
+    row = loads_json(line)
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, found {type(row).__name__}")
+    if type(row.get("round")) is not int:
+        raise ValueError(f"'round' must be an integer; found {_short(row.get('round'))}")
+    if name == "metrics.jsonl":
+        bad = next((k for k, v in row.items() if not _is_number(v)), None)
+        if bad is not None:
+            raise ValueError(f"{bad!r} must be a number; found {_short(row[bad])}")
+        return row["round"]
+    bad = next((k for k in _COST_KEYS if k in row and not _is_number(row[k])), None)
+    if bad is not None:
+        raise ValueError(f"{bad!r} must be a number; found {_short(row[bad])}")
+    seconds = row.get("seconds", {})
+    if not isinstance(seconds, dict) or not all(_is_number(v) for v in seconds.values()):
+        raise ValueError(f"'seconds' must be a table of party -> seconds; found {_short(seconds)}")
+    return row["round"]
 
 
 class _Run:
@@ -136,6 +180,7 @@ class _Run:
         p = self.config.section("privacy")
         self.delta = p.delta
         self.ledger = PrivacyLedger(rd.file(LEDGER), budget=None if math.isinf(p.budget_epsilon) else (p.budget_epsilon, p.delta))
+        self.ledger.entries()  # an edited row (LedgerError) stops a resume now, not after it trained a round
 
     # -- evaluation ------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -256,19 +301,22 @@ def _open(req: RunRequest, prep: Prepared, trainer: Any) -> tuple[RunDir, str, f
                 f"{rd.file(CHECKPOINT)} belongs to another run (run id {state.get('run_id')!r}, this run is "
                 f"{run_id!r}); it was replaced, so the run cannot be continued"
             )
+        seconds = state.get("seconds", 0.0)
+        if not _is_number(seconds) or not 0 <= seconds < math.inf:
+            raise UserError(f"checkpoint {rd.file(CHECKPOINT)}: 'seconds' must be a number >= 0; found {_short(seconds)}")
         try:
             trainer.load_state_dict(state["trainer"])
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
             raise UserError(f"checkpoint {rd.file(CHECKPOINT)} does not fit this run: {exc}") from None
-        elapsed, start = float(state.get("seconds", 0.0)), int(trainer.round)
+        elapsed, start = float(seconds), int(trainer.round)
     if start > cfg.run.rounds:  # checked before config.toml is rewritten
         raise UserError(
             f"{rd.path} already completed {start} rounds; --rounds {cfg.run.rounds} would not undo them "
             f"(resume with --rounds >= {start})"
         )
     # Cut the appended files back to the checkpoint (a crash may have left rows past it).
-    rd.truncate_after("metrics.jsonl", lambda ln: json.loads(ln)["round"] <= start)
-    rd.truncate_after("costs.jsonl", lambda ln: json.loads(ln)["round"] < start)
+    rd.truncate_after("metrics.jsonl", lambda ln: _row_round(ln, "metrics.jsonl") <= start)
+    rd.truncate_after("costs.jsonl", lambda ln: _row_round(ln, "costs.jsonl") < start)
     rd.truncate_after("transcript.csv", lambda ln: int(ln.split(",", 1)[0]) < start, header=TRANSCRIPT_HEADER)
     rd.write_text("config.toml", cfgmod.to_toml(cfg))
     return rd, run_id, elapsed
@@ -343,7 +391,7 @@ def _loop(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: str
         "metrics_full": metrics_full,
         "evaluation": _evaluation_protocol(cfg, prep),
         "data": prep.description,
-        "bytes_per_client_per_round": float(np.mean([c["bytes_per_client"] for c in costs])) if costs and "bytes_per_client" in costs[0] else 0.0,
+        "bytes_per_client_per_round": float(np.mean([c.get("bytes_per_client", 0) for c in costs])) if costs and "bytes_per_client" in costs[0] else 0.0,
         "costs": _cost_summary(costs, trainer),
         "seconds": round(train_seconds + eval_s + full_s, 3),
         "seconds_per_round": round(train_seconds / max(done, 1), 4) if done else 0.0,
@@ -365,11 +413,11 @@ def _cost_summary(costs: list[dict[str, Any]], trainer: Any) -> dict[str, Any]:
     """Mean per-round costs from costs.jsonl, plus whatever the protocol reports itself."""
     out: dict[str, Any] = {}
     if costs:
-        for key in ("bytes_per_client", "bytes_up", "bytes_down", "messages", "clients"):
+        for key in _COST_KEYS:
             if key in costs[0]:
                 out[f"{key}_per_round"] = float(np.mean([c.get(key, 0) for c in costs]))
         parties = sorted({p for c in costs for p in c.get("seconds", {})})
-        out["seconds_per_round"] = {p: float(np.mean([c["seconds"].get(p, 0.0) for c in costs])) for p in parties}
+        out["seconds_per_round"] = {p: float(np.mean([c.get("seconds", {}).get(p, 0.0) for c in costs])) for p in parties}
     report = getattr(trainer, "cost_report", None)
     if callable(report):
         out.update(_jsonable(report()))

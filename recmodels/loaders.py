@@ -23,6 +23,12 @@ than once is merged, keeping the latest event (noted in ``source``).
 Every input error raises :class:`DataFormatError` (a ``ValueError``) or
 :class:`DataFileNotFoundError` (a ``FileNotFoundError``) whose message names the file and the
 1-based line number. A binary file is refused without echoing its bytes.
+
+Text is decoded strictly (:func:`read_text`): interaction files are UTF-8, and a byte sequence
+that is not UTF-8, or a NUL byte anywhere in the file, is refused naming the line and the byte's
+column (never the bytes themselves), so ids that differ only in such bytes can never become one
+user or item. Lines are what ``\n`` ends (a ``\r`` before it is dropped), the same lines that
+NumPy and the ``csv`` module count.
 """
 
 from __future__ import annotations
@@ -45,10 +51,12 @@ __all__ = [
     "DataFileNotFoundError",
     "DataFormat",
     "DataFormatError",
+    "decode_text",
     "detect_format",
     "infer_format",
     "load_interactions",
     "load_with_format",
+    "read_text",
     "resolve_data_path",
 ]
 
@@ -76,6 +84,51 @@ class DataFormatError(ValueError):
 
 class DataFileNotFoundError(FileNotFoundError):
     """The data file or folder does not exist (message says how to get it)."""
+
+
+def _position(data: bytes, index: int) -> tuple[int, int]:
+    """1-based line and byte column of ``data[index]``."""
+    return data.count(b"\n", 0, index) + 1, index - (data.rfind(b"\n", 0, index) + 1) + 1
+
+
+def decode_text(path: Path, data: bytes, encoding: str = "utf-8", *, partial: bool = False) -> str:
+    """``data`` (the content of ``path``) decoded strictly; see :func:`read_text`.
+
+    With ``partial`` (``data`` is the first bytes of the file) a multi-byte character cut at the
+    end is dropped rather than refused.
+    """
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line, column = _position(data, nul)
+        raise DataFormatError(path, line, f"NUL byte at column {column} (a byte count); a text file holds none. Is the "
+                              "file binary, or UTF-16 (save it as UTF-8)?")
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        if partial and exc.end == len(data) and exc.reason == "unexpected end of data":
+            return data[: exc.start].decode(encoding)
+        line, column = _position(data, exc.start)
+        raise DataFormatError(
+            path, line, f"byte 0x{data[exc.start]:02x} at column {column} (a byte count) is not valid "
+            f"{'UTF-8' if encoding == 'utf-8' else encoding} ({exc.reason}); save the file as UTF-8."
+        ) from None
+
+
+def read_text(path: Path | str, encoding: str = "utf-8") -> str:
+    """The text of a user-supplied file, decoded strictly.
+
+    Raises:
+        DataFileNotFoundError: the file cannot be read.
+        DataFormatError: a NUL byte anywhere (checked in every encoding, Latin-1 included, which
+            cannot fail otherwise) or a byte sequence that is not valid in ``encoding``; the message
+            names the file, the 1-based line and the byte's column, and never echoes the bytes.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DataFileNotFoundError(f"{path}: cannot read ({exc.strerror or exc}).") from exc
+    return decode_text(path, data, encoding)
 
 
 @dataclass(frozen=True)
@@ -197,10 +250,7 @@ def load_with_format(
         raise DataFormatError(path, None, f"rating_range applies to fmt='csv' only, not {fmt!r}.")
     layout = detect_format(path, fmt=fmt, columns=columns, sep=sep)
     file = layout.path
-    try:
-        text = file.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise DataFileNotFoundError(f"{file}: cannot read ({exc.strerror or exc}).") from exc
+    text = read_text(file)
     if layout.fmt == "csv":
         raw = _parse_generic(file, text, layout, rating_range)
     else:
@@ -214,10 +264,10 @@ def load_with_format(
 def _data_lines(text: str, skip: int) -> list[tuple[int, str]]:
     """(1-based line number, content) of non-blank lines after ``skip`` header lines."""
     out = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         if number <= skip or not line.strip():
             continue
-        out.append((number, line))
+        out.append((number, line.removesuffix("\r")))
     return out
 
 
@@ -310,7 +360,7 @@ def _generic_rows(file: Path, text: str, delimiter: str) -> tuple[list[list[str]
         except csv.Error as exc:
             raise DataFormatError(file, reader.line_num, f"cannot split the line: {exc}.") from None
         return rows, lines
-    numbered = [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    numbered = [(i, ln.removesuffix("\r")) for i, ln in enumerate(text.split("\n"), 1) if ln.strip()]
     return [split_line(ln, delimiter) for _, ln in numbered], [i for i, _ in numbered]
 
 

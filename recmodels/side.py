@@ -3,12 +3,17 @@
 MovieLens ships them in the same folder as the ratings; protocols that need them (STTFedRec's
 item and user towers, FEL's clustering on public attributes) read them with:
 
-* :func:`load_item_meta` -- titles and genres from ``movies.csv`` (ml-latest, ml-25m ...),
+* :func:`load_item_meta` -- titles and genres from ``movies.csv`` (ml-latest, ml-25m ...; UTF-8),
   ``movies.dat`` (ml-1m, ``::``-separated, Latin-1) or ``u.item`` (ml-100k, ``|``-separated,
   Latin-1, 19 genre flags named by ``u.genre`` when present);
 * :func:`load_user_demographics` -- age, gender, occupation and zip code from ``u.user``
   (ml-100k: exact ages, occupation names) or ``users.dat`` (ml-1m: age bands, occupation codes,
   mapped to the names of ml-1m's README).
+
+Encodings: ``movies.dat`` and ``u.item`` are Latin-1 (ISO-8859-1), as MovieLens documents; every
+other file is UTF-8 and decoded strictly (:func:`recmodels.loaders.read_text`): a byte sequence
+that is not UTF-8, or a NUL byte in any file, raises ``DataFormatError`` naming the line. Lines end
+at ``\n`` only.
 
 Both align the rows to a dataset's raw ids (``Interactions.item_ids`` / ``user_ids``, matched by
 their text so integer and string ids both work): an id the side file lacks gets an empty title
@@ -27,11 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from recmodels.loaders import DataFormatError, resolve_data_path
+from recmodels.loaders import DataFormatError, read_text, resolve_data_path
 
 __all__ = [
     "AGE_BANDS",
     "ITEM_FILES",
+    "LATIN1_FILES",
     "ML1M_OCCUPATIONS",
     "ML100K_GENRES",
     "USER_FILES",
@@ -44,6 +50,9 @@ __all__ = [
 
 ITEM_FILES = ("movies.csv", "movies.dat", "u.item")
 USER_FILES = ("u.user", "users.dat")
+
+#: Files MovieLens documents as Latin-1 (ISO-8859-1); the others are read as UTF-8.
+LATIN1_FILES = ("movies.dat", "u.item")
 
 #: ml-100k's genre flags, in file order (used when ``u.genre`` is absent).
 ML100K_GENRES = (
@@ -131,9 +140,15 @@ def _positions(ids: np.ndarray) -> dict[str, int]:
     return {str(x): i for i, x in enumerate(np.asarray(ids).tolist())}
 
 
-def _lines(path: Path, encoding: str) -> list[tuple[int, str]]:
-    text = path.read_bytes().decode(encoding, errors="replace").lstrip("\ufeff")
-    return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+def _text(path: Path) -> str:
+    return read_text(path, "latin-1" if path.name in LATIN1_FILES else "utf-8").lstrip("\ufeff")
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    """(1-based line number, content) of the non-blank lines, ended by ``\n`` only: Latin-1's 0x85
+    (NEL; an ellipsis in Windows-1252 titles) and 0x0b, 0x0c, 0x1c-0x1e are characters, not line
+    breaks as :meth:`str.splitlines` would have them."""
+    return [(n, line.removesuffix("\r")) for n, line in enumerate(_text(path).split("\n"), start=1) if line.strip()]
 
 
 def load_item_meta(source: str | Path, item_ids: np.ndarray) -> ItemMeta | None:
@@ -154,8 +169,7 @@ def load_item_meta(source: str | Path, item_ids: np.ndarray) -> ItemMeta | None:
             titles[i], genres[i], known[i] = title.strip(), gs, True
 
     if path.name == "movies.csv":
-        text = path.read_bytes().decode("utf-8", errors="replace").lstrip("\ufeff")
-        reader = csv.reader(io.StringIO(text))
+        reader = csv.reader(io.StringIO(_text(path)))
         header = next(reader, None)
         if header is None or [h.strip() for h in header[:3]] != ["movieId", "title", "genres"]:
             raise DataFormatError(path, 1, f"expected the header 'movieId,title,genres'; found {header!r}")
@@ -167,7 +181,7 @@ def load_item_meta(source: str | Path, item_ids: np.ndarray) -> ItemMeta | None:
             gs = () if row[2].strip() in ("", "(no genres listed)") else tuple(row[2].strip().split("|"))
             put(reader.line_num, row[0], row[1], gs)
     elif path.name == "movies.dat":
-        for line, content in _lines(path, "latin-1"):
+        for line, content in _lines(path):
             parts = content.split("::")
             if len(parts) != 3:
                 raise DataFormatError(path, line, f"expected MovieID::Title::Genres; found {len(parts)} fields")
@@ -176,10 +190,10 @@ def load_item_meta(source: str | Path, item_ids: np.ndarray) -> ItemMeta | None:
         names = list(ML100K_GENRES)
         genre_file = path.parent / "u.genre"
         if genre_file.is_file():
-            pairs = [c.split("|") for _, c in _lines(genre_file, "latin-1")]
+            pairs = [c.split("|") for _, c in _lines(genre_file)]
             if all(len(p) == 2 and p[1].strip().isdigit() for p in pairs):
                 names = [name for name, _ in sorted(pairs, key=lambda p: int(p[1]))]
-        for line, content in _lines(path, "latin-1"):
+        for line, content in _lines(path):
             parts = content.split("|")
             flags = parts[5:]
             if len(parts) < 6 or len(flags) != len(names) or any(f.strip() not in ("0", "1") for f in flags):
@@ -201,7 +215,7 @@ def load_user_demographics(source: str | Path, user_ids: np.ndarray) -> UserDemo
     gender, occupation, zips = [""] * n, [""] * n, [""] * n
     known = np.zeros(n, dtype=bool)
     sep, order = ("|", "age gender occupation zip") if path.name == "u.user" else ("::", "gender age occupation zip")
-    for line, content in _lines(path, "latin-1"):
+    for line, content in _lines(path):
         parts = [p.strip() for p in content.split(sep)]
         if len(parts) != 5:
             raise DataFormatError(path, line, f"expected 5 {sep!r}-separated fields (id {order}); found {len(parts)}")

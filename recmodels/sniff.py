@@ -10,7 +10,8 @@ Rules, in order:
 
 1. **Binary content is refused** (NUL bytes, the magic of a zip/gzip/bzip2/xz/7z/parquet file, or
    more than 10% control or undecodable bytes), with a message that names the file and the reason
-   and never echoes the bytes.
+   and never echoes the bytes. Text is UTF-8: a byte sequence that is not UTF-8 is refused naming
+   its line (here within the sample; :func:`recmodels.loaders.read_text` checks the whole file).
 2. **MovieLens by name and content**: ``u.data`` whose first line has 4 tab-separated fields,
    ``ratings.dat`` with 4 ``::``-separated fields, ``ratings.csv`` whose header is exactly
    ``userId,movieId,rating,timestamp`` use the MovieLens formats (fast path, rating scale checked).
@@ -153,19 +154,22 @@ def _error(path: Path, line: int | None, message: str) -> Exception:
 
 
 def _binary_reason(head: bytes) -> str | None:
+    """Why ``head`` is not text at all, or ``None`` (a text file with a stray NUL or non-UTF-8 byte
+    is refused by :func:`recmodels.loaders.decode_text` instead, naming its line)."""
     for magic, what in _MAGIC.items():
         if head.startswith(magic):
             return what
-    nul = head.find(b"\x00")
-    if nul >= 0:
-        return f"it contains NUL bytes (the first at byte {nul})"
     text = head.decode("utf-8", errors="replace")
     if len(head) == SNIFF_BYTES:
         text = text[:-4]  # a multi-byte character may be cut at the end of the sample
     bad = sum(1 for c in text if c == "\ufffd" or (ord(c) < 32 and c not in "\t\r\n\f"))
-    if text and bad > 0.1 * len(text):
-        return f"{bad} of its first {len(text)} characters are control characters or not UTF-8"
-    return None
+    if not text or bad <= 0.1 * len(text):
+        return None
+    nul = head.find(b"\x00")
+    if nul >= 0:  # e.g. UTF-16, or a binary format without a known magic
+        line = head.count(b"\n", 0, nul) + 1
+        return f"it contains NUL bytes (the first on line {line}, at byte {nul} of the file)"
+    return f"{bad} of its first {len(text)} characters are control characters or not UTF-8"
 
 
 def _sample_lines(head: bytes) -> list[tuple[int, str]]:
@@ -349,6 +353,9 @@ def detect_format(
     if reason is not None:
         raise _error(file, None, f"not a text ratings file: {reason}. Pass a CSV/TSV file of user, item "
                      "(rating, timestamp) rows, or u.data / ratings.dat / ratings.csv from MovieLens.")
+    from recmodels.loaders import decode_text
+
+    decode_text(file, head, partial=len(head) == SNIFF_BYTES)  # bytes that are not UTF-8: refused by line
     lines = _sample_lines(head)
     positional = {r: i for i, r in enumerate(ROLES)}
     if fmt in ("ml-100k", "ml-1m", "ml-csv"):

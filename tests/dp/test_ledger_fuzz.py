@@ -24,6 +24,7 @@ from dp.ledger import PrivacyLedger
 
 FIXTURE_OK = [HealthCheck.function_scoped_fixture]
 EV = PoissonSampled(0.1, Gaussian(1.5))
+DEEP = "[" * 100_000 + "]" * 100_000
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,12 @@ SQL_EDITS = {
                     "VALUES (99, 0, 'x', '', NULL, '{\"type\": \"NoOp\"}', '{}', 0)",
     "rounds-future": "INSERT INTO rounds VALUES (1000000000000, 0, 0)",
     "recorded-at-text": "UPDATE entries SET recorded_at = 'yesterday' WHERE seq = 0",
+    # JSON nested past any event's depth (issue 23, item 9: these raised RecursionError)
+    "params-deep": f"UPDATE entries SET params = '{DEEP}' WHERE seq = 0",
+    "event-deep": f"UPDATE entries SET event = '{DEEP}' WHERE seq = 0",
+    "event-deep-self-composed": "UPDATE entries SET event = '" + '{"type": "SelfComposed", "count": 2, "event": ' * 995
+                                + '{"type": "Laplace", "noise_multiplier": 1.0}' + "}" * 995 + "' WHERE seq = 0",
+    "meta-budget-deep": f"UPDATE meta SET value = '{DEEP}' WHERE key = 'budget'",
 }
 
 

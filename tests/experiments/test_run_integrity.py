@@ -338,3 +338,200 @@ def test_a_privacy_budget_stops_the_run_before_it_is_exceeded(tmp_path, capsys):
     assert s["stopped"] and s["rounds"] < 10
     assert s["privacy"]["epsilon"] <= 1.2
     assert len((tmp_path / "mf" / "costs.jsonl").read_text().splitlines()) == s["rounds"]
+
+
+# -- nesting: bounded at save and load, refused in words (issue 23, item 9) --------------------------------
+
+#: The documented bound on a state tree's nesting (protocols/state.py, docs/security.md): the root
+#: table is level 1; every dict, list or tuple below it adds one.
+STATE_DEPTH_LIMIT = 64
+_OPEN = {"list": ("[", "]"), "dict": ('{"k": ', "}"), "tuple": ('{"__tuple__": [', "]}")}
+
+
+def _nested_state(kinds: list[str]) -> dict:
+    """A state table whose deepest path holds ``1 + len(kinds)`` containers."""
+    node: object = 7
+    for kind in reversed(kinds):
+        node = [node] if kind == "list" else {"k": node} if kind == "dict" else (node,)
+    return {"s": node}
+
+
+def _skeleton_checkpoint(skeleton: str) -> bytes:
+    from safetensors.torch import save
+
+    return save({}, metadata={"format": "secagg-fedrec-state/1", "state": skeleton})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, STATE_DEPTH_LIMIT + 40).flatmap(
+    lambda n: st.lists(st.sampled_from(sorted(_OPEN)), min_size=n, max_size=n)))
+def test_state_depth_is_bounded_at_save_and_load(kinds):
+    """Up to 64 levels round-trip; deeper is refused at save with a ValueError naming the limit,
+    so every checkpoint written can be read back."""
+    state = _nested_state(kinds)
+    if 1 + len(kinds) <= STATE_DEPTH_LIMIT:
+        assert state_from_bytes(state_to_bytes(state)) == state
+    else:
+        with pytest.raises(ValueError, match=f"nested deeper than {STATE_DEPTH_LIMIT} levels"):
+            state_to_bytes(state)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    depth=st.one_of(st.integers(STATE_DEPTH_LIMIT, 3000), st.sampled_from([STATE_DEPTH_LIMIT, 998, 100_000])),
+    kinds=st.lists(st.sampled_from(sorted(_OPEN)), min_size=1, max_size=3),
+    where=st.sampled_from(["skeleton", "header"]),
+)
+def test_deeply_nested_checkpoint_json_raises_only_a_state_error(depth, kinds, where):
+    """A crafted checkpoint nesting lists, tables or tuple markers 64 to 100,000 deep, in the JSON
+    skeleton or in the safetensors header itself, is refused with StateError naming the nesting
+    (it used to escape as RecursionError, or load 900 levels and overflow later)."""
+    opens = "".join(_OPEN[kinds[i % len(kinds)]][0] for i in range(depth))
+    closes = "".join(_OPEN[kinds[i % len(kinds)]][1] for i in reversed(range(depth)))
+    nest = opens + "1" + closes
+    if where == "skeleton":
+        data = _skeleton_checkpoint('{"s": ' + nest + "}")
+    else:
+        header = ('{"__metadata__": {"format": "secagg-fedrec-state/1", "state": "{}"}, "x": ' + nest + "}").encode()
+        data = len(header).to_bytes(8, "little") + header
+    with pytest.raises(StateError, match="nested"):
+        state_from_bytes(data)
+
+
+def test_malformed_int_keys_in_a_checkpoint_raise_state_errors():
+    for key in ("#int:x", "#int:" + "9" * 5000, "#int:"):
+        with pytest.raises(StateError, match="int key"):
+            state_from_bytes(_skeleton_checkpoint(json.dumps({key: 1})))
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def _deep_ledger_params(run: Path) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(run / "privacy_ledger.sqlite")
+    db.execute("UPDATE entries SET params = ? WHERE round = 0", (DEEP,))
+    db.commit()
+    db.close()
+
+
+def _replace_line(run: Path, name: str, index: int, text: str) -> None:
+    lines = (run / name).read_text().splitlines()
+    lines[index] = text
+    (run / name).write_text("\n".join(lines) + "\n")
+
+
+_DEEP_EDITS = {
+    "run.json": lambda run: (run / "run.json").write_text(DEEP),
+    "metrics.jsonl": lambda run: _replace_line(run, "metrics.jsonl", 0, DEEP),
+    "costs.jsonl": lambda run: _replace_line(run, "costs.jsonl", 0, '{"round": 0, "x": ' + DEEP + "}"),
+    "checkpoint.safetensors": lambda run: (run / "checkpoint.safetensors").write_bytes(
+        _skeleton_checkpoint('{"run_id": ' + DEEP + "}")),
+    "privacy_ledger.sqlite": _deep_ledger_params,
+}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A two-round run directory to copy and damage (made once: each copy resumes in well under a second)."""
+    base = tmp_path_factory.mktemp("finished")
+    run = base / "run"
+    assert main(["run", "--config", cfg(base, 2), "--out", str(run), "--quiet"]) == 0
+    return run
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("run.lock"))
+    return dst
+
+
+@pytest.mark.parametrize("name", sorted(_DEEP_EDITS))
+def test_deep_json_in_a_run_directory_file_fails_resume_in_words(tmp_path, capsys, finished_run, name):
+    """100,000 nested lists in any JSON a resume reads back (run.json, metrics.jsonl, costs.jsonl,
+    the checkpoint, the ledger's params) give exit code 2 and one line naming the file, not a
+    RecursionError; and nothing is appended to the run directory."""
+    run = _copy_run(finished_run, tmp_path / "run")
+    _DEEP_EDITS[name](run)
+    costs_before = (run / "costs.jsonl").read_text()
+    code, _, err = cli(capsys, "run", "--resume", str(run), "--rounds", "3", "--quiet")
+    assert code == 2 and name in err and "nested" in err, err
+    assert err.startswith("secagg: error:") and len(err.strip().splitlines()) == 1
+    assert (run / "costs.jsonl").read_text() == costs_before
+
+
+@pytest.mark.parametrize("command, name", [
+    (["privacy", "report"], "run.json"), (["privacy", "report"], "privacy_ledger.sqlite"),
+    (["compare"], "metrics.jsonl"),
+])
+def test_deep_json_is_refused_by_the_commands_that_read_a_run_directory(tmp_path, capsys, finished_run, command, name):
+    run = _copy_run(finished_run, tmp_path / "run")
+    _DEEP_EDITS[name](run)
+    code, _, err = cli(capsys, *command, str(run))
+    assert code == 2 and name in err and "nested" in err, err
+
+
+@pytest.mark.parametrize("name", ["run.json", "config.toml", "metrics.jsonl", "costs.jsonl"])
+def test_bytes_that_are_not_utf8_in_a_run_directory_file_fail_resume_in_words(tmp_path, capsys, finished_run, name):
+    run = _copy_run(finished_run, tmp_path / "run")
+    (run / name).write_bytes((run / name).read_bytes().replace(b"round", b"r\xffund", 1).replace(b"[run]", b"[r\xffn]"))
+    code, _, err = cli(capsys, "run", "--resume", str(run), "--rounds", "3", "--quiet")
+    assert code == 2 and name in err and "0xff" in err and "\ufffd" not in err, err
+
+
+def test_a_damaged_ledger_fails_resume_in_words(tmp_path, capsys, finished_run):
+    """The ledger's own error (LedgerError, a RuntimeError) used to reach the user as a traceback."""
+    run = _copy_run(finished_run, tmp_path / "run")
+    (run / "privacy_ledger.sqlite").write_bytes(b"not a database" * 100)
+    code, _, err = cli(capsys, "run", "--resume", str(run), "--rounds", "3", "--quiet")
+    assert code == 2 and "privacy_ledger.sqlite" in err and "not a privacy ledger" in err
+
+
+_KEYS = st.sampled_from(["round", "loss", "seconds", "HR@10", "NDCG@10", "bytes_per_client", "clients", "client",
+                         "config", "run_id", "preset", "data_files", "run", "x"])
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 10**20) | st.floats() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS | st.text(max_size=3), inner, max_size=4),
+    max_leaves=8,
+)
+
+
+@st.composite
+def _run_dir_edit(draw):
+    """(file, how): a whole file or line replaced by random JSON, or one key of a real row or of
+    run.json given a random value."""
+    name = draw(st.sampled_from(["run.json", "metrics.jsonl", "costs.jsonl", "checkpoint.safetensors"]))
+    value = draw(_JSON)
+    how = draw(st.sampled_from(["whole", "key"]))
+    key = draw(st.sampled_from(["seconds", "trainer", "run_id"]) if name == "checkpoint.safetensors" else _KEYS)
+    line = draw(st.integers(0, 1))
+    return name, how, key, line, value
+
+
+@settings(max_examples=45, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edit=_run_dir_edit())
+def test_random_json_in_run_directory_files_resumes_or_fails_in_words(tmp_path, capsys, finished_run, edit):
+    """Any JSON value in run.json, in a metrics/costs row, or as the checkpoint's seconds, trainer
+    state or run id, either resumes or is refused with the command's one-line error (exit 2);
+    never a KeyError, TypeError or AttributeError traceback."""
+    import shutil
+
+    name, how, key, line, value = edit
+    run = tmp_path / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    _copy_run(finished_run, run)
+    if name == "run.json":
+        ident = json.loads((run / name).read_text())
+        (run / name).write_text(json.dumps(value if how == "whole" else {**ident, key: value}))
+    elif name == "checkpoint.safetensors":
+        state = state_from_bytes((run / name).read_bytes())
+        (run / name).write_bytes(state_to_bytes({**state, key: value}))
+    else:
+        row = json.loads((run / name).read_text().splitlines()[line])
+        _replace_line(run, name, line, json.dumps(value if how == "whole" else {**row, key: value}))
+    code, _, err = cli(capsys, "run", "--resume", str(run), "--rounds", "3", "--quiet")
+    assert code in (0, 2), err
+    if code == 2:
+        assert err.startswith("secagg: error:") and len(err.strip().splitlines()) == 1, err

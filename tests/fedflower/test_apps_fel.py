@@ -342,7 +342,7 @@ def test_fel_configurations_that_need_more_than_units_are_refused_in_words(prese
     config = cfgmod.load_preset(preset)
     with pytest.raises(UserError, match=reason):
         check_protocol(config)
-    for bad, why in ((dict(dp="distributed", simulate_dropout=0.2), "simulate_dropout"),):
+    for bad, why in ((dict(dp="distributed", simulate_dropout=0.2, secagg_dropout=0.2), "simulate_dropout"),):
         with pytest.raises(ValueError, match=f"cannot run with its clients on separate devices.*{why}"):
             check_runs_on_flower(SPEC, FelConfig(secure_aggregation="secagg+", combiner="mean", **bad))
     for fine in (dict(dp="central"), dict(dp="distributed"), dict(dp="central", sampling="poisson")):  # (device step)

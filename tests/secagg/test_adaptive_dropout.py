@@ -21,12 +21,24 @@ import secrets
 from collections import defaultdict
 
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from secagg import params, prg, shamir
-from secagg.bonawitz import MaskingClient, MaskingConfig, MaskingServer, SurvivorList, UnmaskRequest, make_pki
+from secagg.bonawitz import (
+    ClientPolicy,
+    MaskingClient,
+    MaskingConfig,
+    MaskingServer,
+    SurvivorList,
+    UnmaskRequest,
+    make_pki,
+)
 from secagg.errors import AbortError, MessageError
 from secagg.keys import KEY_BYTES
 from secagg.messages import SERVER
+from secagg.runner import RunSpec, run
 
 N, DIM = 50, 3
 COLLUDERS = frozenset({0, 1})  # fixed before the graph is drawn (the graph's CSPRNG ring places them)
@@ -99,16 +111,22 @@ def plan_cut(cfg: MaskingConfig, colluders: frozenset[int]) -> tuple[frozenset[i
             if r1 & r2:
                 continue
             dropped = frozenset((r1 | r2) - colluders)
-            u2, u3, unmaskers = _cascade(cfg, dropped)
-            honest = u3 - colluders
-            for part in _components(cfg, honest):
-                if part == honest:
-                    continue
-                if all(set(cfg.graph[a]) & u2 <= part | colluders and
-                       len((set(cfg.graph[a]) | {a}) & unmaskers) >= cfg.t for a in part):
-                    if best is None or len(part) < len(best[1]):
-                        best = (dropped, frozenset(part))
+            for part in learnable_parts(cfg, colluders, dropped):
+                if best is None or len(part) < len(best[1]):
+                    best = (dropped, part)
     return best
+
+
+def learnable_parts(cfg: MaskingConfig, colluders: frozenset[int], dropped: frozenset[int]) -> list[frozenset[int]]:
+    """The proper parts of the honest survivors whose sum a server that ignores ``dropped`` learns
+    (clients without a dropout policy): connected components of the honest survivors' graph whose
+    members' self-mask seeds have ``t`` unmasking holders and whose pairwise masks reach only the
+    part and the colluders."""
+    u2, u3, unmaskers = _cascade(cfg, dropped)
+    honest = u3 - colluders
+    return [frozenset(part) for part in _components(cfg, honest) if part != honest and all(
+        set(cfg.graph[a]) & u2 <= part | colluders and len((set(cfg.graph[a]) | {a}) & unmaskers) >= cfg.t
+        for a in part)]
 
 
 def run_cut(cfg: MaskingConfig, colluders: frozenset[int], dropped: frozenset[int], target: frozenset[int], *,
@@ -225,11 +243,95 @@ def test_an_adaptive_server_finds_a_cut_for_most_colluder_placements():
 def test_an_adaptive_cut_beyond_the_planned_dropouts_is_refused_by_the_clients():
     """The attack of item 8 through the real protocol on random default graphs, against clients
     with the default policy. Before the fix it learned a sum over at most half the survivors on
-    every graph where it found a cut (20 and 25 of 30 in two runs); now on none: the clients count
-    ten of fifty missing, more than the ``ceil(0.1 * 50) = 5`` they planned for, and do not sign."""
+    every graph where it found a cut (20, 21 and 25 of 30 in three runs, each sum exact); now on
+    none: the clients count ten of fifty missing, more than the ``ceil(0.1 * 50) = 5`` they
+    planned for, and do not sign."""
     results = _attack_on_random_graphs()
     planned = [r for r in results if r[0] is not None]
     assert len(planned) >= 12  # expected 30 * 37/49 = 22.7; fewer than 12 has probability < 1e-5
     for (dropped, target), (learned, actual) in planned:
         assert len(dropped) > math.ceil(params.DEFAULT_DROPOUT * N)
         assert learned is None, f"a sum over {len(target)} clients was learned with {len(dropped)} ignored"
+
+
+def test_clients_that_allow_the_dropouts_give_the_cut_away():
+    """The same server against clients whose own ``max_dropout`` (0.2: ten of fifty) admits the
+    ten it ignores: wherever it finds a cut it learns the part's sum exactly, a sum over at most
+    half the honest survivors. This is what a node configured for more dropouts than its
+    parameters were chosen for risks."""
+    results = _attack_on_random_graphs(ClientPolicy(max_dropout=0.2))
+    planned = [r for r in results if r[0] is not None]
+    assert len(planned) >= 12
+    for (dropped, target), (learned, actual) in planned:
+        assert learned is not None, actual
+        assert learned.tolist() == actual.tolist() and len(target) <= (N - len(dropped) - len(COLLUDERS)) // 2
+
+
+def test_listing_the_ignored_clients_as_survivors_is_refused():
+    """A server that hides its ten ignored clients by listing all ``n`` as survivors passes a bare
+    count; the clients also check that every neighbour on the list reached them in the key
+    exchange (U3 within U2, Bonawitz et al.'s check), and the ones next to the cut refuse, so the
+    part's self-mask seeds are never rebuilt."""
+    for _ in range(6):
+        cfg = MaskingConfig.secagg_plus(N, DIM)
+        plan = plan_cut(cfg, COLLUDERS)
+        if plan is not None:
+            break
+    assert plan is not None
+    learned, why = run_cut(cfg, COLLUDERS, *plan, list_everyone=True)
+    assert learned is None and "whose shares never reached this client" in why, why
+    learned, actual = run_cut(cfg, COLLUDERS, *plan, policy=ClientPolicy(max_dropout=0.2))
+    assert learned is not None and learned.tolist() == actual.tolist()  # the same cut, honestly listed
+
+
+@settings(max_examples=40, deadline=None)
+@given(ring=st.permutations(range(N)),
+       dropped=st.sets(st.integers(len(COLLUDERS), N - 1), max_size=2 * (12 // 2) - len(COLLUDERS) - 1))
+def test_a_cut_needs_more_dropouts_than_the_default_plan(ring, dropped):
+    """What remains: a server that ignores at most nine clients (the plan allows five) learns no
+    part's sum at ``n = 50``, whatever the graph and whichever nine it picks after seeing it:
+    both ends of a part need ``k/2 = 6`` consecutive missing-or-colluding ring positions, twelve
+    positions with at most two colluders (:func:`secagg.params.adaptive_partition` = 0)."""
+    g = params.choose(N)
+    cfg = MaskingConfig(N, DIM, g.t, _ring_graph(N, g.k, list(ring)), secrets.token_bytes(16))
+    assert learnable_parts(cfg, COLLUDERS, frozenset(dropped)) == []
+    assert params.adaptive_partition(N, g.k, g.t, dropped=len(dropped), colluders=g.colluders) == 0
+
+
+def test_the_adaptive_partition_bound():
+    """Zero within the plan for the defaults up to n = 200 (a cut needs more colluders than
+    tolerated); one at n = 50 with the ten dropouts the attack used (it succeeds on 37 of 49
+    placements); for larger n small but above the 2^-40 target; zero for the complete graph."""
+    for n in (20, 50, 100, 200):
+        for dropout in (0.1, 0.3):
+            assert params.choose(n, dropout=dropout).adaptive_partition == 0
+    assert params.adaptive_partition(N, 12, 8, dropped=10, colluders=2) == 1.0
+    assert params.adaptive_partition(N, 12, 8, dropped=9, colluders=2) == 0.0
+    assert params.adaptive_partition(N, 12, 7, dropped=12, colluders=0) == 1.0  # t = k/2 + 1: no colluder needed
+    g = params.choose(1000)
+    assert 2.0**-40 < g.adaptive_partition < 2.0**-30
+    # the exact union bound, from integers: n^2/2 * P[HG(1000, 50, 74) >= 24]
+    need = max(g.k - g.dropped, 2 * (g.t - 1 - g.k // 2))
+    tail = sum(math.comb(50, i) * math.comb(950, 74 - i) for i in range(need, 51)) / math.comb(1000, 74)
+    assert g.adaptive_partition == pytest.approx(1000**2 / 2 * tail, rel=1e-9)
+    assert params.adaptive_partition(10, 9, 6, dropped=5, colluders=0) == 0.0
+    assert "clients refuse to sign a survivor set with more than 100 of 1000 missing" in g.summary()
+    assert "assumes dropouts chosen independently of the graph" in g.summary()
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(6, 20), plan=st.sampled_from([0.0, 0.1, 0.2, 0.3]), data=st.data())
+def test_clients_sign_exactly_when_no_more_are_missing_than_planned(n, plan, data):
+    """Random dropout choices against the runner's clients (their ``max_dropout`` is the run's
+    plan): the round completes exactly when at most ``ceil(plan * n)`` clients are missing from U3
+    (the complete graph, so ``t`` never decides first), and then with the survivors' exact sum."""
+    t = (2 * n) // 3 + 1
+    gone = data.draw(st.sets(st.integers(0, n - 1), max_size=n - t), label="dropped before their masked input")
+    x = np.arange(n * 2, dtype=np.uint64).reshape(n, 2)
+    res = run("secagg", x, RunSpec(dropouts={"masked_input": frozenset(gone)}, dropout=plan))
+    allowed = math.ceil(plan * n - 1e-9)
+    assert res.ok == (len(gone) <= allowed), res.abort
+    if res.ok:
+        assert res.total.tolist() == x[sorted(set(range(n)) - gone)].sum(axis=0).tolist()
+    else:
+        assert "signed the survivor set" in res.abort

@@ -15,9 +15,13 @@ each, every message one :data:`fedflower.records.RECORD_KEY` ConfigRecord carryi
 
 1. ``setup``: the server's public parameters (:class:`fedflower.records.SetupConfig`: protocol,
    ``n``, ``dim``, ``t``, round, instance, this client's index and neighbours, encoding). The
-   client checks them (:class:`fedflower.client_state.ClientView`: ``t`` within its holders and
-   above half of them unless ``unsafe_threshold``; the bit budget) and answers with its long-term
-   Ed25519 identity key and :class:`~secagg.bonawitz_wire.AdvertiseKeys`.
+   client reads its own safety settings from its node's configuration
+   (:func:`fedflower.client_state.node_policy`: ``min-survivors``, ``unsafe-threshold``,
+   ``max-dropout``; never from the server), checks the parameters against them
+   (:class:`fedflower.client_state.ClientView`: ``t`` within its holders and above half of them
+   unless the node opted into ``unsafe-threshold``; ``n`` at least ``min-survivors``; the bit
+   budget) and answers with its long-term Ed25519 identity key and
+   :class:`~secagg.bonawitz_wire.AdvertiseKeys`.
 2. ``share_keys``: :class:`~secagg.bonawitz_wire.KeyBroadcast` plus the identity keys of its
    holders; the client checks that its own identity was relayed unchanged, then sends
    :class:`~secagg.bonawitz_wire.EncryptedShares`.
@@ -28,14 +32,19 @@ each, every message one :data:`fedflower.records.RECORD_KEY` ConfigRecord carryi
    :class:`~secagg.bonawitz_wire.MaskedInput`; the FitRes goes back with its arrays emptied. A
    ClientApp may instead answer with a raw vector (:data:`VECTOR_KEY`, :func:`encode_vector`),
    summed as it is; the mod removes it from the reply.
-4. ``consistency`` and 5. ``unmask``: as in :mod:`secagg.bonawitz`.
+4. ``consistency``: the client signs the survivor set U3 only if it lies within the clients whose
+   shares reached it (for its neighbours), holds at least ``min-survivors`` clients, and misses
+   at most ``ceil(max-dropout * n)`` of the ``n`` announced ones
+   (:class:`secagg.bonawitz.ClientPolicy`); 5. ``unmask``: as in :mod:`secagg.bonawitz`.
 
 What the client refuses (a typed :class:`secagg.errors.SecAggError`, which Flower turns into an
 error reply, so the server drops this client): a record with missing or extra keys or wrong value
 types (:class:`fedflower.records.RecordError`), a message of another stage, round or protocol
 instance, a replayed or tampered message (our decoders and state machine), a ``TRAIN`` message
 without our record (a client with this mod never sends its update unmasked), ``num_examples``
-above ``max_weight``, and a model whose size differs from the announced ``dim``.
+above ``max_weight``, a model whose size differs from the announced ``dim``, and whatever its
+policy refuses (above). A node whose own settings are malformed refuses every setup
+(``ValueError`` naming the node-config key).
 
 The client's state between stages (private keys, shares) is kept in the node's own
 ``Context.state`` (:mod:`fedflower.client_state`) and deleted when the round ends or fails; its
@@ -57,6 +66,7 @@ from fedflower.client_state import (
     identity_bytes,
     load_client,
     load_identity,
+    node_policy,
 )
 from fedflower.records import (
     IDENTITY_KEY,
@@ -149,11 +159,12 @@ def encode_vector(setup: SetupConfig, vector: np.ndarray) -> np.ndarray:
 
 def _setup(vals: dict, ctxt: Context) -> dict[str, object]:
     setup = SetupConfig.from_values(vals)
-    view = ClientView.from_setup(setup)
+    policy = node_policy(ctxt.node_config)  # the node's own settings, never the server's
+    view = ClientView.from_setup(setup, policy)
     check_budget(n_summands=setup.n, clip=max(setup.clip, 1.0), frac_bits=setup.frac_bits)
     ident = _identity(ctxt)
     pki = {setup.index: ident.public_bytes}
-    client = MaskingClient(view, setup.index, ident, pki)
+    client = MaskingClient(view, setup.index, ident, pki, policy)
     advert = client.advertise().to_bytes()
     ctxt.state.config_records[STATE_KEY] = dump_client(setup, client, pki)
     return {"stage": "setup", "identity": ident.public_bytes, "msg": advert}

@@ -56,10 +56,12 @@ def in_process(train, exclude, cfg: FelConfig, seed: int) -> FelTrainer:
                       source="synthetic")
 
 
-def fel_grid(tmp: Path, train, exclude, cfg: FelConfig, seed: int, *, drop=None, tamper=None):
+def fel_grid(tmp: Path, train, exclude, cfg: FelConfig, seed: int, *, drop=None, tamper=None, node_config=None):
+    """``node_config``: every node's own configuration (e.g. its secure-aggregation ``max-dropout``)."""
     meta = write_partitions(train, exclude, tmp / "parts", units=public_units(SPEC, cfg, seed, train, "synthetic"))
     nodes = [7000 + 13 * i for i in range(meta.clients)]
-    grid = LoopbackGrid(make_client_app(tmp / "parts"), nodes, drop=drop, tamper=tamper)
+    grid = LoopbackGrid(make_client_app(tmp / "parts"), nodes, drop=drop, tamper=tamper,
+                        node_config=None if node_config is None else lambda nid: node_config)
     server = build_server_trainer(SPEC, cfg, seed, meta, transport=InProcessTransport(Transcript()),
                                   user_ids=train.user_ids, source="synthetic")
     return GridTrainer(grid, server, protocol="fel", seed=seed, meta=meta, timeout=30, assign=True), grid

@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 import numpy as np
-from flwr.app import Message, MessageType, RecordDict
+import pytest
+from flwr.app import Array, ArrayRecord, Message, MessageType, RecordDict
 from flwr.common import FitIns, ndarrays_to_parameters
 from flwr.compat.common import recorddict_compat as compat
 
+from fedflower.chain_flower import CHAIN_STATE_KEY, ChainWorkflow, chain_mod
+from fedflower.client_state import node_policy
 from fedflower.loopback import LoopbackGrid
-from fedflower.records import RECORD_KEY, SetupConfig, make_record
-from fedflower.secagg_mod import encode_update
+from fedflower.records import RECORD_KEY, STAGES, STATE_KEY, SetupConfig, make_record
+from fedflower.secagg_mod import VECTOR_KEY, encode_update
 from secagg import prg, shamir
-from secagg.bonawitz import MaskingConfig, MaskingServer, SurvivorList, UnmaskRequest
+from secagg.bonawitz import ClientPolicy, MaskingConfig, MaskingServer, SurvivorList, UnmaskRequest
+from secagg.encoding import FixedPoint
 from secagg.graph import complete_graph
 from secagg.keys import KEY_BYTES, KeyPair
 from secagg.messages import SERVER, decode
+from secagg.params import DEFAULT_DROPOUT
 
 from .conftest import SHAPES, examples_of, secure_app, update_of
 
@@ -127,3 +133,141 @@ def test_a_server_cannot_switch_on_the_unsafe_threshold_through_the_setup_record
     rebuilt, errors = split_view_through_the_mod(declare_unsafe=True)
     assert rebuilt is None, "the nodes took part: the server rebuilt the victim's input"
     assert sorted(errors) == list(range(N))
+
+
+def test_only_the_nodes_own_opt_in_exposes_the_victim():
+    """The stated limit, with its switch where it belongs: nodes whose operators set
+    ``unsafe-threshold = true`` in their node config accept ``t = 2`` of 5 from a setup record
+    that says nothing about it, and the same split view rebuilds the victim's input exactly."""
+    rebuilt, actual = split_view_through_the_mod(declare_unsafe=False, node_config={"unsafe-threshold": True})
+    assert rebuilt is not None and rebuilt.tolist() == actual.tolist()
+
+
+def test_a_setup_record_still_declaring_unsafe_threshold_is_refused():
+    """The field is gone from the wire: a record carrying it is refused as malformed, even by a node
+    that opted in (the server has no say), and without opting in the node refuses the unsafe ``t``."""
+    rebuilt, errors = split_view_through_the_mod(declare_unsafe=True, node_config={"unsafe-threshold": True})
+    assert rebuilt is None and sorted(errors) == list(range(N))
+    assert all("unexpected ['unsafe_threshold']" in why for why in errors.values()), errors
+    rebuilt, errors = split_view_through_the_mod(declare_unsafe=False)
+    assert rebuilt is None and sorted(errors) == list(range(N))
+    assert all("at or below half of this client's 5 holders" in why for why in errors.values()), errors
+
+
+# -- the node's settings: read from its config, checked, kept between stages --------------------
+def test_node_policy_reads_typed_and_spelled_values_and_refuses_the_rest():
+    assert node_policy({}) == ClientPolicy(min_survivors=2, unsafe_threshold=False, max_dropout=DEFAULT_DROPOUT)
+    want = ClientPolicy(min_survivors=5, unsafe_threshold=True, max_dropout=0.25)
+    assert node_policy({"min-survivors": 5, "unsafe-threshold": True, "max-dropout": 0.25}) == want
+    assert node_policy({"min-survivors": "5", "unsafe-threshold": "TRUE", "max-dropout": "0.25"}) == want
+    assert node_policy({"max-dropout": 0}).max_dropout == 0.0  # an int where a float is wanted
+    for cfg, why in [({"min-survivors": 1}, "min_survivors must be an int >= 2"),
+                     ({"min-survivors": 2.5}, "'min-survivors' must be int"),
+                     ({"min-survivors": True}, "'min-survivors' must be int"),
+                     ({"unsafe-threshold": 1}, "'unsafe-threshold' must be bool"),
+                     ({"unsafe-threshold": "yes"}, "'unsafe-threshold' must be bool"),
+                     ({"max-dropout": 1.0}, "max_dropout must be a fraction in"),
+                     ({"max-dropout": "lots"}, "'max-dropout' must be float")]:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            node_policy(cfg)
+
+
+def _drop_at_masked_input(*who: int):  # noqa: ANN202
+    return lambda stage, nid: stage == STAGES.index("masked_input") + 1 and nid in who
+
+
+def test_min_survivors_and_max_dropout_come_from_the_node_config(secagg_round):
+    """Two of eight nodes go silent before their masked input. Nodes at the default max-dropout 0.1
+    (one of eight) refuse to sign the survivor set and nothing is unmasked; nodes configured for
+    0.25 sign and the server gets the six survivors' exact sum; nodes whose min-survivors is 7
+    refuse the six. (The server plans for 0.25 in every case: what it plans does not reach the
+    nodes.) A cohort of six is refused at setup by nodes whose min-survivors is 7."""
+    nodes = [1000 + 17 * i for i in range(8)]
+    drop = _drop_at_masked_input(nodes[2], nodes[5])
+    survivors = [n for n in nodes if n not in (nodes[2], nodes[5])]
+    for node_config, refusal in [(None, "more than the 1 this client's max_dropout = 0.1 allows"),
+                                 ({"max-dropout": 0.25}, None),
+                                 ({"max-dropout": 0.25, "min-survivors": 7}, "below this client's min_survivors = 7")]:
+        res = secagg_round(8, protocol="secagg+", dropout=0.25, drop=drop, node_config=node_config)
+        rep = res.report
+        if refusal is None:
+            assert rep.abort is None and rep.survivors == survivors
+            assert np.array_equal(rep.total, res.oracle_total(rep.survivors))
+        else:
+            assert rep.abort is not None and "signed the survivor set" in rep.abort and rep.total is None
+            refused = {nid for nid, (stage, why) in rep.dropped.items() if stage == "consistency" and refusal in why}
+            assert refused == set(survivors), rep.dropped
+            assert all(np.all(p == 0) for p in res.params)  # the model is unchanged
+    res = secagg_round(6, protocol="secagg", node_config={"min-survivors": 7})
+    assert res.report.abort is not None and {s for s, _ in res.report.dropped.values()} == {"setup"}
+    assert all("below this client's min_survivors = 7" in why for _, why in res.report.dropped.values())
+
+
+def test_the_node_state_keeps_the_policy_of_the_setup(secagg_round):
+    """The policy is read once, at setup, and travels in the node's own state: a node config that
+    changes mid-round (here to max-dropout 0.9 after the setup) changes nothing, and the record
+    holds the policy's fields."""
+    nodes = [1000 + 17 * i for i in range(8)]
+    seen = []
+
+    def later_looser(app):  # noqa: ANN001, ANN202
+        def call(msg, ctx):  # noqa: ANN001, ANN202
+            if msg.content.config_records[RECORD_KEY]["stage"] != "setup":
+                ctx.node_config["max-dropout"] = 0.9
+            out = app(msg, ctx)
+            state = ctx.state.config_records.get(STATE_KEY)
+            if state is not None:
+                seen.append((state["policy_min_survivors"], state["policy_unsafe_threshold"],
+                             state["policy_max_dropout"]))
+            return out
+
+        return call
+
+    res = secagg_round(8, protocol="secagg+", dropout=0.25, drop=_drop_at_masked_input(nodes[2], nodes[5]),
+                       wrap_app=later_looser, node_config={"min-survivors": 3})
+    assert res.report.abort is not None and res.report.total is None
+    assert any("max_dropout = 0.1 allows" in why for _, why in res.report.dropped.values())
+    assert seen and set(seen) == {(3, False, DEFAULT_DROPOUT)}
+
+
+# -- the circular chain on Flower: the server's min_survivors is a request, the node's a floor ---
+VEC_DIM = 4
+
+
+def _vector_of(nid: int) -> np.ndarray:
+    return np.linspace(-1, 1, VEC_DIM) * (nid % 7 + 1) / 8
+
+
+def _chain_round(n: int, *, server_min: int = 2, node_config: dict | None = None, seen=None):  # noqa: ANN001, ANN202
+    nodes = [5000 + 11 * i for i in range(n)]
+
+    def inner(msg, ctx):  # noqa: ANN001, ANN202
+        return Message(RecordDict({VECTOR_KEY: ArrayRecord({"vector": Array(_vector_of(ctx.node_id))})}), reply_to=msg)
+
+    def app(msg, ctx):  # noqa: ANN001, ANN202
+        out = chain_mod(msg, ctx, inner)
+        state = ctx.state.config_records.get(CHAIN_STATE_KEY)
+        if seen is not None and state is not None:
+            seen.add(state["min_survivors"])
+        return out
+
+    grid = LoopbackGrid(app, nodes, node_config=None if node_config is None else lambda nid: node_config)
+    wf = ChainWorkflow(successors=1, min_survivors=server_min, rounding="nearest")
+    return nodes, wf, wf.aggregate_vectors(grid, 1, {nid: RecordDict() for nid in nodes}, VEC_DIM)
+
+
+def test_the_chain_client_takes_the_larger_floor_never_the_servers_alone():
+    """Five nodes, a server asking for ``min_survivors = 2``: nodes whose node config says 6 refuse
+    every ring of five (the round aborts, nothing is summed); nodes saying 5 take part, and the
+    node's chain state keeps the larger floor; a server asking for more than the node raises it."""
+    nodes, _, rep = _chain_round(5, node_config={"min-survivors": 6})
+    assert rep.total is None and rep.abort is not None
+    assert all("below min_survivors=6" in why for why in rep.dropped.values()), rep.dropped
+    seen: set = set()
+    nodes, wf, rep = _chain_round(5, seen=seen, node_config={"min-survivors": 5})
+    assert rep.abort is None and rep.survivors == nodes and seen == {5}
+    got = FixedPoint(wf.frac_bits, wf.clip).decode(rep.total)
+    np.testing.assert_allclose(got, sum(_vector_of(n) for n in nodes), atol=1e-8)
+    seen = set()
+    _chain_round(5, server_min=4, node_config={"min-survivors": 3}, seen=seen)
+    assert seen == {4}  # the server may raise it

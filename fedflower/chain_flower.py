@@ -22,9 +22,10 @@ Messages: one Flower ``TRAIN`` round trip per chain stage, each carrying one Con
   FitIns. The mod runs the ClientApp (training), encodes ``[w, w * parameters]`` in fixed point
   (:func:`fedflower.secagg_mod.encode_update`), keeps the encoding in the node's own state and
   answers with the chain's ADVERT (the FitRes goes back with its arrays emptied). The server's
-  ``min_survivors`` is only a request: the client refuses every ring smaller than the larger of
-  it and its node's own ``min-survivors`` (:func:`fedflower.client_state.node_policy`), and keeps
-  that floor in its state, so a server can raise it but never lower it;
+  ``min_survivors`` is only a request: the client refuses every ring smaller than the largest of
+  it, its node's own ``min-survivors`` (:func:`fedflower.client_state.node_policy`) and, for a raw
+  vector, the ClientApp's ``"min_survivors"`` beside it (:func:`fedflower.secagg_mod.vector_floor`),
+  and keeps that floor in its state, so a server can raise it but never lower it;
 * ``relay`` (both directions, repeated): one :mod:`secagg.chain_wire` message in its wire form
   (RING, BUNDLE, DELIVERY, UPLOAD, UNLOCK_REQUEST, UNLOCK). The chain's re-run rule may restart an
   attempt after a dropout, so the number of relays per round is not fixed; the server stops when
@@ -59,7 +60,7 @@ from flwr.serverapp.grid import Grid
 
 from fedflower.client_state import node_policy
 from fedflower.records import RecordError, check_record, make_record
-from fedflower.secagg_mod import VECTOR_KEY, encode_update, encode_vector
+from fedflower.secagg_mod import VECTOR_KEY, encode_update, encode_vector, vector_floor
 from fedflower.secagg_workflow import begin_fit, finish_fit
 from secagg.chain import ChainClient, ChainConfig, ClientStage
 from secagg.chain_server import ChainServer
@@ -178,9 +179,7 @@ def chain_mod(msg: Message, ctxt: Context, call_next) -> Message:  # noqa: ANN00
             content = out.content
             raw = content.array_records.get(VECTOR_KEY)
             if raw is not None:  # a raw vector (ChainWorkflow.aggregate_vectors): encoded, never clipped
-                if set(raw.keys()) != {"vector"}:
-                    raise RecordError(f"chain stage SETUP at {where}: the '{VECTOR_KEY}' record must hold exactly "
-                                      f"'vector'; found {sorted(raw.keys())}")
+                floor = max(floor, vector_floor(raw, f"chain stage SETUP at {where}") or 2)
                 x = encode_vector(enc, raw["vector"].numpy())  # type: ignore[arg-type]
                 del content[VECTOR_KEY]  # the plaintext input never leaves the client
             else:

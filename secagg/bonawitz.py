@@ -88,7 +88,7 @@ import math
 import os
 import struct
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature
@@ -416,6 +416,29 @@ class MaskingClient:
         self.stage = ClientStage.INIT
         self._state: object = None
         self._nbrs = frozenset(cfg.graph[client_id])
+
+    def require_survivors(self, minimum: int) -> None:
+        """Raise this aggregation's ``min_survivors`` to ``minimum`` (never lower it).
+
+        For a caller whose input must never be unmasked over fewer clients than the node's floor
+        allows (a distributed-DP noise share sized for ``minimum`` survivors): the survivor set is
+        then refused at CONSISTENCY below ``max(policy.min_survivors, minimum)``. Allowed until
+        the survivor set is signed.
+
+        Raises:
+            ValueError: ``minimum`` is not an int >= 2.
+            MessageError: the survivor set was already signed.
+            AbortError: ``minimum`` exceeds the ``n`` announced clients (no survivor set can reach it).
+        """
+        if self.stage in (ClientStage.SIGNED, ClientStage.DONE):
+            raise MessageError(f"client {self.id}: min_survivors can only be raised before the survivor set is signed")
+        if type(minimum) is not int or minimum < 2:
+            raise ValueError(f"min_survivors must be an int >= 2 (a sum of one client is its input); found {minimum!r}.")
+        policy = replace(self.policy, min_survivors=max(self.policy.min_survivors, minimum))
+        if policy.min_survivors > self.cfg.n:
+            raise AbortError(f"an aggregation of n = {self.cfg.n} clients is below this input's min_survivors = "
+                             f"{policy.min_survivors}; it is not masked")
+        self.policy = policy
 
     # -- helpers -------------------------------------------------------------------------------
     def _enter(self, method: str) -> None:

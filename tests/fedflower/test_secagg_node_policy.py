@@ -23,7 +23,8 @@ from fedflower.chain_flower import CHAIN_STATE_KEY, ChainWorkflow, chain_mod
 from fedflower.client_state import node_policy
 from fedflower.loopback import LoopbackGrid
 from fedflower.records import RECORD_KEY, STAGES, STATE_KEY, SetupConfig, make_record
-from fedflower.secagg_mod import VECTOR_KEY, encode_update
+from fedflower.secagg_mod import VECTOR_KEY, encode_update, secagg_mod
+from fedflower.secagg_workflow import SecAggWorkflow
 from secagg import prg, shamir
 from secagg.bonawitz import ClientPolicy, MaskingConfig, MaskingServer, SurvivorList, UnmaskRequest
 from secagg.encoding import FixedPoint
@@ -230,7 +231,7 @@ def test_the_node_state_keeps_the_policy_of_the_setup(secagg_round):
     assert seen and set(seen) == {(3, False, DEFAULT_DROPOUT)}
 
 
-# -- the circular chain on Flower: the server's min_survivors is a request, the node's a floor ---
+# -- a ClientApp's own floor for one aggregation (the hook for FEL's distributed-DP noise) -------
 VEC_DIM = 4
 
 
@@ -238,11 +239,79 @@ def _vector_of(nid: int) -> np.ndarray:
     return np.linspace(-1, 1, VEC_DIM) * (nid % 7 + 1) / 8
 
 
-def _chain_round(n: int, *, server_min: int = 2, node_config: dict | None = None, seen=None):  # noqa: ANN001, ANN202
+def _floor_app(floor, seen: list | None = None):  # noqa: ANN001, ANN202
+    """A node whose ClientApp answers with a raw vector and, beside it, ``floor`` as its
+    ``min_survivors`` (an array as given, or nothing for ``None``)."""
+
+    def inner(msg, ctx):  # noqa: ANN001, ANN202
+        rec = {"vector": Array(_vector_of(ctx.node_id))}
+        if floor is not None:
+            rec["min_survivors"] = Array(np.asarray(floor))
+        return Message(RecordDict({VECTOR_KEY: ArrayRecord(rec)}), reply_to=msg)
+
+    def app(msg, ctx):  # noqa: ANN001, ANN202
+        out = secagg_mod(msg, ctx, inner)
+        state = ctx.state.config_records.get(STATE_KEY)
+        if seen is not None and state is not None:
+            seen.append((msg.content.config_records[RECORD_KEY]["stage"], state["policy_min_survivors"]))
+        return out
+
+    return app
+
+
+def _vector_round(floor, *, silent: tuple[int, ...] = (), seen: list | None = None):  # noqa: ANN001, ANN202
+    nodes = [4000 + 7 * i for i in range(6)]
+    grid = LoopbackGrid(_floor_app(floor, seen), nodes,
+                        drop=lambda stage, nid: stage == STAGES.index("masked_input") + 1 and nid in silent)
+    wf = SecAggWorkflow(protocol="secagg", rounding="nearest")
+    rep, _ = wf.aggregate_vectors(grid, 1, {nid: RecordDict() for nid in nodes}, VEC_DIM)
+    return nodes, wf, rep
+
+
+def test_a_client_app_raises_the_survivor_floor_for_one_aggregation():
+    """The ClientApp answers ``masked_input`` with its vector and ``min_survivors = 6`` beside it:
+    with one of six nodes silent (within the node's default max-dropout), no node signs the five
+    survivors and nothing is unmasked; with ``min_survivors = 5`` the five survivors' exact sum
+    comes out and the node's state held the raised floor (5) from the masked input on, its node
+    config's floor (2) before. A floor above the announced ``n`` is refused before masking."""
+    nodes, _, rep = _vector_round(np.int64(6), silent=(4007,))
+    assert rep.abort is not None and rep.total is None
+    refused = {nid for nid, (stage, why) in rep.dropped.items()
+               if stage == "consistency" and "5 survivors, below this client's min_survivors = 6" in why}
+    assert refused == set(nodes) - {4007}
+    seen: list = []
+    nodes, wf, rep = _vector_round(np.int64(5), silent=(4007,), seen=seen)
+    assert rep.abort is None and rep.survivors == [n for n in nodes if n != 4007]
+    got = FixedPoint(wf.frac_bits, wf.clip).decode(rep.total)
+    np.testing.assert_allclose(got, sum(_vector_of(n) for n in rep.survivors), atol=1e-8)
+    assert {(stage, floor) for stage, floor in seen} == {("setup", 2), ("share_keys", 2), ("masked_input", 5),
+                                                         ("consistency", 5)}
+    nodes, _, rep = _vector_round(np.int64(7))
+    assert rep.abort is not None and {s for s, _ in rep.dropped.values()} == {"masked_input"}
+    assert all("n = 6 clients is below this input's min_survivors = 7" in why for _, why in rep.dropped.values())
+
+
+@pytest.mark.parametrize(("floor", "why"), [
+    (np.float64(5), "must be an int64 scalar >= 2; found float64"),
+    (np.array([5], dtype=np.int64), "found int64 of shape (1,)"),
+    (np.int64(1), "found int64 of shape () = 1"),
+])
+def test_a_malformed_floor_is_refused_and_the_node_dropped(floor, why):
+    nodes, _, rep = _vector_round(floor)
+    assert rep.abort is not None  # every node refused its own ClientApp's answer: nothing was masked
+    assert {s for s, _ in rep.dropped.values()} == {"masked_input"}
+    assert all(why in reason for _, reason in rep.dropped.values()), rep.dropped
+
+
+# -- the circular chain on Flower: the server's min_survivors is a request, the node's a floor ---
+def _chain_round(n: int, *, server_min: int = 2, node_config: dict | None = None, floor=None, seen=None):  # noqa: ANN001, ANN202
     nodes = [5000 + 11 * i for i in range(n)]
 
     def inner(msg, ctx):  # noqa: ANN001, ANN202
-        return Message(RecordDict({VECTOR_KEY: ArrayRecord({"vector": Array(_vector_of(ctx.node_id))})}), reply_to=msg)
+        rec = {"vector": Array(_vector_of(ctx.node_id))}
+        if floor is not None:
+            rec["min_survivors"] = Array(np.array(floor, dtype=np.int64))
+        return Message(RecordDict({VECTOR_KEY: ArrayRecord(rec)}), reply_to=msg)
 
     def app(msg, ctx):  # noqa: ANN001, ANN202
         out = chain_mod(msg, ctx, inner)
@@ -256,18 +325,21 @@ def _chain_round(n: int, *, server_min: int = 2, node_config: dict | None = None
     return nodes, wf, wf.aggregate_vectors(grid, 1, {nid: RecordDict() for nid in nodes}, VEC_DIM)
 
 
-def test_the_chain_client_takes_the_larger_floor_never_the_servers_alone():
+def test_the_chain_client_takes_the_largest_floor_never_the_servers_alone():
     """Five nodes, a server asking for ``min_survivors = 2``: nodes whose node config says 6 refuse
-    every ring of five (the round aborts, nothing is summed); nodes saying 5 take part, and the
-    node's chain state keeps the larger floor; a server asking for more than the node raises it."""
+    every ring of five (the round aborts, nothing is summed); nodes saying 5, or a ClientApp giving
+    5 beside its vector, take part, and the node's chain state keeps the larger floor."""
     nodes, _, rep = _chain_round(5, node_config={"min-survivors": 6})
     assert rep.total is None and rep.abort is not None
     assert all("below min_survivors=6" in why for why in rep.dropped.values()), rep.dropped
-    seen: set = set()
-    nodes, wf, rep = _chain_round(5, seen=seen, node_config={"min-survivors": 5})
-    assert rep.abort is None and rep.survivors == nodes and seen == {5}
-    got = FixedPoint(wf.frac_bits, wf.clip).decode(rep.total)
-    np.testing.assert_allclose(got, sum(_vector_of(n) for n in nodes), atol=1e-8)
+    nodes, _, rep = _chain_round(5, floor=6)
+    assert rep.total is None and all("below min_survivors=6" in why for why in rep.dropped.values())
+    for kw in ({"node_config": {"min-survivors": 5}}, {"floor": 5}):
+        seen: set = set()
+        nodes, wf, rep = _chain_round(5, seen=seen, **kw)
+        assert rep.abort is None and rep.survivors == nodes and seen == {5}
+        got = FixedPoint(wf.frac_bits, wf.clip).decode(rep.total)
+        np.testing.assert_allclose(got, sum(_vector_of(n) for n in nodes), atol=1e-8)
     seen = set()
     _chain_round(5, server_min=4, node_config={"min-survivors": 3}, seen=seen)
     assert seen == {4}  # the server may raise it

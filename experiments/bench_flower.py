@@ -16,7 +16,10 @@ one example each); a ``--dropout`` fraction, the same nodes for both, stops answ
 sharing, before its masked input (the expensive case: the server must rebuild their pairwise
 masks). Without ``--k``/``--t``, both come from :func:`secagg.params.choose` for ``n``,
 ``--plan-dropout`` (default: ``--dropout``, at least 0.1, the workflow's default plan; Flower needs
-``t < k + 1``, which a plan for no dropout at all does not give) and ``--corrupt``. Reported per side:
+``t < k + 1``, which a plan for no dropout at all does not give) and ``--corrupt``. Our nodes are
+configured as an operator would (node config ``max-dropout`` = the plan, ``unsafe-threshold`` =
+``--unsafe-threshold``): a ``--dropout`` above ``--plan-dropout`` makes them refuse to sign the
+survivor set, and our side aborts. Reported per side:
 
 * ``server_s``: wall seconds of the workflow minus the seconds inside the ClientApps and the
   (de)serialisation of messages and contexts (the transport);
@@ -102,7 +105,8 @@ def _update(seed: int, nid: int, dim: int) -> np.ndarray:
     return np.random.default_rng([seed, nid]).uniform(-1.0, 1.0, dim).astype(np.float32)  # CSPRNG-OK: data
 
 
-def _run_side(side: str, n: int, dim: int, k: int, t: int, dropped: set[int], seed: int, unsafe: bool) -> dict:
+def _run_side(side: str, n: int, dim: int, k: int, t: int, dropped: set[int], seed: int, unsafe: bool,
+              plan: float) -> dict:
     from flwr.client import ClientApp, NumPyClient
     from flwr.client.mod import secaggplus_mod
     from flwr.server.workflow import SecAggPlusWorkflow
@@ -123,7 +127,10 @@ def _run_side(side: str, n: int, dim: int, k: int, t: int, dropped: set[int], se
 
     mod = secaggplus_mod if side == "flower" else secagg_mod
     app = ClientApp(client_fn=lambda ctx: Client(ctx.node_id).to_client(), mods=[mod])
-    grid = LoopbackGrid(app, nodes, drop=lambda s, nid: s == _DROP_STAGE and nid in dropped)
+    # our nodes' own settings (node config, never the server's): the planned dropout, the unsafe opt-in
+    node_config = {"max-dropout": plan, "unsafe-threshold": unsafe} if side == "ours" else None
+    grid = LoopbackGrid(app, nodes, drop=lambda s, nid: s == _DROP_STAGE and nid in dropped,
+                        node_config=None if node_config is None else lambda nid: node_config)
     wf = (SecAggPlusWorkflow(num_shares=k + 1, reconstruction_threshold=t) if side == "flower"
           else SecAggWorkflow(num_shares=k + 1, reconstruction_threshold=t, rounding="nearest",
                               unsafe_threshold=unsafe))
@@ -266,7 +273,7 @@ def bench_flower(
                  "guarantees": None if g is None else g.summary()}
     for side in ("flower", "ours"):
         if only in ("both", side):
-            for key, val in _run_side(side, n, dim, k, t, dropped, seed, unsafe_threshold).items():
+            for key, val in _run_side(side, n, dim, k, t, dropped, seed, unsafe_threshold, plan).items():
                 out[f"{side}_{key}"] = val
     if floor:
         print(f"timing Flower's primitives for the floor: k={k} t={t} d={dim}", file=sys.stderr)

@@ -21,7 +21,11 @@ Messages: one Flower ``TRAIN`` round trip per chain stage, each carrying one Con
   ``min_survivors``, ``max_attempts``), the client's id in the chain and the encoding, plus the
   FitIns. The mod runs the ClientApp (training), encodes ``[w, w * parameters]`` in fixed point
   (:func:`fedflower.secagg_mod.encode_update`), keeps the encoding in the node's own state and
-  answers with the chain's ADVERT (the FitRes goes back with its arrays emptied);
+  answers with the chain's ADVERT (the FitRes goes back with its arrays emptied). The server's
+  ``min_survivors`` is only a request: the client refuses every ring smaller than the largest of
+  it, its node's own ``min-survivors`` (:func:`fedflower.client_state.node_policy`) and, for a raw
+  vector, the ClientApp's ``"min_survivors"`` beside it (:func:`fedflower.secagg_mod.vector_floor`),
+  and keeps that floor in its state, so a server can raise it but never lower it;
 * ``relay`` (both directions, repeated): one :mod:`secagg.chain_wire` message in its wire form
   (RING, BUNDLE, DELIVERY, UPLOAD, UNLOCK_REQUEST, UNLOCK). The chain's re-run rule may restart an
   attempt after a dropout, so the number of relays per round is not fixed; the server stops when
@@ -45,7 +49,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import numpy as np
@@ -54,8 +58,9 @@ from flwr.common import parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 from flwr.serverapp.grid import Grid
 
+from fedflower.client_state import node_policy
 from fedflower.records import RecordError, check_record, make_record
-from fedflower.secagg_mod import VECTOR_KEY, encode_update, encode_vector
+from fedflower.secagg_mod import VECTOR_KEY, encode_update, encode_vector, vector_floor
 from fedflower.secagg_workflow import begin_fit, finish_fit
 from secagg.chain import ChainClient, ChainConfig, ClientStage
 from secagg.chain_server import ChainServer
@@ -167,21 +172,20 @@ def chain_mod(msg: Message, ctxt: Context, call_next) -> Message:  # noqa: ANN00
         if rec.get("stage") == "setup":
             records.pop(CHAIN_STATE_KEY, None)  # a new round replaces whatever was in progress
             cfg, cid, enc = _setup_client(_read(msg.content, "setup", "to_client", where))
+            floor = max(cfg.min_survivors, node_policy(ctxt.node_config).min_survivors)  # never below the node's
             out = call_next(msg, ctxt)
             if out.has_error():
                 raise RecordError(f"chain stage SETUP at {where}: the ClientApp failed: {out.error.reason}")
             content = out.content
             raw = content.array_records.get(VECTOR_KEY)
             if raw is not None:  # a raw vector (ChainWorkflow.aggregate_vectors): encoded, never clipped
-                if set(raw.keys()) != {"vector"}:
-                    raise RecordError(f"chain stage SETUP at {where}: the '{VECTOR_KEY}' record must hold exactly "
-                                      f"'vector'; found {sorted(raw.keys())}")
+                floor = max(floor, vector_floor(raw, f"chain stage SETUP at {where}") or 2)
                 x = encode_vector(enc, raw["vector"].numpy())  # type: ignore[arg-type]
                 del content[VECTOR_KEY]  # the plaintext input never leaves the client
             else:
                 fitres = compat.recorddict_to_fitres(content, keep_input=True)
                 x = encode_update(enc, parameters_to_ndarrays(fitres.parameters), fitres.num_examples)  # type: ignore[arg-type]
-            client = ChainClient(cfg, cid, x)
+            client = ChainClient(replace(cfg, min_survivors=floor), cid, x)
             reply = client.advertise()
             for arr in content.array_records.values():
                 arr.clear()
@@ -238,7 +242,8 @@ class ChainWorkflow:
     Args:
         successors: ``s``, the ring neighbours each client shares seeds with on each side (the
             collusion threshold is ``2s`` ring neighbours plus the server).
-        min_survivors: the round aborts rather than publish a sum over fewer clients (>= 2).
+        min_survivors: the round aborts rather than publish a sum over fewer clients (>= 2). Each
+            node also refuses any ring below its own node config's ``min-survivors``: the larger wins.
         max_attempts: the round aborts after this many abandoned attempts.
         max_weight, clipping_range, frac_bits, rounding: the encoding, as for ``SecAggWorkflow``.
         timeout: seconds to wait for each stage's replies (``None``: until all arrive).

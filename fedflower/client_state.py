@@ -8,15 +8,21 @@ own ``Context.state`` and rebuilds the client from it for the next message. Noth
 the record never leaves the node (it holds the client's private keys and secret shares, as
 Flower's own ``secaggplus_mod`` state does) and is deleted when the round ends or fails.
 
+The client's safety settings (:class:`secagg.bonawitz.ClientPolicy`) are its node's own
+configuration, never a field of a server message (issue 23, item 4): :func:`node_policy` reads them
+from Flower's ``Context.node_config`` (what ``flower-supernode --node-config`` sets) at the setup
+stage, and the state record keeps the policy the node had then (raised, never lowered, by the
+ClientApp's own per-aggregation floor), so later stages re-read nothing.
+
 The client does not know the whole SecAgg+ graph, only its own neighbourhood, which the server
 sends in the setup record: :class:`ClientView` is the :class:`~secagg.bonawitz.MaskingConfig` a
 client can check (its row of the graph, ``t`` against its own holders, including the refusal of
-an unsafe ``t``).
+an unsafe ``t`` unless the node's own policy opted into it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -29,12 +35,57 @@ from flwr.app import ConfigRecord
 
 from fedflower.records import RecordError, SetupConfig
 from secagg import bonawitz
-from secagg.bonawitz import ClientStage, MaskingClient, MaskingConfig, SigningKey
+from secagg.bonawitz import ClientPolicy, ClientStage, MaskingClient, MaskingConfig, SigningKey
 from secagg.keys import KeyPair
 from secagg.messages import INSTANCE_BYTES
-from secagg.params import min_safe_threshold
+from secagg.params import DEFAULT_DROPOUT, min_safe_threshold
 
-__all__ = ["ClientView", "dump_client", "identity_bytes", "load_client", "load_identity"]
+__all__ = ["NODE_KEYS", "ClientView", "dump_client", "identity_bytes", "load_client", "load_identity", "node_policy"]
+
+#: The node-config keys of a client's safety settings, with their defaults (see :func:`node_policy`).
+NODE_KEYS = {"min-survivors": 2, "unsafe-threshold": False, "max-dropout": DEFAULT_DROPOUT}
+
+
+def _node_value(cfg: Mapping[str, object], key: str, want: type) -> object:
+    """``cfg[key]`` as ``want`` (int, bool or float), its default when absent; a ValueError otherwise.
+
+    Flower parses ``--node-config "key=value"`` as TOML (``5``, ``true``, ``0.2``); a string that
+    spells such a value (``"5"``, ``"true"``, ``"0.2"``) is accepted too. Nothing else is guessed.
+    """
+    v = cfg.get(key, NODE_KEYS[key])
+    if isinstance(v, str):
+        text = v.strip().lower()
+        try:
+            v = {"true": True, "false": False}[text] if want is bool else want(text)
+        except (KeyError, ValueError):
+            pass
+    ok = type(v) is want or (want is float and type(v) is int)
+    if not ok:
+        raise ValueError(f"node config '{key}' must be {want.__name__}; found {v!r} ({type(v).__name__}). Set it "
+                         f"with flower-supernode --node-config \"{key}=...\" (default {NODE_KEYS[key]!r}).")
+    return float(v) if want is float else v  # type: ignore[arg-type]
+
+
+def node_policy(node_config: Mapping[str, object]) -> ClientPolicy:
+    """The client's own :class:`~secagg.bonawitz.ClientPolicy` from its node's configuration.
+
+    Keys (:data:`NODE_KEYS`): ``min-survivors`` (int >= 2, default 2): take part only in an
+    aggregation announced for at least this many clients, and never sign a survivor set smaller;
+    ``unsafe-threshold`` (bool, default false): accept a ``t`` at or below half of this client's
+    holders (attack demonstrations only; the server cannot switch it on); ``max-dropout`` (float
+    in [0, 1), default :data:`secagg.params.DEFAULT_DROPOUT`): never sign a survivor set missing
+    more than ``ceil(max-dropout * n)`` of the ``n`` announced clients (set it to the dropout the
+    deployment's SecAgg+ parameters were chosen for, ``SecAggWorkflow(dropout=...)``).
+
+    Raises:
+        ValueError: a value of another type or out of range, naming the key.
+    """
+    try:
+        return ClientPolicy(min_survivors=_node_value(node_config, "min-survivors", int),  # type: ignore[arg-type]
+                            unsafe_threshold=_node_value(node_config, "unsafe-threshold", bool),  # type: ignore[arg-type]
+                            max_dropout=_node_value(node_config, "max-dropout", float))  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise ValueError(f"this node's secure-aggregation settings: {exc}") from None
 
 
 class _OwnRow(Sequence):
@@ -79,10 +130,14 @@ class ClientView(MaskingConfig):
         return len(self.graph.row)  # type: ignore[attr-defined]
 
     @classmethod
-    def from_setup(cls, s: SetupConfig) -> ClientView:
-        """The view described by a validated setup record."""
+    def from_setup(cls, s: SetupConfig, policy: ClientPolicy) -> ClientView:
+        """The view described by a validated setup record, checked against the node's own ``policy``.
+
+        ``unsafe_threshold`` comes from the node's policy, never from the server: a ``t`` at or
+        below half of this client's holders is refused unless the node's operator opted in.
+        """
         return cls(s.n, s.dim, s.t, _OwnRow(s.n, s.index, s.neighbours), s.instance, s.round,  # type: ignore[arg-type]
-                   s.unsafe_threshold)
+                   policy.unsafe_threshold)
 
 
 def identity_bytes(key: SigningKey) -> bytes:
@@ -96,12 +151,14 @@ def load_identity(raw: bytes) -> SigningKey:
 
 
 _SETUP_FIELDS = ("protocol", "n", "dim", "t", "round", "instance", "index", "neighbours", "frac_bits", "clip",
-                 "max_weight", "rounding", "unsafe_threshold")
+                 "max_weight", "rounding")
+_POLICY_FIELDS = ("min_survivors", "unsafe_threshold", "max_dropout")
 
 
 def dump_client(setup: SetupConfig, client: MaskingClient, pki: dict[int, bytes]) -> ConfigRecord:
-    """The client's state as a ConfigRecord (see the module docstring)."""
+    """The client's state as a ConfigRecord (see the module docstring), its policy included."""
     out: dict[str, object] = {f"cfg_{f}": getattr(setup, f) for f in _SETUP_FIELDS}
+    out.update({f"policy_{f}": getattr(client.policy, f) for f in _POLICY_FIELDS})
     out["cfg_neighbours"] = list(setup.neighbours)
     out["client_stage"] = int(client.stage)
     out["pki_ids"] = list(pki)
@@ -128,7 +185,8 @@ def load_client(rec: ConfigRecord, identity: SigningKey) -> tuple[SetupConfig, M
     setup = SetupConfig(**{f: rec[f"cfg_{f}"] for f in _SETUP_FIELDS if f != "neighbours"},  # type: ignore[arg-type]
                         neighbours=tuple(rec["cfg_neighbours"]))  # type: ignore[arg-type]
     pki = dict(zip(rec["pki_ids"], rec["pki_keys"], strict=True))  # type: ignore[arg-type]
-    client = MaskingClient(ClientView.from_setup(setup), setup.index, identity, pki)
+    policy = ClientPolicy(**{f: rec[f"policy_{f}"] for f in _POLICY_FIELDS})  # type: ignore[arg-type]
+    client = MaskingClient(ClientView.from_setup(setup, policy), setup.index, identity, pki, policy)
     stage = ClientStage(int(rec["client_stage"]))  # type: ignore[call-overload]
     state: object = None
     if stage == ClientStage.ADVERTISED:

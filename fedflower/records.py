@@ -74,7 +74,6 @@ _SETUP_TYPES: dict[str, type | tuple[type, type]] = {
     "clip": float,
     "max_weight": float,
     "rounding": str,
-    "unsafe_threshold": bool,
 }
 #: stage -> {key: type} of the server -> client record.
 TO_CLIENT: dict[str, dict[str, type | tuple[type, type]]] = {
@@ -181,7 +180,12 @@ class SetupConfig:
             to ``[-clip, clip]`` first, as Flower's quantisation does).
         max_weight: ``num_examples / max_weight`` is the client's weight, which must be ``<= 1``.
         rounding: ``"stochastic"`` (unbiased, CSPRNG) or ``"nearest"`` (deterministic).
-        unsafe_threshold: accept ``t`` at or below half of a client's holders (demos only).
+
+    No safety setting travels here: whether a client accepts an unsafe ``t``, how few survivors
+    and how many dropouts it tolerates are its node's own configuration
+    (:func:`fedflower.client_state.node_policy`). The record once carried ``unsafe_threshold``,
+    which let a server switch the consistency check off (issue 23, item 4); a record that still
+    carries it is refused as having an unexpected key.
     """
 
     protocol: str
@@ -196,7 +200,6 @@ class SetupConfig:
     clip: float
     max_weight: float
     rounding: str = "stochastic"
-    unsafe_threshold: bool = False
 
     def to_record(self) -> ConfigRecord:
         """The setup ConfigRecord."""
@@ -205,7 +208,6 @@ class SetupConfig:
             "round": self.round, "instance": self.instance, "index": self.index,
             "neighbours": list(self.neighbours), "frac_bits": self.frac_bits, "clip": float(self.clip),
             "max_weight": float(self.max_weight), "rounding": self.rounding,
-            "unsafe_threshold": self.unsafe_threshold,
         })
 
     @classmethod
@@ -232,5 +234,4 @@ class SetupConfig:
             protocol=str(v["protocol"]), n=n, dim=dim, t=t, round=int(v["round"]), instance=bytes(inst),  # type: ignore[call-overload, arg-type]
             index=idx, neighbours=nb, frac_bits=int(v["frac_bits"]), clip=float(v["clip"]),  # type: ignore[call-overload, arg-type]
             max_weight=float(v["max_weight"]), rounding=str(v["rounding"]),  # type: ignore[arg-type]
-            unsafe_threshold=bool(v["unsafe_threshold"]),
         )

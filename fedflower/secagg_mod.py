@@ -15,9 +15,13 @@ each, every message one :data:`fedflower.records.RECORD_KEY` ConfigRecord carryi
 
 1. ``setup``: the server's public parameters (:class:`fedflower.records.SetupConfig`: protocol,
    ``n``, ``dim``, ``t``, round, instance, this client's index and neighbours, encoding). The
-   client checks them (:class:`fedflower.client_state.ClientView`: ``t`` within its holders and
-   above half of them unless ``unsafe_threshold``; the bit budget) and answers with its long-term
-   Ed25519 identity key and :class:`~secagg.bonawitz_wire.AdvertiseKeys`.
+   client reads its own safety settings from its node's configuration
+   (:func:`fedflower.client_state.node_policy`: ``min-survivors``, ``unsafe-threshold``,
+   ``max-dropout``; never from the server), checks the parameters against them
+   (:class:`fedflower.client_state.ClientView`: ``t`` within its holders and above half of them
+   unless the node opted into ``unsafe-threshold``; ``n`` at least ``min-survivors``; the bit
+   budget) and answers with its long-term Ed25519 identity key and
+   :class:`~secagg.bonawitz_wire.AdvertiseKeys`.
 2. ``share_keys``: :class:`~secagg.bonawitz_wire.KeyBroadcast` plus the identity keys of its
    holders; the client checks that its own identity was relayed unchanged, then sends
    :class:`~secagg.bonawitz_wire.EncryptedShares`.
@@ -27,15 +31,24 @@ each, every message one :data:`fedflower.records.RECORD_KEY` ConfigRecord carryi
    ``frac_bits`` fractional bits, :class:`secagg.encoding.FixedPoint`), and sends the
    :class:`~secagg.bonawitz_wire.MaskedInput`; the FitRes goes back with its arrays emptied. A
    ClientApp may instead answer with a raw vector (:data:`VECTOR_KEY`, :func:`encode_vector`),
-   summed as it is; the mod removes it from the reply.
-4. ``consistency`` and 5. ``unmask``: as in :mod:`secagg.bonawitz`.
+   summed as it is; the mod removes it from the reply. Beside ``"vector"`` the record may hold an
+   int64 scalar array ``"min_survivors"``: the ClientApp's own floor for this aggregation (an
+   input whose distributed-DP noise is sized for that many survivors), which raises the node's
+   ``min-survivors`` for this instance only (kept in the node's state, never lowered; refused
+   before masking when the announced ``n`` is smaller).
+4. ``consistency``: the client signs the survivor set U3 only if it lies within the clients whose
+   shares reached it (for its neighbours), holds at least ``max(min-survivors, the ClientApp's
+   floor)`` clients, and misses at most ``ceil(max-dropout * n)`` of the ``n`` announced ones
+   (:class:`secagg.bonawitz.ClientPolicy`); 5. ``unmask``: as in :mod:`secagg.bonawitz`.
 
 What the client refuses (a typed :class:`secagg.errors.SecAggError`, which Flower turns into an
 error reply, so the server drops this client): a record with missing or extra keys or wrong value
 types (:class:`fedflower.records.RecordError`), a message of another stage, round or protocol
 instance, a replayed or tampered message (our decoders and state machine), a ``TRAIN`` message
 without our record (a client with this mod never sends its update unmasked), ``num_examples``
-above ``max_weight``, and a model whose size differs from the announced ``dim``.
+above ``max_weight``, a model whose size differs from the announced ``dim``, and whatever its
+policy refuses (above). A node whose own settings are malformed refuses every setup
+(``ValueError`` naming the node-config key).
 
 The client's state between stages (private keys, shares) is kept in the node's own
 ``Context.state`` (:mod:`fedflower.client_state`) and deleted when the round ends or fails; its
@@ -47,7 +60,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.common import parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 
@@ -57,6 +70,7 @@ from fedflower.client_state import (
     identity_bytes,
     load_client,
     load_identity,
+    node_policy,
 )
 from fedflower.records import (
     IDENTITY_KEY,
@@ -71,11 +85,12 @@ from secagg.bonawitz import ClientStage, MaskingClient, SigningKey
 from secagg.encoding import FixedPoint, check_budget
 from secagg.errors import BudgetError, MessageError
 
-__all__ = ["NEXT_STAGE", "VECTOR_KEY", "encode_update", "encode_vector", "secagg_mod"]
+__all__ = ["NEXT_STAGE", "VECTOR_KEY", "encode_update", "encode_vector", "secagg_mod", "vector_floor"]
 
 #: An ArrayRecord a ClientApp may answer ``masked_input`` with instead of a FitRes: one float64
 #: array ``"vector"`` of exactly ``dim`` values, summed as they are (no weight slot), for servers
-#: that lay out their own sums (:meth:`fedflower.secagg_workflow.SecAggWorkflow.aggregate_vectors`).
+#: that lay out their own sums (:meth:`fedflower.secagg_workflow.SecAggWorkflow.aggregate_vectors`);
+#: optionally an int64 scalar array ``"min_survivors"`` (:func:`vector_floor`).
 VECTOR_KEY = "secagg.vector"
 
 log = logging.getLogger(__name__)
@@ -147,13 +162,36 @@ def encode_vector(setup: SetupConfig, vector: np.ndarray) -> np.ndarray:
     return FixedPoint(setup.frac_bits, max(setup.clip, 1.0)).encode(vec, rounding=setup.rounding)
 
 
+def vector_floor(raw: ArrayRecord, where: str) -> int | None:
+    """The ClientApp's own ``min_survivors`` in a :data:`VECTOR_KEY` record (``None`` if absent).
+
+    The record holds exactly ``"vector"`` and, optionally, ``"min_survivors"``: an int64 scalar
+    array with a value >= 2 (a sum of one client is its input).
+
+    Raises:
+        RecordError: other keys, or a ``"min_survivors"`` of another dtype, shape or value.
+    """
+    keys = set(raw.keys())
+    if keys not in ({"vector"}, {"vector", "min_survivors"}):
+        raise RecordError(f"{where}: the '{VECTOR_KEY}' record must hold 'vector' (and optionally "
+                          f"'min_survivors'); found {sorted(keys)}")
+    if "min_survivors" not in keys:
+        return None
+    floor = raw["min_survivors"].numpy()
+    if floor.dtype != np.int64 or floor.shape != () or int(floor) < 2:
+        raise RecordError(f"{where}: '{VECTOR_KEY}' 'min_survivors' must be an int64 scalar >= 2; found "
+                          f"{floor.dtype} of shape {floor.shape}" + (f" = {floor.item()!r}" if floor.shape == () else ""))
+    return int(floor)
+
+
 def _setup(vals: dict, ctxt: Context) -> dict[str, object]:
     setup = SetupConfig.from_values(vals)
-    view = ClientView.from_setup(setup)
+    policy = node_policy(ctxt.node_config)  # the node's own settings, never the server's
+    view = ClientView.from_setup(setup, policy)
     check_budget(n_summands=setup.n, clip=max(setup.clip, 1.0), frac_bits=setup.frac_bits)
     ident = _identity(ctxt)
     pki = {setup.index: ident.public_bytes}
-    client = MaskingClient(view, setup.index, ident, pki)
+    client = MaskingClient(view, setup.index, ident, pki, policy)
     advert = client.advertise().to_bytes()
     ctxt.state.config_records[STATE_KEY] = dump_client(setup, client, pki)
     return {"stage": "setup", "identity": ident.public_bytes, "msg": advert}
@@ -200,9 +238,9 @@ def secagg_mod(msg: Message, ctxt: Context, call_next) -> Message:  # noqa: ANN0
             content = out_msg.content
             raw = content.array_records.get(VECTOR_KEY)
             if raw is not None:
-                if set(raw.keys()) != {"vector"}:
-                    raise RecordError(f"stage MASKED_INPUT at {where}: the '{VECTOR_KEY}' record must hold exactly "
-                                      f"'vector'; found {sorted(raw.keys())}")
+                floor = vector_floor(raw, f"stage MASKED_INPUT at {where}")
+                if floor is not None:  # this input's own floor: never unmasked over fewer survivors
+                    client.require_survivors(floor)
                 x = encode_vector(setup, raw["vector"].numpy())
                 del content[VECTOR_KEY]  # the plaintext input never leaves the client
             else:

@@ -168,7 +168,7 @@ class SecAggWorkflow:
             ``dropout`` and ``corrupt``. Ignored for ``protocol="secagg"`` (complete graph).
         reconstruction_threshold: Shamir threshold ``t`` (``None``: chosen, or ``floor(2n/3) + 1``
             for SecAgg). ``t`` at or below half of a client's holders is refused unless
-            ``unsafe_threshold``.
+            ``unsafe_threshold`` (and each node refuses it unless its own node config opts in).
         k, t: our names for ``num_shares - 1`` and ``reconstruction_threshold`` (give one name each).
         protocol: ``"secagg+"`` (random k-regular graph) or ``"secagg"`` (complete graph).
         max_weight: ``num_examples`` is divided by it; a client with more examples is refused.
@@ -179,8 +179,13 @@ class SecAggWorkflow:
         timeout: seconds to wait for the replies of each stage (``None``: until all arrive); nodes
             that have not answered are dropped.
         dropout, corrupt: planned dropout and colluding fractions for the choice of ``k``/``t``.
+            The nodes do not learn ``dropout`` from the server: each refuses to sign a survivor
+            set missing more than its own node config's ``max-dropout`` allows (default 0.1,
+            :func:`fedflower.client_state.node_policy`), so deploy them with the same value.
         rounding: ``"stochastic"`` (unbiased, default) or ``"nearest"`` (deterministic).
-        unsafe_threshold: accept a ``t`` at or below half of the holders (demonstrations only).
+        unsafe_threshold: the server's own opt-in to a ``t`` at or below half of the holders
+            (demonstrations only). It is not sent: each node accepts such a ``t`` only if its own
+            node config sets ``unsafe-threshold = true``.
         pki: optional Flower node id -> Ed25519 public key (32 bytes) set up out of band; nodes
             not in it are pinned on first use.
     """
@@ -383,7 +388,7 @@ class _Round:
         out: dict[int, RecordDict] = {}
         for i in range(cfg.n):
             setup = SetupConfig(wf.protocol, cfg.n, cfg.dim, cfg.t, cfg.round, cfg.instance, i, tuple(cfg.graph[i]),
-                                wf.frac_bits, wf.clip, wf.max_weight, wf.rounding, wf.unsafe_threshold)
+                                wf.frac_bits, wf.clip, wf.max_weight, wf.rounding)
             out[i] = RecordDict({RECORD_KEY: setup.to_record()})
         try:
             self.exchange("setup", out, self._on_setup)

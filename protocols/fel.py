@@ -184,6 +184,12 @@ class FelConfig(FedAvgConfig):
         if self.dp == "distributed" and self.secure_aggregation == "none":
             raise ValueError("fel.dp = \"distributed\" needs fel.secure_aggregation = \"secagg\" or \"secagg+\": "
                              "without it every client's lightly-noised update is in the clear")
+        if (self.dp == "distributed" and self.secure_aggregation in ("secagg", "secagg+")
+                and self.simulate_dropout > self.secagg_dropout):
+            raise ValueError(f"fel.simulate_dropout = {self.simulate_dropout:g} exceeds fel.secagg_dropout = "
+                             f"{self.secagg_dropout:g}: the clients refuse to sign a survivor set missing more clients "
+                             "than secure aggregation planned for, so every round would abort; raise "
+                             "fel.secagg_dropout to at least fel.simulate_dropout")
         try:
             super().__post_init__()
         except ValueError as exc:

@@ -116,7 +116,11 @@ def secure_sum(
         dropouts: stage -> set of row indices that drop before sending that stage.
         where: the configuration key named when a value exceeds ``value_clip``.
         dropout, corrupt: the dropout and colluding fractions SecAgg+ chooses ``k`` and ``t`` for
-            (:func:`secagg.params.choose`; ``None``: the runner's defaults).
+            (:func:`secagg.params.choose`; ``None``: the runner's defaults). ``dropout`` (or, when
+            ``None``, the fraction ``dropouts`` lists) is also every simulated client's own
+            ``max_dropout`` (:class:`secagg.bonawitz.ClientPolicy`, SecAgg and SecAgg+): a round
+            that loses more than ``ceil(dropout * n)`` clients before their masked input aborts
+            (:class:`SecureSumAborted`) instead of unmasking a sum over fewer clients than planned.
         unsafe_threshold: accept ``t`` at or below half of a client's holders (attack demos only).
         min_survivors: the clients' own minimum (:class:`secagg.bonawitz.ClientPolicy`, the chain's
             ``min_survivors``): no client helps unmask a sum over fewer survivors, so such a round

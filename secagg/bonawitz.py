@@ -13,8 +13,15 @@ Adversary:
     the survivor set), so a server or network that tampers with, replays or reroutes them is
     detected; the signed consistency check stops a server from telling different clients
     different survivor sets, which needs ``t`` above half of a client's ``k + 1`` holders (a
-    lower ``t`` is refused unless ``unsafe_threshold`` is set: two disjoint groups of holders
-    shown different sets would hand over both secrets of one client). All advertised public keys
+    lower ``t`` is refused unless the client's own :class:`ClientPolicy` sets
+    ``unsafe_threshold``: two disjoint groups of holders shown different sets would hand over
+    both secrets of one client). The server also chooses whom to treat as dropped, possibly after
+    seeing the graph: each client's own :class:`ClientPolicy` (its operator's settings, never the
+    server's) bounds what that buys it. A client signs a survivor set only if it holds at least
+    ``min_survivors`` clients, misses at most ``ceil(max_dropout * n)`` of the ``n`` announced
+    ones (the dropout SecAgg+'s parameters were chosen for: ignoring more, an adaptive server cuts
+    the graph and unmasks one part, ``tests/secagg/test_adaptive_dropout.py``), and names none of
+    its neighbours whose shares never reached it (U3 within U2). All advertised public keys
     must differ (Bonawitz et al.'s ShareKeys check; a colluder re-advertising another client's
     mask key would make a third client's masks cancel). A holder that reveals a wrong share is
     detected (the rebuilt self-mask seed must match the SHA-256 commitment its owner sent with
@@ -33,10 +40,14 @@ Promise:
     as if it had chosen another input (inputs are not validated, so no check can tell the two
     apart). Its view is simulatable from that sum alone: every masked upload is uniform given the
     others. No honest client ever reveals both its self-mask-seed share and its mask-key share of
-    the same client. Limits (each shown by a test): ``t`` colluding holders of a client plus the
-    server reconstruct its self-mask seed and mask key and hence its input; with ``|U3| = 2``
-    each survivor learns the other's input from the sum (``|U3| = 1`` needs the unsafe ``t = 1``).
-    docs/security.md lists every promise with its test.
+    the same client, nor signs a survivor set smaller than its ``min_survivors`` or missing more
+    clients than its ``max_dropout`` allows. Limits (each shown by a test): ``t`` colluding holders
+    of a client plus the server reconstruct its self-mask seed and mask key and hence its input;
+    with ``|U3| = 2`` each survivor learns the other's input from the sum (a client's
+    ``min_survivors`` can demand more); within the planned dropouts a server choosing them after
+    seeing the graph may still cut it, with the probability
+    :func:`secagg.params.adaptive_partition` bounds. docs/security.md lists every promise with its
+    test.
 
 Stages (one method per stage on each side, driven by the server)::
 
@@ -57,7 +68,10 @@ Stages (one method per stage on each side, driven by the server)::
    sends ``y = x + PRG(b) + sum_{v in N(u) & U2} sign(u, v) PRG(s_uv)``, where
    ``s_uv = HKDF(X25519(s_u, s_v))`` and ``sign = +1`` if ``u < v`` else ``-1``, signed over
    (instance, round, sender, SHA-256(y)). U3 = senders.
-4. CONSISTENCY: the server sends U3 to every client in U3; each signs (instance, round, U3).
+4. CONSISTENCY: the server sends U3 to every client in U3; each checks it against its own state
+   and policy (sorted, itself included, every neighbour listed in its U2, at least
+   ``min_survivors`` clients, at most ``ceil(max_dropout * n)`` missing, at least ``t`` of its
+   holders) and signs (instance, round, U3).
 5. UNMASK: the server sends each signer its holders' signatures; the client checks at least
    ``t`` valid ones on the same U3, then reveals, for each neighbour ``v`` in U2, the share of
    ``b_v`` if ``v`` is in U3 or the share of ``s_v`` otherwise (never both). It never reveals
@@ -70,10 +84,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import os
 import struct
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature
@@ -244,9 +259,10 @@ class ClientPolicy:
     """What one client insists on whatever the server's parameters say: its operator's settings.
 
     The server chooses ``n``, ``k``, ``t`` and the survivor set; a client that trusted them would
-    let a deviating server sum it with too few others, or switch off the consistency check. These
-    settings come from the client's own configuration (a node's config on Flower, the run's
-    ``[secure]`` section in simulation), never from a server message.
+    let a deviating server sum it with too few others, switch off the consistency check, or ignore
+    as many clients as it takes to cut the SecAgg+ graph. These settings come from the client's own
+    configuration (a Flower node's ``node_config``, :func:`fedflower.client_state.node_policy`; the
+    run's plan in simulation, :class:`secagg.runner.RunSpec`), never from a server message.
 
     Attributes:
         min_survivors: the client takes part only in an aggregation announced for at least this
@@ -255,10 +271,20 @@ class ClientPolicy:
             never unmasked). At least 2: a sum of one client is its input.
         unsafe_threshold: accept a ``t`` at or below half of this client's holders (attack
             demonstrations only; see :class:`MaskingConfig`).
+        max_dropout: the largest fraction of the ``n`` announced clients this client lets drop:
+            it signs U3 only if ``n - |U3| <= ceil(max_dropout * n)`` (refused at CONSISTENCY).
+            SecAgg+'s ``k`` and ``t`` are chosen for a planned dropout fraction
+            (:func:`secagg.params.choose`), and its security bound holds only while no more
+            clients are missing than planned: a server that, after seeing the graph, ignores
+            more clients than that can cut the honest survivors' graph and unmask one part's sum
+            (``tests/secagg/test_adaptive_dropout.py``). Default:
+            :data:`secagg.params.DEFAULT_DROPOUT`, the library's planned default; set it to the
+            fraction the deployment's parameters were chosen for.
     """
 
     min_survivors: int = 2
     unsafe_threshold: bool = False
+    max_dropout: float = params.DEFAULT_DROPOUT
 
     def __post_init__(self) -> None:
         if type(self.min_survivors) is not int or self.min_survivors < 2:
@@ -266,6 +292,11 @@ class ClientPolicy:
                              f"found {self.min_survivors!r}.")
         if type(self.unsafe_threshold) is not bool:
             raise ValueError(f"unsafe_threshold must be a bool; found {self.unsafe_threshold!r}.")
+        object.__setattr__(self, "max_dropout", params.check_fraction("max_dropout", self.max_dropout))
+
+    def max_dropped(self, n: int) -> int:
+        """How many of ``n`` announced clients may be missing from a survivor set this client signs."""
+        return math.ceil(self.max_dropout * n - 1e-9)
 
 
 class SigningKey:
@@ -385,6 +416,29 @@ class MaskingClient:
         self.stage = ClientStage.INIT
         self._state: object = None
         self._nbrs = frozenset(cfg.graph[client_id])
+
+    def require_survivors(self, minimum: int) -> None:
+        """Raise this aggregation's ``min_survivors`` to ``minimum`` (never lower it).
+
+        For a caller whose input must never be unmasked over fewer clients than the node's floor
+        allows (a distributed-DP noise share sized for ``minimum`` survivors): the survivor set is
+        then refused at CONSISTENCY below ``max(policy.min_survivors, minimum)``. Allowed until
+        the survivor set is signed.
+
+        Raises:
+            ValueError: ``minimum`` is not an int >= 2.
+            MessageError: the survivor set was already signed.
+            AbortError: ``minimum`` exceeds the ``n`` announced clients (no survivor set can reach it).
+        """
+        if self.stage in (ClientStage.SIGNED, ClientStage.DONE):
+            raise MessageError(f"client {self.id}: min_survivors can only be raised before the survivor set is signed")
+        if type(minimum) is not int or minimum < 2:
+            raise ValueError(f"min_survivors must be an int >= 2 (a sum of one client is its input); found {minimum!r}.")
+        policy = replace(self.policy, min_survivors=max(self.policy.min_survivors, minimum))
+        if policy.min_survivors > self.cfg.n:
+            raise AbortError(f"an aggregation of n = {self.cfg.n} clients is below this input's min_survivors = "
+                             f"{policy.min_survivors}; it is not masked")
+        self.policy = policy
 
     # -- helpers -------------------------------------------------------------------------------
     def _enter(self, method: str) -> None:
@@ -531,9 +585,18 @@ class MaskingClient:
             raise MessageError(f"stage CONSISTENCY: survivor list omits this client ({self.id})")
         if any(not 0 <= v < self.cfg.n for v in u3):
             raise MessageError("stage CONSISTENCY: survivor id out of range")
+        ghosts = (u3 & self._nbrs) - st.u2
+        if ghosts:
+            raise MessageError(f"stage CONSISTENCY: the survivor list names neighbours {sorted(ghosts)[:8]} whose shares "
+                               "never reached this client (U3 must lie within U2); it does not sign")
         if len(u3) < self.policy.min_survivors:
             raise AbortError(f"stage CONSISTENCY: {len(u3)} survivors, below this client's min_survivors = "
                              f"{self.policy.min_survivors}; it does not sign (the sum is never unmasked)")
+        missing, allowed = self.cfg.n - len(u3), self.policy.max_dropped(self.cfg.n)
+        if missing > allowed:
+            raise AbortError(f"stage CONSISTENCY: {missing} of the n = {self.cfg.n} announced clients are missing "
+                             f"from the survivor set, more than the {allowed} this client's max_dropout = "
+                             f"{self.policy.max_dropout:g} allows; it does not sign (the sum is never unmasked)")
         live = len(u3 & (st.u2 | {self.id}) & (self._nbrs | {self.id}))
         if live < self.cfg.t:
             raise AbortError(f"stage CONSISTENCY: {live} of this client's holders survived, fewer than t = {self.cfg.t}")

@@ -34,6 +34,14 @@ and a union bound over clients:
     runs of ``k/2`` consecutive colluding-or-dropped clients on the ring:
     ``<= n^2/2 * C(B, k) / C(n, k)`` with ``B = C + D`` (zero for the complete graph).
 
+  These bounds take the dropouts to be chosen independently of the graph. A server that sees the
+  graph first can pick whom to treat as dropped; ignoring more clients than planned it cuts the
+  ring at will (``tests/secagg/test_adaptive_dropout.py``), which is why every client refuses to
+  sign a survivor set missing more than ``D`` clients (:class:`secagg.bonawitz.ClientPolicy`
+  ``max_dropout``). Within those ``D`` the cut is bounded by :func:`adaptive_partition`
+  (reported as :attr:`Guarantees.adaptive_partition`, not part of :attr:`Guarantees.security`
+  nor of the choice below).
+
 :func:`choose` returns the smallest ``k`` (even, or ``n - 1`` for the complete graph) for which
 some ``t > (k + 1) / 2`` meets both targets, and among those ``t`` the one with the largest
 margin on the tighter target (in bits); ties, e.g. when both bounds are exactly zero, go to the
@@ -54,10 +62,12 @@ from scipy.stats import binom
 
 __all__ = [
     "ABORT_EXPONENT",
+    "ADAPTIVE_CAVEAT",
     "DEFAULT_CORRUPT",
     "DEFAULT_DROPOUT",
     "SECURITY_EXPONENT",
     "Guarantees",
+    "adaptive_partition",
     "check_fraction",
     "choose",
     "dropout_quantile",
@@ -143,14 +153,28 @@ class Guarantees:
         """The number of colluding clients the security bound allows for."""
         return math.floor(self.corrupt * self.n + 1e-9)
 
+    @property
+    def adaptive_partition(self) -> float:
+        """P(a server that picks up to :attr:`dropped` dropouts *after seeing the graph* can learn a
+        part's sum): :func:`adaptive_partition`. Not in :attr:`security`, which assumes dropouts
+        independent of the graph."""
+        return adaptive_partition(self.n, self.k, self.t, dropped=self.dropped, colluders=self.colluders)
+
     def summary(self) -> str:
-        """One line for users: the parameters and what they guarantee."""
+        """One line for users: the parameters, what they guarantee, and the adaptive caveat."""
         return (
             f"k = {self.k}, t = {self.t} of {self.k + 1} holders: abort <= {_fmt(self.abort)} with up to "
             f"{self.dropped} of {self.n} clients dropping ({_fmt(self.abort_independent)} if each drops "
             f"independently at {self.dropout:g}); security failure <= {_fmt(self.security)} with up to "
-            f"{self.colluders} clients colluding with the server"
+            f"{self.colluders} clients colluding with the server. {ADAPTIVE_CAVEAT.format(d=self.dropped, n=self.n)} "
+            f"(a server choosing those {self.dropped} after seeing the graph cuts it with probability <= "
+            f"{_fmt(self.adaptive_partition)})"
         )
+
+
+#: The caveat printed wherever SecAgg+'s guarantees are (``{d}`` dropouts of ``{n}`` clients).
+ADAPTIVE_CAVEAT = ("The security bound assumes dropouts chosen independently of the graph; clients refuse to sign "
+                   "a survivor set with more than {d} of {n} missing")
 
 
 def _fmt(p: float) -> str:
@@ -210,6 +234,33 @@ def _log_bounds(n: int, k: int, dropped: int, colluders: int, dropout: float) ->
 
 def _prob(logp: float) -> float:
     return float(min(1.0, math.exp(logp))) if logp > -745 else 0.0
+
+
+def adaptive_partition(n: int, k: int, t: int, *, dropped: int, colluders: int) -> float:
+    """Bound on a partition a server can force by choosing up to ``dropped`` dropouts after seeing the graph.
+
+    The ``colluders`` are placed before the graph is drawn (uniformly random ring positions); the
+    server then picks the dropped clients, and every client refuses to sign a survivor set missing
+    more than ``dropped`` (:class:`secagg.bonawitz.ClientPolicy` ``max_dropout``). To learn the sum
+    of an honest part ``A`` of the circulant graph (``h = k/2`` neighbours on each side), both ends
+    of the arc ``A`` must face a run of at least ``h`` colluding-or-dropped clients; call ``W1``,
+    ``W2`` the ``h`` positions of each run next to ``A``. Then (i) at most ``dropped`` of these
+    ``k`` positions are dropped, so at least ``k - dropped`` of them collude; and (ii) the end
+    client of ``A`` next to ``W1`` signs only with at most ``k + 1 - t`` dropped neighbours, so at
+    least ``t - 1 - h`` of ``W1`` collude (a client that cannot sign has fewer than ``t`` live
+    holders, and its self-mask is never rebuilt), likewise ``W2``. Hence ``W1 + W2`` hold at least
+    ``need = max(k - dropped, 2 (t - 1 - h))`` colluders; over the ``n^2/2`` pairs of windows,
+    ``P <= n^2/2 * P[HG(n, colluders, k) >= need]`` (1 if ``need <= 0``; 0 for the complete graph).
+    """
+    if type(n) is not int or n < 2:
+        raise ValueError(f"SecAgg+ needs n >= 2 clients; found {n!r}.")
+    k = min(int(k), n - 1)
+    if k >= n - 1:
+        return 0.0
+    need = max(k - int(dropped), 2 * (int(t) - 1 - k // 2))
+    if need <= 0:
+        return 1.0
+    return _prob(2 * math.log(n) - _LN2 + float(_at(_hg_logsf(n, int(colluders), k), np.array(need))))
 
 
 def _validate(n: int, dropout: float, corrupt: float) -> tuple[float, float]:

@@ -8,8 +8,11 @@ Per-protocol interface (to add a protocol, add one line to :data:`PROTOCOLS`)::
 * ``spec``: :class:`RunSpec`: optional ``k``/``t`` (protocol-specific meaning; ``None`` = the
   protocol's default; for SecAgg+ chosen by :func:`secagg.params.choose` from ``n``, the planned
   ``dropout`` fraction and the tolerated ``corrupt`` fraction), ``unsafe_threshold`` (accept a
-  ``t`` at or below half of a client's holders), and ``dropouts``: stage name -> set of clients
-  that drop *before sending their message of that stage* (and never come back). Every protocol must honour the common key
+  ``t`` at or below half of a client's holders), ``min_survivors`` and the planned ``dropout``
+  (every simulated client's own :class:`secagg.bonawitz.ClientPolicy`: a survivor set smaller than
+  ``min_survivors`` or missing more than ``ceil(dropout n)`` clients is never signed, so the round
+  aborts), and ``dropouts``: stage name -> set of clients that drop *before sending their
+  message of that stage* (and never come back). Every protocol must honour the common key
   :data:`INPUT_STAGE` (``"masked_input"``: drop after key sharing, before sending the masked
   input) and ignore unknown keys' clients only if it has no such stage (document which);
 * returns a :class:`RunResult`: the ``uint64`` sum (``None`` after an abort, with the reason in
@@ -67,7 +70,11 @@ class RunSpec:
         dropouts: stage name -> clients that drop before sending that stage's message.
         round: round number.
         dropout: planned dropout fraction that SecAgg+'s ``k``/``t`` are chosen for; ``None``
-            plans for the fraction of clients listed in ``dropouts``.
+            plans for the fraction of clients listed in ``dropouts``. It is also every simulated
+            client's own ``max_dropout`` (:class:`secagg.bonawitz.ClientPolicy`, SecAgg and
+            SecAgg+): no client signs a survivor set missing more than ``ceil(dropout * n)`` of the
+            ``n`` clients, so a run whose dropouts (listed, or clients that abort) exceed the plan
+            aborts instead of unmasking a sum over fewer clients than the parameters were chosen for.
         corrupt: fraction of clients that may collude with the server (SecAgg+'s choice).
         unsafe_threshold: accept ``t`` at or below half of a client's holders (attack demos).
         min_survivors: every simulated client's own minimum (:class:`secagg.bonawitz.ClientPolicy`;
@@ -174,7 +181,8 @@ def _run_masking(
 ) -> RunResult:
     n = cfg.n
     identities, pki = make_pki(n)
-    policy = ClientPolicy(min_survivors=spec.min_survivors, unsafe_threshold=spec.unsafe_threshold)
+    policy = ClientPolicy(min_survivors=spec.min_survivors, unsafe_threshold=spec.unsafe_threshold,
+                          max_dropout=spec.planned_dropout(n))
     clients = [MaskingClient(cfg, i, identities[i], pki, policy) for i in range(n)]
     server = MaskingServer(cfg, pki)
     client_s = np.zeros(n)

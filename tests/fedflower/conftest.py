@@ -73,15 +73,18 @@ class RoundResult:
 
 @pytest.fixture
 def secagg_round() -> Callable[..., RoundResult]:
-    """``secagg_round(n, drop=..., tamper=..., wrap_app=..., **workflow kwargs)`` -> :class:`RoundResult`."""
+    """``secagg_round(n, drop=..., tamper=..., wrap_app=..., node_config=..., **workflow kwargs)`` ->
+    :class:`RoundResult`; ``node_config`` is every node's own configuration (a dict)."""
     logging.getLogger("flwr").setLevel(logging.ERROR)
 
-    def run(n: int, *, drop=None, tamper=None, wrap_app=None, shapes=SHAPES, nodes=None, **kw) -> RoundResult:  # noqa: ANN001
+    def run(n: int, *, drop=None, tamper=None, wrap_app=None, shapes=SHAPES, nodes=None, node_config=None,  # noqa: ANN001
+            **kw) -> RoundResult:
         kw.setdefault("rounding", "nearest")
         nodes = nodes or [1000 + 17 * i for i in range(n)]
         wf = SecAggWorkflow(**kw)
         app = secure_app(shapes)
-        grid = LoopbackGrid(app if wrap_app is None else wrap_app(app), nodes, drop=drop, tamper=tamper)
+        grid = LoopbackGrid(app if wrap_app is None else wrap_app(app), nodes, drop=drop, tamper=tamper,
+                            node_config=None if node_config is None else lambda nid: node_config)
         init = [np.zeros(s, np.float32) for s in shapes]
         ctx = fit_round(wf, grid, init)
         assert wf.last_report is not None

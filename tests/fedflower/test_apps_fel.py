@@ -56,10 +56,12 @@ def in_process(train, exclude, cfg: FelConfig, seed: int) -> FelTrainer:
                       source="synthetic")
 
 
-def fel_grid(tmp: Path, train, exclude, cfg: FelConfig, seed: int, *, drop=None, tamper=None):
+def fel_grid(tmp: Path, train, exclude, cfg: FelConfig, seed: int, *, drop=None, tamper=None, node_config=None):
+    """``node_config``: every node's own configuration (e.g. its secure-aggregation ``max-dropout``)."""
     meta = write_partitions(train, exclude, tmp / "parts", units=public_units(SPEC, cfg, seed, train, "synthetic"))
     nodes = [7000 + 13 * i for i in range(meta.clients)]
-    grid = LoopbackGrid(make_client_app(tmp / "parts"), nodes, drop=drop, tamper=tamper)
+    grid = LoopbackGrid(make_client_app(tmp / "parts"), nodes, drop=drop, tamper=tamper,
+                        node_config=None if node_config is None else lambda nid: node_config)
     server = build_server_trainer(SPEC, cfg, seed, meta, transport=InProcessTransport(Transcript()),
                                   user_ids=train.user_ids, source="synthetic")
     return GridTrainer(grid, server, protocol="fel", seed=seed, meta=meta, timeout=30, assign=True), grid
@@ -342,7 +344,7 @@ def test_fel_configurations_that_need_more_than_units_are_refused_in_words(prese
     config = cfgmod.load_preset(preset)
     with pytest.raises(UserError, match=reason):
         check_protocol(config)
-    for bad, why in ((dict(dp="distributed", simulate_dropout=0.2), "simulate_dropout"),):
+    for bad, why in ((dict(dp="distributed", simulate_dropout=0.2, secagg_dropout=0.2), "simulate_dropout"),):
         with pytest.raises(ValueError, match=f"cannot run with its clients on separate devices.*{why}"):
             check_runs_on_flower(SPEC, FelConfig(secure_aggregation="secagg+", combiner="mean", **bad))
     for fine in (dict(dp="central"), dict(dp="distributed"), dict(dp="central", sampling="poisson")):  # (device step)

@@ -122,13 +122,17 @@ def test_the_devices_distributed_noise_sums_to_the_target_variance(tmp_path):
 def test_dropouts_on_flower_beyond_the_margin_are_refused_or_reaccounted(tmp_path, margin, policy, outcome):
     """Two of a leaf's eight clients go silent before their masked input (a real Flower dropout): the
     leaf refuses the round, or accounts it with the noise that survived, exactly as the in-process leaf
-    does when the same two of eight drop (``simulate_dropout = 0.25``)."""
+    does when the same two of eight drop (``simulate_dropout = 0.25``). Secure aggregation plans for
+    those two (``secagg_dropout``, and each node's own ``max-dropout``): nodes planning for one of
+    eight would refuse to sign the six survivors, and the round would abort in secure aggregation
+    before the leaf's DP margin is ever consulted."""
     train, exclude = make_data(24, 30, 25)
     cfg = FelConfig(**{**BASE, **DP, "n_clusters": 1, "clients_per_round": 8, "dp": "distributed",
                        "secure_aggregation": "secagg", "noise_multiplier": 1.0, "dropout_margin": margin,
-                       "on_excess_dropout": policy})
+                       "on_excess_dropout": policy, "secagg_dropout": 0.25})
     gone: set[int] = set()
-    gt, _ = fel_grid(tmp_path, train, exclude, cfg, 25, drop=lambda stage, nid: stage == 3 and nid in gone)
+    gt, _ = fel_grid(tmp_path, train, exclude, cfg, 25, drop=lambda stage, nid: stage == 3 and nid in gone,
+                     node_config={"max-dropout": 0.25})
     no_server_noise(gt)
     leaf = gt.server.leaves[0]
     state = leaf.rng.bit_generator.state

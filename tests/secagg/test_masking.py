@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 import numpy as np
@@ -41,8 +42,12 @@ def _inputs(n: int, d: int) -> np.ndarray:
     return np.frombuffer(RNG.bytes(8 * n * d), dtype=np.uint64).reshape(n, d).copy()
 
 
-def _oracle(graph, n: int, t: int, drops: dict[str, frozenset[int]]) -> frozenset[int] | None:
-    """Crypto-free restatement of who survives each stage; None = the protocol must abort."""
+def _oracle(graph, n: int, t: int, drops: dict[str, frozenset[int]], allowed: int) -> frozenset[int] | None:
+    """Crypto-free restatement of who survives each stage; None = the protocol must abort.
+
+    ``allowed``: how many of the ``n`` clients the clients let be missing from U3 (their
+    ``ClientPolicy.max_dropout``, the run's planned dropout).
+    """
 
     def h(u):
         return set(graph[u]) | {u}
@@ -61,6 +66,8 @@ def _oracle(graph, n: int, t: int, drops: dict[str, frozenset[int]]) -> frozense
         return None
     u3 = {u for u in u2 - d("masked_input") if len(h(u) & u2) >= t}
     if len(u3) < max(t, 2):  # no client signs a survivor set below its min_survivors (>= 2)
+        return None
+    if n - len(u3) > allowed:  # nor one missing more clients than it planned for
         return None
     u4 = {u for u in u3 - d("consistency") if len(h(u) & u3) >= t}
     if len(u4) < t:
@@ -103,8 +110,12 @@ def _property_exact_sum_or_clean_abort(data):
     x = np.array(words, dtype=np.uint64).reshape(n, d)
     from secagg.runner import _run_masking
 
-    res = _run_masking("secagg+", cfg, x, RunSpec(dropouts=drops, unsafe_threshold=True))
-    expected = _oracle(graph, n, t, drops)
+    # the clients' planned dropout: the listed clients (None), or a plan the listed dropouts and
+    # the clients that abort may exceed
+    plan = data.draw(st.sampled_from([None, 0.0, 0.1, 0.25, 0.5]), label="planned dropout")
+    spec = RunSpec(dropouts=drops, unsafe_threshold=True, dropout=plan)
+    res = _run_masking("secagg+", cfg, x, spec)
+    expected = _oracle(graph, n, t, drops, math.ceil(spec.planned_dropout(n) * n - 1e-9))
     if expected is None:
         assert not res.ok and ("aborted" in res.abort or "fewer than t" in res.abort), res.abort
         _STATS["abort"] += 1
@@ -335,10 +346,10 @@ def test_equivocating_server_is_caught_by_the_consistency_check(start_round):
 # ------------------------------------------------------------------------------------------------
 # malformed, replayed, truncated, tampered, wrong-round, wrong-length, wrong-stage messages
 # ------------------------------------------------------------------------------------------------
-def _setup_to_masked(n=5, d=6, t=3):
+def _setup_to_masked(n=5, d=6, t=3, policy=None):
     cfg = MaskingConfig.secagg(n, d, t=t)
     identities, pki = make_pki(n)
-    clients = [MaskingClient(cfg, i, identities[i], pki) for i in range(n)]
+    clients = [MaskingClient(cfg, i, identities[i], pki, policy) for i in range(n)]
     server = MaskingServer(cfg, pki)
     adverts = {c.id: c.advertise().to_bytes() for c in clients}
     for b in adverts.values():
@@ -387,7 +398,9 @@ def test_bad_messages_are_rejected_and_the_round_continues():
 
 
 def test_tampered_share_ciphertext_is_detected_and_the_round_completes_without_that_client():
-    cfg, clients, server, inbox, _ = _setup_to_masked(n=6, t=4)
+    # two of the six clients fail: clients that planned for one dropout (the default 0.1) would
+    # refuse to sign the survivor set, so these plan for two (ClientPolicy.max_dropout)
+    cfg, clients, server, inbox, _ = _setup_to_masked(n=6, t=4, policy=ClientPolicy(max_dropout=2 / 6))
     msg = decode(inbox[2])
     sender, ct = msg.shares[0]
     tampered = ct[:40] + bytes([ct[40] ^ 1]) + ct[41:]

@@ -281,3 +281,33 @@ def test_client_policy_validates_its_own_settings():
         ClientPolicy(min_survivors=1)
     with pytest.raises(ValueError, match="unsafe_threshold must be a bool"):
         ClientPolicy(unsafe_threshold=1)  # type: ignore[arg-type]
+
+
+def test_an_input_can_raise_its_clients_survivor_floor_but_never_lower_it(start_round):
+    """``MaskingClient.require_survivors``: the caller's floor for this aggregation (a distributed-DP
+    noise share sized for that many survivors). Five of six survive: a client asked for six refuses
+    to sign them, one asked for five signs; a request below the node's own floor keeps the node's;
+    above ``n`` it is refused before anything is masked; after signing it is refused."""
+    cfg = MaskingConfig.secagg(6, 3)
+    x = _inputs(6, 3)
+    identities, clients, server, inbox = start_round(cfg)
+    for c in clients[:5]:
+        server.receive(c.mask_input(inbox[c.id], x[c.id]).to_bytes())
+    u3 = server.request_consistency()
+    clients[0].require_survivors(6)
+    with pytest.raises(AbortError, match="5 survivors, below this client's min_survivors = 6"):
+        clients[0].sign_survivors(u3[0])
+    clients[1].require_survivors(5)
+    assert clients[1].sign_survivors(u3[1]).sig and clients[1].policy.min_survivors == 5
+    with pytest.raises(MessageError, match="before the survivor set is signed"):
+        clients[1].require_survivors(6)
+    pki = make_pki(6)[1]
+    node = MaskingClient(cfg, 2, identities[2], pki, ClientPolicy(min_survivors=4))
+    node.require_survivors(3)
+    assert node.policy.min_survivors == 4  # never lowered
+    with pytest.raises(AbortError, match="n = 6 clients is below this input's min_survivors = 7"):
+        node.require_survivors(7)
+    assert node.policy.min_survivors == 4
+    for bad in (1, True, 2.0):
+        with pytest.raises(ValueError, match="min_survivors must be an int >= 2"):
+            node.require_survivors(bad)  # type: ignore[arg-type]

@@ -135,7 +135,9 @@ def _secure_route(msg: Message, context: Context, call_next) -> Message:  # noqa
 
 
 def _requires_secure(context: Context, require_secure: bool) -> bool:
-    return require_secure or str(context.node_config.get("require-secagg", "false")).lower() in ("true", "1", "yes")
+    """Whether this node refuses every plaintext round: the ClientApp's setting or its node config's
+    ``require-secagg`` (:meth:`protocols.guard.DevicePolicy.from_node_config`)."""
+    return DevicePolicy.from_node_config(context.node_config, require_secure=require_secure).require_secure
 
 
 def _source(context: Context, run: ConfigRecord) -> str:

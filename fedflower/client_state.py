@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.serialization import (
 from flwr.app import ConfigRecord
 
 from fedflower.records import RecordError, SetupConfig
+from protocols.guard import DevicePolicy
 from secagg import bonawitz
 from secagg.bonawitz import ClientPolicy, ClientStage, MaskingClient, MaskingConfig, SigningKey
 from secagg.keys import KeyPair
@@ -46,28 +47,9 @@ __all__ = ["NODE_KEYS", "ClientView", "dump_client", "identity_bytes", "load_cli
 NODE_KEYS = {"min-survivors": 2, "unsafe-threshold": False, "max-dropout": DEFAULT_DROPOUT}
 
 
-def _node_value(cfg: Mapping[str, object], key: str, want: type) -> object:
-    """``cfg[key]`` as ``want`` (int, bool or float), its default when absent; a ValueError otherwise.
-
-    Flower parses ``--node-config "key=value"`` as TOML (``5``, ``true``, ``0.2``); a string that
-    spells such a value (``"5"``, ``"true"``, ``"0.2"``) is accepted too. Nothing else is guessed.
-    """
-    v = cfg.get(key, NODE_KEYS[key])
-    if isinstance(v, str):
-        text = v.strip().lower()
-        try:
-            v = {"true": True, "false": False}[text] if want is bool else want(text)
-        except (KeyError, ValueError):
-            pass
-    ok = type(v) is want or (want is float and type(v) is int)
-    if not ok:
-        raise ValueError(f"node config '{key}' must be {want.__name__}; found {v!r} ({type(v).__name__}). Set it "
-                         f"with flower-supernode --node-config \"{key}=...\" (default {NODE_KEYS[key]!r}).")
-    return float(v) if want is float else v  # type: ignore[arg-type]
-
-
 def node_policy(node_config: Mapping[str, object]) -> ClientPolicy:
-    """The client's own :class:`~secagg.bonawitz.ClientPolicy` from its node's configuration.
+    """The client's own :class:`~secagg.bonawitz.ClientPolicy` from its node's configuration
+    (:meth:`protocols.guard.DevicePolicy.from_node_config`, the one parser of node settings).
 
     Keys (:data:`NODE_KEYS`): ``min-survivors`` (int >= 2, default 2): take part only in an
     aggregation announced for at least this many clients, and never sign a survivor set smaller;
@@ -81,9 +63,7 @@ def node_policy(node_config: Mapping[str, object]) -> ClientPolicy:
         ValueError: a value of another type or out of range, naming the key.
     """
     try:
-        return ClientPolicy(min_survivors=_node_value(node_config, "min-survivors", int),  # type: ignore[arg-type]
-                            unsafe_threshold=_node_value(node_config, "unsafe-threshold", bool),  # type: ignore[arg-type]
-                            max_dropout=_node_value(node_config, "max-dropout", float))  # type: ignore[arg-type]
+        return DevicePolicy.from_node_config(node_config).secagg()
     except ValueError as exc:
         raise ValueError(f"this node's secure-aggregation settings: {exc}") from None
 

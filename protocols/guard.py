@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from secagg.bonawitz import ClientPolicy
+from secagg.params import DEFAULT_DROPOUT
 
 __all__ = ["DevicePolicy", "RefusedStep", "StepGuard", "device_guard", "set_device_policy"]
 
@@ -72,6 +73,9 @@ class DevicePolicy:
             survivors unmasked); at least 2 (a sum of one client is its input).
         unsafe_threshold: accept a SecAgg threshold at or below half of the client's holders
             (attack demonstrations only).
+        max_dropout: the largest fraction of an aggregation's announced clients the client lets
+            drop before it refuses to sign the survivor set (the dropout the deployment's SecAgg+
+            parameters were chosen for; in simulation the run's planned dropout).
         require_secure: refuse every plaintext step (a node that only ever sends sums).
         ldp_epsilon_budget: the total local-DP epsilon the client spends on its uploads (basic
             composition over its uploads); ``inf`` (default) counts without a cap.
@@ -79,11 +83,12 @@ class DevicePolicy:
 
     min_survivors: int = 2
     unsafe_threshold: bool = False
+    max_dropout: float = DEFAULT_DROPOUT
     require_secure: bool = False
     ldp_epsilon_budget: float = math.inf
 
     def __post_init__(self) -> None:
-        ClientPolicy(min_survivors=self.min_survivors, unsafe_threshold=self.unsafe_threshold)  # validates both
+        self.secagg()  # validates min_survivors, unsafe_threshold and max_dropout
         if type(self.require_secure) is not bool:
             raise ValueError(f"require_secure must be a bool; found {self.require_secure!r}")
         if not (isinstance(self.ldp_epsilon_budget, int | float) and self.ldp_epsilon_budget > 0
@@ -91,36 +96,41 @@ class DevicePolicy:
             raise ValueError(f"ldp_epsilon_budget must be a positive number (inf: no cap); found "
                              f"{self.ldp_epsilon_budget!r}")
 
-    #: node-config key (``flower-supernode --node-config``) -> field
-    NODE_KEYS = {"min-survivors": "min_survivors", "unsafe-threshold": "unsafe_threshold",
-                 "require-secagg": "require_secure", "ldp-epsilon-budget": "ldp_epsilon_budget"}
+    #: node-config key (``flower-supernode --node-config``) -> (field, type)
+    NODE_KEYS = {"min-survivors": ("min_survivors", int), "unsafe-threshold": ("unsafe_threshold", bool),
+                 "max-dropout": ("max_dropout", float), "require-secagg": ("require_secure", bool),
+                 "ldp-epsilon-budget": ("ldp_epsilon_budget", float)}
 
     @classmethod
     def from_node_config(cls, cfg: Mapping[str, object], *, require_secure: bool = False) -> DevicePolicy:
         """A node's policy from its own configuration (the keys of :attr:`NODE_KEYS`; others are
-        ignored): ``min-survivors`` (int), ``unsafe-threshold`` and ``require-secagg`` (booleans:
-        ``true``/``false``/``1``/``0``/``yes``/``no``), ``ldp-epsilon-budget`` (a number, ``inf``).
-        A malformed value is refused in words, naming the key. ``require_secure`` (the ClientApp's
-        own setting) can only switch plaintext off, never on."""
+        ignored, an absent key keeps its default).
+
+        Flower parses ``--node-config "key=value"`` as TOML (``5``, ``true``, ``0.2``); a string
+        spelling such a value is accepted too (``require-secagg``, which only adds safety, also as
+        ``1``/``0``/``yes``/``no``), and ``inf`` for the budget. Nothing else is guessed: a value of another type is refused in
+        words, naming the key. ``require_secure`` (the ClientApp's own setting) can only switch
+        plaintext off, never on.
+        """
         out: dict[str, object] = {}
-        for key, name in cls.NODE_KEYS.items():
+        for key, (name, want) in cls.NODE_KEYS.items():
             if key not in cfg:
                 continue
-            raw = cfg[key]
-            try:
-                if name in ("unsafe_threshold", "require_secure"):
-                    text = str(raw).strip().lower()
-                    if text not in ("true", "false", "1", "0", "yes", "no"):
-                        raise ValueError(raw)
-                    out[name] = text in ("true", "1", "yes")
-                elif name == "min_survivors":
-                    if isinstance(raw, bool) or float(raw) != int(float(raw)):
-                        raise ValueError(raw)
-                    out[name] = int(float(raw))
-                else:
-                    out[name] = float(raw)
-            except (TypeError, ValueError):
-                raise ValueError(f"node config {key} = {raw!r} is not a valid value") from None
+            v = cfg[key]
+            if isinstance(v, str):
+                text = v.strip().lower()
+                # booleans spelled true/false; require-secagg (which only ever adds safety) also 1/0/yes/no
+                spelled = {"true": True, "false": False}
+                if key == "require-secagg":
+                    spelled.update({"1": True, "0": False, "yes": True, "no": False})
+                try:
+                    v = spelled[text] if want is bool else want(text)
+                except (KeyError, ValueError):
+                    pass
+            if not (type(v) is want or (want is float and type(v) is int)):
+                raise ValueError(f"node config '{key}' must be {want.__name__}; found {v!r} ({type(v).__name__}). "
+                                 f"Set it with flower-supernode --node-config \"{key}=...\"")
+            out[name] = float(v) if want is float else v  # type: ignore[arg-type]
         if require_secure:
             out["require_secure"] = True
         try:
@@ -130,7 +140,8 @@ class DevicePolicy:
 
     def secagg(self) -> ClientPolicy:
         """The settings the client's secure-aggregation protocol enforces."""
-        return ClientPolicy(min_survivors=self.min_survivors, unsafe_threshold=self.unsafe_threshold)
+        return ClientPolicy(min_survivors=self.min_survivors, unsafe_threshold=self.unsafe_threshold,
+                            max_dropout=self.max_dropout)
 
 
 _NO_ROUND = -1

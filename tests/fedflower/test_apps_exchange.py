@@ -308,3 +308,14 @@ def test_a_replayed_round_is_refused_by_nodes_that_keep_their_record_on_disk(toy
     assert log["aborted"] and not log["survivors"]
     assert any("a rolled-back round is refused" in why or "already answered" in why for why in log["dropped"].values())
 
+
+
+def test_a_node_pinned_minimum_refuses_a_small_secure_sum(toy_protocol, tmp_path):
+    """Nodes configured with ``min-survivors = 4`` refuse a secure sum announced for three (their
+    SecAgg client refuses at setup); with the default minimum the same round completes."""
+    train, cfg = _data([3, 1, 4]), ToyConfig(secure_aggregation="secagg")
+    gt, _ = _flower(tmp_path, train, cfg, node_config=lambda nid: {"min-survivors": 4})
+    stats = gt.run_round()
+    assert gt.server.log[-1]["aborted"] and stats.clients == 0
+    gt, _ = _flower(tmp_path / "b", train, cfg)
+    assert gt.run_round().clients == 3

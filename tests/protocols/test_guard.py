@@ -118,12 +118,14 @@ def test_a_malformed_record_is_refused(bad):
 
 
 def test_node_config_gives_the_policy_and_refuses_malformed_values():
-    p = DevicePolicy.from_node_config({"min-survivors": "4", "unsafe-threshold": "no", "require-secagg": True,
-                                       "ldp-epsilon-budget": "8", "partition-id": 3})
-    assert p == DevicePolicy(min_survivors=4, require_secure=True, ldp_epsilon_budget=8.0)
+    p = DevicePolicy.from_node_config({"min-survivors": "4", "unsafe-threshold": "false", "require-secagg": "yes",
+                                       "ldp-epsilon-budget": "8", "max-dropout": 0.2, "partition-id": 3})
+    assert p == DevicePolicy(min_survivors=4, require_secure=True, ldp_epsilon_budget=8.0, max_dropout=0.2)
+    assert p.secagg().max_dropout == 0.2 and DevicePolicy.from_node_config({"ldp-epsilon-budget": "inf"}) == DevicePolicy()
     assert DevicePolicy.from_node_config({}, require_secure=True).require_secure
     assert not DevicePolicy.from_node_config({"require-secagg": "false"}).require_secure
     for key, value in (("min-survivors", "two"), ("min-survivors", 1), ("min-survivors", 2.5),
-                       ("unsafe-threshold", "maybe"), ("ldp-epsilon-budget", "-1"), ("ldp-epsilon-budget", "nan")):
+                       ("unsafe-threshold", "maybe"), ("ldp-epsilon-budget", "-1"), ("ldp-epsilon-budget", "nan"),
+                       ("max-dropout", "1.5"), ("unsafe-threshold", "yes")):
         with pytest.raises(ValueError, match="node config"):
             DevicePolicy.from_node_config({key: value})

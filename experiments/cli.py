@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from dp.errors import LedgerError
 from experiments.errors import UserError
+from protocols.secure_sum import SecureSumAborted
 
 __all__ = ["COMMAND_MODULES", "UserError", "build_parser", "main"]
 
@@ -69,6 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("SECAGG_DEBUG"):
             raise  # a developer asked for the traceback
         print(f"secagg: error: {exc}", file=sys.stderr)
+        return 2
+    except SecureSumAborted as exc:  # a round's secure sum produced nothing (dropouts, the clients' own minimum)
+        if os.environ.get("SECAGG_DEBUG"):
+            raise
+        print(f"secagg: error: {exc}. No sum was released; the run directory keeps every completed round "
+              "(--resume continues). If the clients refused, check [clients] min_survivors against the "
+              "clients per round.", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("secagg: interrupted; resume with --resume RUN_DIR", file=sys.stderr)

@@ -41,6 +41,7 @@ __all__ = [
     "SplitSection",
     "EvalSection",
     "PrivacySection",
+    "ClientsSection",
     "RunConfig",
     "all_sections",
     "load_preset",
@@ -210,6 +211,36 @@ class PrivacySection:
             raise ValueError(f"privacy.budget_epsilon must be positive (inf: no budget); found {self.budget_epsilon}")
 
 
+@dataclass(frozen=True)
+class ClientsSection:
+    """``[clients]``: what every simulated client insists on, whatever the server asks
+    (:class:`protocols.guard.DevicePolicy`; on Flower each node sets the same keys in its node config).
+
+    Attributes:
+        min_survivors: the smallest secure sum a client takes part in and helps unmask (>= 2).
+        require_secure: a client refuses every plaintext step.
+        ldp_epsilon_budget: the local-DP epsilon a client spends on its uploads at most (basic
+            composition); ``inf`` (default) counts without a cap.
+    """
+
+    min_survivors: int = 2
+    require_secure: bool = False
+    ldp_epsilon_budget: float = math.inf
+
+    def __post_init__(self) -> None:
+        try:
+            self.policy()
+        except ValueError as exc:
+            raise ValueError(f"[clients]: {exc}") from None
+
+    def policy(self) -> Any:
+        """The :class:`protocols.guard.DevicePolicy` of the simulated clients."""
+        from protocols.guard import DevicePolicy
+
+        return DevicePolicy(min_survivors=self.min_survivors, require_secure=self.require_secure,
+                            ldp_epsilon_budget=self.ldp_epsilon_budget)
+
+
 #: The sections every run has; protocol sections come from :mod:`protocols.registry`.
 CORE_SECTIONS: dict[str, type] = {
     "run": RunSection,
@@ -217,6 +248,7 @@ CORE_SECTIONS: dict[str, type] = {
     "split": SplitSection,
     "eval": EvalSection,
     "privacy": PrivacySection,
+    "clients": ClientsSection,
 }
 
 
@@ -238,6 +270,7 @@ class RunConfig:
     split: SplitSection = field(default_factory=SplitSection)
     eval: EvalSection = field(default_factory=EvalSection)
     privacy: PrivacySection = field(default_factory=PrivacySection)
+    clients: ClientsSection = field(default_factory=ClientsSection)
     sections: dict[str, Any] = field(default_factory=lambda: {n: c() for n, c in protocol_sections().items()})
 
     def section(self, name: str) -> Any:

@@ -38,6 +38,7 @@ from experiments import config as cfgmod
 from experiments.errors import UserError
 from experiments.prepare import Prepared, data_fingerprint, prepare_data
 from experiments.rundir import CHECKPOINT, RunDir, default_run_dir
+from protocols.guard import set_device_policy
 from protocols.registry import BuildContext
 from protocols.state import loads_json
 from protocols.transport import InProcessTransport, Transcript
@@ -266,7 +267,10 @@ def _build(req: RunRequest, prep: Prepared):
         split=prep.split, config=cfg.protocol_config, seed=cfg.run.seed, source=cfg.data.source,
         transport=transport, data_options=cfg.to_dict()["data"], exclude=prep.exclude,
     )
-    return cfg.spec.build(ctx)
+    trainer = cfg.spec.build(ctx)
+    if cfg.spec.federated:  # the simulated clients' own settings ([clients]); never the server's
+        set_device_policy(trainer, cfg.clients.policy())
+    return trainer
 
 
 def _open(req: RunRequest, prep: Prepared, trainer: Any) -> tuple[RunDir, str, float]:

@@ -522,6 +522,7 @@ class FedAvgGMF:
             vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
             round=t, transport=self.transport, senders=[client(u) for u in sampled], where="fedavg.value_clip",
             dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
+            min_survivors=getattr(getattr(self, "device_policy", None), "min_survivors", 2),
         )
         self._secagg_seconds = float(np.mean(res.client_seconds))
         return self._sums_from_total(res.total), res.bytes_per_client

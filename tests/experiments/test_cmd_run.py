@@ -215,3 +215,20 @@ def test_movielens_small_reaches_the_reference_accuracy(ml_latest_small, tmp_pat
     assert res["centralized-gmf"] >= 0.70  # reference GMF ~0.75 (610 users: +-0.018 standard error)
     assert res["fedavg-gmf"] >= res["centralized-gmf"] - 0.06
     assert res["fedavg-gmf"] > res["itempop"] + 0.05
+
+
+def test_the_clients_minimum_from_the_clients_section_reaches_the_secure_sums(tmp_path, capsys):
+    """[clients] min_survivors is the simulated clients' own setting: above the round's cohort, every
+    client refuses the secure sum and the run stops in words (exit 2), releasing nothing."""
+    from experiments.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[run]\nrounds = 1\n[data]\nsynthetic_users = 30\nsynthetic_items = 40\n[eval]\nnegatives = 10\n"
+                   "full_ranking = false\n[clients]\nmin_survivors = 50\n")
+    code = main(["run", "fedavg-gmf-secagg", "--config", str(cfg), "--out", str(tmp_path / "r"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "No sum was released" in err and "min_survivors" in err
+    with pytest.raises(ValueError, match=r"\[clients\]: min_survivors must be an int >= 2"):
+        from experiments.config import ClientsSection
+
+        ClientsSection(min_survivors=1)

@@ -116,8 +116,10 @@ def one_upload_attack(view: list[Record], public: dict[str, Any], *, round: int 
             y = np.asarray(rec.payload)
             m = int(public["n_items"])
             vals = y.astype(np.int64).astype(np.float64) / float(1 << int(public["frac_bits"]))
-            ind = vals[-m:] if rec.kind == "update" else vals[:m]  # a "lightfr:rated" vector IS the indicator
-            rated = np.flatnonzero(np.abs(ind - 1.0) < 1e-6)
+            if rec.kind == "update":  # the indicator of the rated items closes the vector
+                rated = np.flatnonzero(np.abs(vals[-m:] - 1.0) < 1e-6)
+            else:  # a "lightfr:rated" vector: random weights in (0, 1] on the rated items, 0 elsewhere
+                rated = np.flatnonzero((vals[:m] > 0) & (vals[:m] <= 1.0))
             out.append(UserInference(user, rated, None))
     if plain:
         status = f"inverted {plain} plaintext uploads of round {round}"

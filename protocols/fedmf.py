@@ -65,6 +65,7 @@ from dp.events import Laplace, NonPrivate
 from dp.ldp import ldp_laplace
 from protocols.base import Release, RoundStats
 from protocols.exchange import Exchange, Replies, SecureSum, run_exchanges
+from protocols.guard import RefusedStep
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, Transcript, client
 from recmodels.data import Interactions
@@ -92,10 +93,10 @@ VARIANTS = ("full", "part")
 #: Receiver name of the server's broadcast to all clients.
 BROADCAST = "clients"
 #: The secure sum of the training loss (every defense but ``"none"``): each client's
-#: ``[squared-error sum, rating count, 1 if non-finite]``, through SecAgg+ (cheap at any n: the
-#: server learns the three totals only). A client's squared-error sum is at most
-#: ``count * (hi - lo)^2`` (predictions are clipped to the scale), so 2^24 fits every client with
-#: fewer than ~800,000 ratings; 2^-20 per value keeps the reported loss within ~1e-7 of the exact one.
+#: ``[mean squared error, 1, 1 if non-finite]``, through SecAgg+ (cheap at any n: the server learns
+#: the three totals only; the round's loss is the mean over the clients of their own mean squared
+#: error). A client's mean squared error is at most ``(hi - lo)^2`` (predictions are clipped to the
+#: scale), far below 2^24; 2^-20 per value keeps the reported loss within ~1e-7 of the exact one.
 LOSS_SECURE, LOSS_CLIP, LOSS_FRAC_BITS = "secagg+", 2.0**24, 20
 #: How many key-holding clients the server asks, in user order, to refresh ``Enc(Q)`` (HE).
 REFRESH_TRIES = 3
@@ -253,6 +254,7 @@ class FedMF:
         else:
             self.scale = (float(train.ratings.min()), float(train.ratings.max()))
         self._client_seconds = 0.0  # work done in device_step (the clients' work when run in process)
+        self._trained = np.full(self.n_users, -1, np.int64)  # the last round each client trained in (its state)
         self.he: HEClient | None = None
         self.he_server: HEServer | None = None
         if config.defense in ("paillier", "ckks"):
@@ -359,7 +361,8 @@ class FedMF:
                 self._enc_q = fresh
             server_s += time.perf_counter() - ts
         self.round += 1
-        # the training loss of the round's model (the new Q, the clients' new p), from the clients
+        # the training loss of the round's model (the new Q, the clients' new p), from the clients: the
+        # mean over the clients that trained this round of each one's own mean squared error
         model, down = self._model_message()
         send(SERVER, BROADCAST, t, "eval", model, _size(model))
         if cfg.defense == "none":
@@ -459,6 +462,7 @@ class FedMF:
         q_t = self._received_model(broadcast)
         p_new, delta = local_updates(self.p[users], q_t, self.lists, cfg.mf, users=users)
         self.p[users] = p_new
+        self._trained[users] = round_
         out = {}
         for i, u in enumerate(users.tolist()):
             up = self._client_upload(u, delta[i], round_)
@@ -479,16 +483,20 @@ class FedMF:
         return out
 
     def _loss_step(self, users: np.ndarray, broadcast: Any) -> dict:
-        """Each user's ``[squared-error sum, rating count, non-finite flag]`` under the broadcast model."""
+        """Each user's ``[mean squared error, 1, non-finite flag]`` under the broadcast model.
+
+        The client's own mean (not its squared-error sum and rating count): a count would be the
+        same in every round, so loss sums over survivor sets that differ in one client would give
+        that client's number of ratings (exactly what FedMF's full variant hides)."""
         q = self._received_model(broadcast)
         lists, out = self.lists, {}
         for u in users.tolist():
             k = int(lists.counts[u])
             pred = np.clip(self.p[u] @ q[lists.items[u, :k]].T, *self.scale)
-            sse = float(np.sum((pred - lists.ratings[u, :k]) ** 2))
-            bad = not math.isfinite(sse)
+            mse = float(np.mean((pred - lists.ratings[u, :k]) ** 2))
+            bad = not math.isfinite(mse)
             out[u] = {("loss" if self.config.defense == "none" else "vector"):
-                      np.array([0.0 if bad else sse, 0.0 if bad else float(k), float(bad)])}
+                      np.array([0.0 if bad else mse, 0.0 if bad else 1.0, float(bad)])}
         return out
 
     # -- the replies the server accepts ------------------------------------------------------------
@@ -539,14 +547,23 @@ class FedMF:
         lo, hi = self.scale
         if v.shape != (3,) or v.dtype != np.float64 or not np.isfinite(v).all():
             raise ValueError(f"client {u}: the loss must be 3 finite float64 values; found {v.dtype} {v.shape}.")
-        sse, count, bad = (float(x) for x in v)
-        if bad not in (0.0, 1.0) or count != round(count) or count < (0 if bad else 1) or sse < 0 \
-                or sse > count * (hi - lo) ** 2 * (1 + 1e-9) + 1e-9:
-            raise ValueError(f"client {u}: impossible loss reply [{sse:g}, {count:g}, {bad:g}] (clipped predictions "
-                             f"on the scale {[lo, hi]} err by at most {hi - lo:g} per rating).")
+        mse, one, bad = (float(x) for x in v)
+        if bad not in (0.0, 1.0) or one != (0.0 if bad else 1.0) or mse < 0 or mse > (hi - lo) ** 2 * (1 + 1e-9) + 1e-9:
+            raise ValueError(f"client {u}: impossible loss reply [{mse:g}, {one:g}, {bad:g}] (a mean squared error "
+                             f"of clipped predictions on the scale {[lo, hi]}, at most {(hi - lo) ** 2:g}; then 1; "
+                             "then the non-finite flag).")
         return v
 
     # -- what stays on a device, and what a device needs to score ---------------------------------
+    def device_check(self, kind: str, round_: int, user: int, broadcast: Any, own: Any, *, secure: bool) -> None:
+        """FedMF's own refusal (before the step runs; :mod:`protocols.guard` has the general rules):
+        a secure loss is sent only in a round the client trained in. Its loss depends on its own
+        ``p_u`` and the broadcast model; without training in between, a server holding the model
+        still could ask it in two rounds and get the same vector twice (two sums over cohorts that
+        differ in that client would be its loss and its number of ratings)."""
+        if kind == "loss" and secure and int(self._trained[int(user)]) != int(round_):
+            raise RefusedStep(f"fedmf: the loss of round {int(round_)} is sent only after training in that round")
+
     def device_requires_secure(self, kind: str) -> bool:
         """Steps whose reply this configuration sends only through secure aggregation: the update
         under ``secagg``, the loss under every defense but ``none`` (a client asked for either in
@@ -556,14 +573,20 @@ class FedMF:
         return kind == "loss" and self.config.defense != "none"
 
     def device_state(self, user: int) -> dict[str, np.ndarray]:
-        """The client's own state: its user vector ``p_u`` (never sent)."""
-        return {"p": self.p[int(user)].copy()}
+        """The client's own state: its user vector ``p_u`` (never sent) and the last round it trained in."""
+        return {"p": self.p[int(user)].copy(), "trained": np.array(self._trained[int(user)], np.int64)}
 
     def load_device_state(self, user: int, state: Any) -> None:
         p = state["p"]
         if not isinstance(p, np.ndarray) or p.shape != (self.dim,) or not np.isfinite(p).all():
             raise ValueError(f"a FedMF client state is a finite float vector of {self.dim}.")
+        if set(state) - {"p", "trained"}:
+            raise ValueError(f"a FedMF client state holds 'p' and 'trained'; found {sorted(state)}.")
+        trained = np.asarray(state.get("trained", np.array(-1)))
+        if trained.shape != () or trained.dtype.kind not in "iu":
+            raise ValueError("a FedMF client state's 'trained' is one integer round.")
         self.p[int(user)] = p
+        self._trained[int(user)] = int(trained)
 
     def device_model(self) -> dict[str, np.ndarray]:
         """The global arrays a client scores with: ``Q``, or ``Enc(Q)`` as uint8 arrays under HE."""

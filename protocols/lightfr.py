@@ -58,6 +58,7 @@ Simulation: clients are batched (numpy); the client-side work is identical to pe
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from collections.abc import Generator, Mapping
@@ -268,6 +269,18 @@ def rank_metrics(scores: np.ndarray, k: int = 10, seed: int = 0) -> dict[str, fl
     return out
 
 
+def rated_weights(k: int, frac_bits: int) -> np.ndarray:
+    """``k`` fresh weights from the OS CSPRNG, uniform on the grid ``2^-frac_bits .. 1``: a client's
+    rated items in the union phase. Their sum over the round's raters is positive exactly where
+    someone rated an item (the union, all the server needs), but it is not the rater count, and
+    the vector is never the same twice: an indicator of 1s would be identical in every round, so
+    sums over cohorts that differ in one client (in one round or across rounds) would be that
+    client's rated set."""
+    scale = 1 << frac_bits
+    raw = np.frombuffer(os.urandom(8 * k), dtype=np.uint64) if k else np.zeros(0, np.uint64)
+    return ((raw % np.uint64(scale)).astype(np.float64) + 1.0) / scale
+
+
 def _grid(x: np.ndarray, frac_bits: int) -> np.ndarray:
     """Round to the fixed-point grid ``2^-frac_bits`` (done on the device in both forms)."""
     scale = float(1 << frac_bits)
@@ -397,8 +410,9 @@ class LightFR:
 
         * ``"none"``: ``"train"``: down the packed ``D``; up in plaintext ``items``, ``body`` and
           ``stats`` (:data:`STATS`), each reply checked by :meth:`validate` (a bad one is dropped);
-        * secure, ``"union"``: ``"train_rated"``: down the packed ``D``; up, summed securely, the
-          rated indicator over all ``m`` items; then ``"union_update"`` (the first sum's
+        * secure, ``"union"``: ``"train_rated"``: down the packed ``D``; up, summed securely, fresh
+          random positive weights on the rated items over all ``m`` items (:func:`rated_weights`:
+          the sum's support is the union); then ``"union_update"`` (the first sum's
           survivors): down the union ``U``; up, summed securely, ``stats``, the values over ``U``'s
           rows and their indicator;
         * secure, ``"all"``: ``"train_dense"``: down the packed ``D``; up, summed securely, ``stats``,
@@ -445,13 +459,13 @@ class LightFR:
         else:
             rows = None
             ex = Exchange("train_dense", sel, broadcast=down, secure=self._secure(k + m * (w + 1), "update"))
-            if cfg.secure_rows == "union":  # phase 1: the rater counts, hence the union U
+            if cfg.secure_rows == "union":  # phase 1: the union U (a sum of random positive weights)
                 got = yield Exchange("train_rated", sel, broadcast=down, secure=self._secure(m, "lightfr:rated"))
                 ts = time.perf_counter()
                 secure_reply(got)
                 aborted = got.aborted
                 if got.total is not None:
-                    rows = np.flatnonzero(np.round(got.total) > 0)
+                    rows = np.flatnonzero(got.total > 0)  # (random positive weights: only the union is learnt)
                     for u in got.survivors:  # the server publishes U (4 bytes per item id)
                         self.transport.send(SERVER, client(int(u)), t, "lightfr:union", None, 4 * len(rows))
                     ex = Exchange("union_update", got.survivors, broadcast={"union": rows},
@@ -533,7 +547,7 @@ class LightFR:
             out = {}
             for u, up in ups.items():
                 vec = np.zeros(self.n_items)
-                vec[up.items] = 1.0
+                vec[up.items] = rated_weights(len(up.items), self.config.frac_bits)
                 out[u] = {"vector": vec}
             return out
         return {u: {"vector": self._dense(up, None)} for u, up in ups.items()}

@@ -329,3 +329,121 @@ def test_the_plaintext_server_applies_the_same_minimum_so_both_give_one_model():
         np.testing.assert_array_equal(plain.assign, secure.assign)
     np.testing.assert_allclose(secure.item.numpy(), plain.item.numpy(), atol=2e-5)
     np.testing.assert_allclose(secure.user.numpy(), plain.user.numpy(), atol=2e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# across rounds: what the guard stops, and the stated limits it does not
+# ------------------------------------------------------------------------------------------------
+def _lightfr():
+    from protocols.lightfr import LightFRConfig
+
+    data = generate_synthetic(n_users=8, n_items=14, dim=3, mean_interactions=5, seed=0)  # ratings 1..5
+    cfg = LightFRConfig(server="grad", secure_aggregation="secagg+", secure_rows="union", bits=8, rating_min=1.0,
+                        rating_max=5.0)
+    return data, cfg
+
+
+def _lightfr_rated_rounds(victim: int):
+    """LightFR's union phase in two rounds, over everyone and then over everyone but the victim."""
+    def script(server):
+        cl = np.unique(np.concatenate([np.arange(server.n_users)]))
+        down = {"d": server.packed_items}
+        cohort = cl if server.round == 0 else cl[cl != victim]
+        got = yield Exchange("train_rated", cohort, broadcast=down, secure=server._secure(server.n_items, "lightfr:rated"))
+        server.loot["a" if server.round == 0 else "b"] = got.total
+        server.round += 1
+        return RoundStats(round=server.round - 1, loss=0.0)
+    return script
+
+
+def test_lightfrs_union_phase_in_two_rounds_does_not_give_the_victims_rated_items():
+    """The union phase's vectors were the rated indicators, the same in every round: two rounds'
+    sums over cohorts that differ in the victim were its rated set. Now each is fresh random weights
+    (rated_weights): the difference is noise on the items someone else rated too."""
+    data, cfg = _lightfr()
+    victim = 3
+    server, clients = _devices("lightfr", data, cfg)
+    server.loot = {}
+    server.device_round = lambda: _lightfr_rated_rounds(victim)(server)
+    for _ in range(2):
+        run_on_devices(server, clients)
+    stolen = _stolen(server.loot)
+    assert server.loot["a"] is not None and stolen is not None
+    assert not np.allclose(stolen, _indicator(data, victim))
+
+
+def test_limit_lightfrs_rater_counts_across_rounds_give_a_clients_rated_items_it_shares():
+    """Stated limit (docs/security.md): LightFR's second phase sums each client's rated indicator over
+    the published union (the server needs the exact rater counts, lambda_i depends on them). A rated
+    set does not change between rounds, so the counts of two rounds over cohorts that differ in one
+    client are that client's indicator, on the items of both unions: honest random cohorts reach the
+    same by linear algebra over enough rounds (disaggregation). Only DP noise (or hiding which rows a
+    client touched) would stop it."""
+    data, cfg = _lightfr()
+    victim = 3
+    server, clients = _devices("lightfr", data, cfg)
+    counts = {}
+    everyone = np.arange(data.n_users)
+    for t, cohort in enumerate((everyone, everyone[everyone != victim])):
+        got_rated = None
+
+        def script(server, cohort=cohort, t=t):
+            nonlocal got_rated
+            down = {"d": server.packed_items}
+            rated = yield Exchange("train_rated", cohort, broadcast=down,
+                                   secure=server._secure(server.n_items, "lightfr:rated"))
+            rows = np.flatnonzero(rated.total > 0)
+            w = server._width()
+            from protocols.lightfr import STATS
+
+            k = len(STATS)
+            got = yield Exchange("union_update", rated.survivors, broadcast={"union": rows},
+                                 secure=server._secure(k + len(rows) * (w + 1), "update"))
+            cnt = np.zeros(server.n_items)
+            cnt[rows] = np.round(got.total[k + len(rows) * w:])
+            counts[t] = cnt
+            server.round += 1
+            return RoundStats(round=t, loss=0.0)
+
+        server.device_round = lambda: script(server)
+        run_on_devices(server, clients)
+    both = (counts[0] > 0) & (counts[1] > 0)  # the items of both unions
+    truth = _indicator(data, victim)
+    assert both.sum() > 0 and np.array_equal((counts[0] - counts[1])[both], truth[both])
+
+
+def test_limit_fedfast_points_held_still_across_rounds_give_a_clients_point():
+    """Stated limit (docs/security.md, docs/fedfast.md): a client's k-means point does not change
+    unless it trains or moves. A server that runs no training and no propagation between two rounds'
+    k-means steps, and claims the victim dropped from its cluster's second sum, reads the victim's
+    embedding as the difference. The guard cannot see it (each step is answered once per round);
+    FedFast's sums are exact, so only DP noise would stop it."""
+    from protocols.exchange import SecureSum
+
+    train = _data()
+    server, clients = _devices("fedfast", train, _fedfast(clusters=2))
+    run_on_devices(server, clients)  # an honest round 0: the clusters exist, reported to the server
+    cl = server._clients
+    victim = int(cl[0])
+    g = int(server.assign[victim])
+    members = cl[server.assign[cl] == g]
+    assert len(members) >= 3  # the victim's cluster has two others (the second sum is then released)
+    sums = []
+    for t, drop in ((1, frozenset()), (2, frozenset({int(np.flatnonzero(members == victim)[0])}))):
+        server.round = t
+        route = {int(u): g for u in members}
+
+        def script(server, drop=drop, route=route):
+            spec = SecureSum("secagg", width=server.config.dim + 1, frac_bits=32, value_clip=2.0**20,
+                             kind="fedfast:kmeans", dropouts={"masked_input": drop} if drop else None)
+            got = yield Exchange("fedfast:kmeans", members, broadcast={"feature": np.array(1)},
+                                 per_user={u: {"group": np.array(g, np.int64)} for u in route}, secure=spec,
+                                 groups=route)
+            sums.append(got.groups[g].total)
+            server.round += 1
+            return RoundStats(round=server.round - 1, loss=0.0)
+
+        server.device_round = lambda: script(server)
+        run_on_devices(server, clients)
+    truth = clients[victim].user[victim].numpy().astype(np.float64)
+    np.testing.assert_allclose((sums[0] - sums[1])[:-1], truth, atol=1e-6)  # the attack succeeds: a stated limit

@@ -118,8 +118,25 @@ def test_the_device_loss_is_the_in_process_training_loss():
     server, clients = _devices(cfg)
     stats = run_on_devices(server, clients)
     local.run_round()
-    exact = local.evaluate(local.train)["rmse"] ** 2  # the server-side figure of the in-process code
-    assert stats.loss == pytest.approx(exact, rel=1e-12)
+    assert stats.loss == pytest.approx(_mean_of_client_mses(local), rel=1e-12)
+
+
+def _mean_of_client_mses(m, skip: tuple[int, ...] = ()) -> float:
+    """Oracle: the mean over users of each one's own mean squared error (numpy, from the model)."""
+    pred = np.clip(np.einsum("nd,nd->n", m.p[m.train.users], m.q[m.train.items]), *m.scale)
+    err = (pred - m.train.ratings) ** 2
+    users = [u for u in np.unique(m.train.users).tolist() if u not in skip]
+    return float(np.mean([err[m.train.users == u].mean() for u in users]))
+
+
+def test_the_loss_never_carries_a_clients_rating_count():
+    """Each client's loss reply is its own mean and a 1: a rating count would be the same in every
+    round, so two loss sums over survivor sets that differ in one client would be its count."""
+    server, clients = _devices(_cfg())
+    run_on_devices(server, clients, tamper=lambda ex, u, r: r)
+    for u, c in clients.items():
+        reply = c._loss_step(np.array([u]), {"q": server.q})[u]["loss"]
+        assert reply[1] == 1.0 and reply[2] == 0.0
 
 
 def test_the_transcript_holds_the_same_kinds_in_process_and_on_devices():
@@ -202,8 +219,8 @@ def test_part_updates_for_items_not_asked_about_or_unsorted_are_refused(ids):
     assert ("1" in stats.extra.get("dropped", {})) != bool(valid)
 
 
-@pytest.mark.parametrize("loss", [[-1.0, 3.0, 0.0], [1e6, 3.0, 0.0], [1.0, 2.5, 0.0], [1.0, 3.0, 0.5],
-                                  [np.nan, 3.0, 0.0]])
+@pytest.mark.parametrize("loss", [[-1.0, 1.0, 0.0], [1e6, 1.0, 0.0], [1.0, 2.0, 0.0], [1.0, 1.0, 0.5],
+                                  [np.nan, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 3.0, 0.0]])
 def test_an_impossible_loss_reply_is_dropped(loss):
     server, clients = _devices(_cfg())
     stats = run_on_devices(server, clients, tamper=lambda ex, u, r: {"loss": np.array(loss)}
@@ -218,10 +235,7 @@ def test_the_loss_of_a_round_is_over_the_clients_that_reported_it(defense):
     server, clients = _devices(cfg)
     stats = run_on_devices(server, clients, silent=lambda ex, u: ex.kind == "loss" and u == 1)
     local.run_round()
-    keep = local.train.users != 1
-    pred = np.clip(np.einsum("nd,nd->n", local.p[local.train.users[keep]], local.q[local.train.items[keep]]),
-                   *local.scale)
-    oracle = float(np.mean((pred - local.train.ratings[keep]) ** 2))
+    oracle = _mean_of_client_mses(local, skip=(1,))
     assert stats.extra["loss_dropped"] == {"1": "silent"} and stats.clients == 6
     assert stats.loss == pytest.approx(oracle, rel=1e-12 if defense == "none" else 1e-6)
 
@@ -232,7 +246,10 @@ def test_a_secure_sum_left_with_one_client_aborts_and_the_model_stays():
     stats = run_on_devices(server, clients, silent=lambda ex, u: ex.kind == "train" and u < 5)
     assert "at least 2 clients" in stats.extra["aborted"] and stats.clients == 0
     np.testing.assert_array_equal(server.q, q0)
-    assert np.isfinite(stats.loss) and server.round == 1  # the round finished; the loss is of the unchanged Q
+    # the round finished; the five that did not train refuse the loss (their vectors would repeat
+    # last round's over the unchanged Q), so the loss sum of one client is not released either
+    assert server.round == 1 and np.isnan(stats.loss)
+    assert sum("only after training" in why for why in stats.extra["loss_dropped"].values()) == 5
 
 
 def test_a_secure_client_refuses_to_answer_in_plaintext():

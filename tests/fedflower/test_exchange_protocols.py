@@ -75,7 +75,10 @@ CLIENT_HELD = {"lightfr": ("b",), "lightfr-grad": ("b",), "fedfast-secagg": ("us
                # (STTFedRec's device_seconds: the clients' own timings, measured on the devices; its
                # train_bytes: the chain's bytes as Flower's records carry them, ~0.06% above its wire form)
                "sttfedrec": ("device_seconds", "train_bytes"), "fl-dssm": ("device_seconds", "train_bytes"),
-               "fedmf": ("p",), "fedmf-secagg": ("p",)}
+               "fedmf": ("p",), "fedmf-secagg": ("p",),
+               # (FedCL's checkpoint in process carries every simulated client's guard record; on Flower each
+               # node keeps its own, in its context and state directory)
+               "fed-local-negatives": ("device_guard",)}
 
 
 def flower_loopback(preset: str, config: Path, out: Path, parts: Path) -> dict:

@@ -335,3 +335,20 @@ def test_limit_uploads_within_the_schedule_compose_and_average_towards_the_embed
         assert 0.6 < mse * k / (2 * b * b * d) < 1.6, (k, mse)  # E|mean of k - truth|^2 = 2 b^2 d / k
     for u in ups:
         assert entries[u] == len(ups[u]) and _spent(fc, u) == pytest.approx(cfg.epsilon * len(ups[u]))
+
+
+@pytest.mark.parametrize("where", ["in-process", "devices"])
+def test_the_honest_server_meets_a_refusal_gracefully(where):
+    """The server half does not know its clients' operators' budgets: a client past its budget is
+    dropped from the embedding exchange with the reason, keeps its cached embedding (and so its
+    negatives), still trains, and gets no ledger entry for the upload it did not make."""
+    server, clients, play = _runtime(FedCL, {"clients_per_round": 10}, where, DevicePolicy(ldp_epsilon_budget=4.0))
+    first = play()
+    assert first.extra["uploads"] == N_USERS and not server.last_dropped  # round 0: everyone's one upload
+    stats = play()
+    refused = {u: why for u, why in server.last_dropped.items() if "operator's budget 4" in why}
+    assert len(refused) == 10 and set(refused) == set(server.last_dropped)  # the sampled ten, refused in words
+    assert stats.extra["uploads"] == 0 and stats.clients == 10 and np.isfinite(stats.loss)
+    assert not [r for r in stats.releases if r.cohort]  # no upload, no ledger entry
+    assert (server.uploads == 1).all() and server.has_cache.all()
+    assert all(_spent(clients, u) == 4.0 for u in range(N_USERS))

@@ -697,7 +697,8 @@ class FedCL:
         * past ``user_budget`` (basic composition over the client's own count).
 
         These are the configuration's own upload policy (the server half's ``_due``), enforced from
-        the client's record; an honest server never meets them. With both budgets the smaller holds.
+        the client's record. An honest server meets them only after an upload it asked for was lost
+        on the way (the client counted it, the server did not). With both budgets the smaller holds.
         """
         if kind != "embedding":
             return

@@ -8,7 +8,11 @@
 * ``secagg privacy calibrate --epsilon E --delta D --q Q --steps T`` (noise multiplier), or
   ``--mechanism laplace --epsilon E --count K [--delta D]`` (per-release epsilon0).
 * ``secagg privacy report RUN_DIR`` reads ``RUN_DIR/privacy_ledger.sqlite``, prints epsilon
-  against rounds and writes ``RUN_DIR/privacy.png``.
+  against rounds and writes ``RUN_DIR/privacy.png``. For a run with local-DP uploads (ledger
+  entries of cohort ``user:<u>``, e.g. FedCL's embeddings) it also states each user's epsilon as
+  the ledger composes it and as the clients counted it themselves (``clients_ldp``: median and
+  max of each; the clients' counts come from the checkpoint of an in-process run, whose trainer
+  plays every client; on Flower they stay on the nodes), and where the two may differ.
 
 ``--json`` prints one JSON object as the last line of stdout with at least ``epsilon`` (the
 tightest available), ``accountant`` (which one gave it), ``epsilon_rdp``, ``order``, ``delta`` and
@@ -256,6 +260,7 @@ def _report(args: argparse.Namespace) -> int:
         rep = ledger.spent(delta, use_pld=not args.no_pld and not unprotected)
         cohorts = ledger.spent_by_cohort(delta)
         extra = _protocol_report(ident.get("protocol") if isinstance(ident, dict) else None, ledger, delta)
+        clients_ldp = _clients_ldp(run_dir, entries)
     png = run_dir / "privacy.png"
     _plot(history, rep, delta, png)
     payload = rep.to_dict() | {
@@ -270,6 +275,8 @@ def _report(args: argparse.Namespace) -> int:
         "png": str(png),
         **extra,
     }
+    if clients_ldp is not None:
+        payload["clients_ldp"] = clients_ldp
     if not entries:
         human = ["nothing was released: the ledger is empty (no round ran), epsilon = 0"]
         payload["statement"] = human[0]
@@ -284,8 +291,85 @@ def _report(args: argparse.Namespace) -> int:
             worst = max(cohorts.items(), key=lambda kv: kv[1].epsilon)
             human.append(f"  {len(cohorts)} disjoint cohorts (parallel composition); worst: {worst[0]} "
                          f"epsilon {worst[1].epsilon:.6g}")
+    if clients_ldp is not None:
+        human += _clients_ldp_lines(clients_ldp)
     human.append(f"wrote {png}")
     return _emit(payload, human, args.json)
+
+
+#: Where the clients' own count and the ledger's may differ (``secagg privacy report``, ``clients_ldp.note``).
+CLIENTS_LDP_NOTE = (
+    "A client charges a local-DP upload to its own record when it admits the request, before it computes "
+    "the upload, and refuses one beyond its budget; the ledger records an upload when the server accepts it. "
+    "The client's count is higher when an upload it computed never reached the ledger: a reply the server "
+    "dropped (malformed, late, lost) or a server that left it out. In process it can be lower after a "
+    "resume: rounds run after the last checkpoint were redone, their uploads are in the ledger, and the "
+    "simulated clients' records come from that checkpoint. Both count by basic composition (k uploads of "
+    "epsilon: k epsilon); the ledger's per_user.epsilon may be tighter (RDP/PLD)."
+)
+
+
+def _stats(values: list[float]) -> dict[str, float] | None:
+    import statistics
+
+    return {"users": len(values), "median": statistics.median(values), "max": max(values)} if values else None
+
+
+def _clients_ldp(run_dir: Path, entries: list) -> dict | None:  # noqa: ANN001 - ledger entries
+    """The ``clients_ldp`` block: each user's local-DP epsilon by the ledger (its ``user:<u>`` Laplace
+    entries, basic composition) and by the clients' own records (the checkpoint), or ``None`` for a
+    run without local-DP uploads."""
+    from dp.events import Laplace
+    from experiments.rundir import RunDir
+    from protocols.guard import ldp_counts
+
+    by_ledger: dict[str, float] = {}
+    for e in entries:
+        if e.cohort and e.cohort.startswith("user:") and isinstance(e.event, Laplace):
+            by_ledger[e.cohort] = by_ledger.get(e.cohort, 0.0) + e.event.epsilon0
+    if not by_ledger:
+        return None
+    counts, where = None, "the run directory holds no checkpoint"
+    try:
+        state = RunDir.open_existing(run_dir).load_checkpoint()
+    except (UserError, OSError, ValueError) as exc:
+        state, where = None, f"its checkpoint cannot be read ({exc})"
+    trainer = state.get("trainer") if isinstance(state, dict) else None
+    if isinstance(trainer, dict):
+        try:
+            counts = ldp_counts(trainer.get("device_guard"))
+        except ValueError as exc:
+            where = f"the checkpoint's client records are malformed ({exc})"
+        else:
+            where = ("the clients' own records are not in this run directory: on Flower each node keeps its count "
+                     "in its Flower context and state directory (guard.npz), never sent to the server; a checkpoint "
+                     "written before the clients' records were kept has none") if counts is None else \
+                "the simulated clients' own records in the run's last checkpoint"
+    out = {"ledger": _stats(sorted(by_ledger.values())), "clients": None if counts is None else _stats(
+        sorted(counts.values())), "source": where, "composition": "basic", "note": CLIENTS_LDP_NOTE}
+    if counts is not None:
+        users = {int(c[5:]) for c in by_ledger} | set(counts)
+        ledger_of = {int(c[5:]): v for c, v in by_ledger.items()}
+        tol = 1e-9
+        out["users_counted_more_than_the_ledger"] = sum(counts.get(u, 0.0) > ledger_of.get(u, 0.0) + tol for u in users)
+        out["users_counted_less_than_the_ledger"] = sum(counts.get(u, 0.0) < ledger_of.get(u, 0.0) - tol for u in users)
+    return out
+
+
+def _clients_ldp_lines(block: dict) -> list[str]:
+    led, cli = block["ledger"], block["clients"]
+    lines = [f"local-DP uploads per user (basic composition): the ledger says median epsilon {led['median']:.6g}, "
+             f"max {led['max']:.6g} ({led['users']} users)"]
+    if cli is None:
+        lines.append(f"  the clients' own count: not shown ({block['source']})")
+    else:
+        lines.append(f"  the clients' own count: median epsilon {cli['median']:.6g}, max {cli['max']:.6g} "
+                     f"({cli['users']} users; {block['source']})")
+        more, less = block["users_counted_more_than_the_ledger"], block["users_counted_less_than_the_ledger"]
+        lines.append(f"  users whose own count is above the ledger's: {more}; below: {less}" if more or less
+                     else "  every user's own count equals the ledger's")
+    lines.append(f"  where they may differ: {block['note']}")
+    return lines
 
 
 def _protocol_report(protocol: str | None, ledger, delta: float) -> dict:  # noqa: ANN001

@@ -220,7 +220,9 @@ class ClientsSection:
         min_survivors: the smallest secure sum a client takes part in and helps unmask (>= 2).
         require_secure: a client refuses every plaintext step.
         ldp_epsilon_budget: the local-DP epsilon a client spends on its uploads at most (basic
-            composition); ``inf`` (default) counts without a cap.
+            composition; each client counts its own, and the checkpoint carries the counts across
+            ``--resume``); ``inf`` (default): no operator cap, the protocol's own configuration still
+            holds (FedCL: ``user_budget`` and ``upload_every``; with both budgets the smaller).
     """
 
     min_survivors: int = 2

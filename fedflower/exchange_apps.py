@@ -23,8 +23,9 @@ Before any step the node admits it through its own guard (:mod:`protocols.guard`
 rules as in process and on simulated devices): rounds only move forward, a secure step is
 answered once per round, a once-per-instance step once, no plaintext where the configuration
 promises a sum (or, with ``require-secagg=true``, anywhere), and the protocol's own refusals
-(``device_check``, e.g. FedFast's own-cluster rule); a secure step's request that arrives outside
-the ``masked_input`` stage is refused too. The guard's record is written to the node's
+(``device_check``, e.g. FedFast's own-cluster rule, FedCL's one embedding upload per round); a
+local-DP upload is charged to the node's own count, refused beyond its ``ldp-epsilon-budget``; a
+secure step's request that arrives outside the ``masked_input`` stage is refused too. The guard's record is written to the node's
 ``Context.state`` (and, with a ``state-dir``, to its disk) *before* the step runs, so neither a
 crash nor a resumed run lets the node answer a step twice. The node's state (``device_state``)
 lives in its ``Context.state`` between steps and, with a ``state-dir``, in one file per round on

@@ -28,12 +28,16 @@ runtime-specific code of their own:
   data only, answered at most once per protocol instance;
 * ``trainer.device_check(kind, round, user, broadcast, own, *, secure)`` (optional): the protocol's
   own refusals, checked before a step runs (raises :class:`protocols.guard.RefusedStep`), e.g. a
-  group that is not the client's own.
+  group that is not the client's own, or FedCL's second embedding upload in a round;
+* ``trainer.device_ldp_epsilon(kind) -> float`` (optional): the local-DP epsilon one answer of step
+  ``kind`` spends (0: not an LDP upload). The guard charges it when it admits the step, before the
+  step is computed, and refuses it beyond the client's budget.
 
 Every runtime admits each client's step through the client's :class:`protocols.guard.StepGuard`
 first (:func:`protocols.guard.device_guard`): rounds only move forward, a secure step is answered
 once per round, a once-per-instance step once, no plaintext where the configuration promises a sum,
-and the client's own minimum sum size inside the secure aggregation. A refused client is dropped
+a local-DP upload charged to the client's own count (and refused beyond its budget), and the
+client's own minimum sum size inside the secure aggregation. A refused client is dropped
 from the exchange with the reason; nothing is computed for it.
 
 A secure exchange may be **grouped** (:attr:`Exchange.groups`): each group of members is summed by

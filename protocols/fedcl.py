@@ -33,10 +33,34 @@ every upload is recorded as a Laplace release with cohort ``"user:<u>"``, and
 ``secagg privacy report RUN_DIR --json`` gives each user's composed epsilon (``per_user``: basic
 ``k epsilon`` and the tightest of pure/RDP/PLD). With secure aggregation, the server sees only
 uniformly masked gradient vectors and learns their sum (SecAgg+'s collusion limits,
-docs/secagg.md). Limits: the summed model updates and the final model carry no DP (the ledger
-records them as ``NonPrivate``); the cluster a client falls in and the negatives it is sent are
-post-processing of its LDP upload and cost nothing more; the LDP noise is float noise (see
-:mod:`dp.mechanisms`' floating-point caveat).
+docs/secagg.md).
+
+A server that deviates within the exchange interface (issue 23, item 7) could ask a client for
+its embedding again and again: ``k`` noisy copies average to the embedding with ``1/sqrt(k)`` of
+one upload's error, and the ledger holds only what the server records. So the budget is the
+client's, counted on the device (:mod:`protocols.guard`): every upload is charged to the client's
+own record when the step is admitted, before it is computed (``device_ldp_epsilon``; the device
+step refuses to compute an upload that was not), and the client refuses (:meth:`FedCL.device_check`)
+a second upload in one round, one before ``upload_every`` rounds have passed since its last, one
+past ``user_budget``, and (the guard) one past its operator's ``ldp_epsilon_budget``
+(``[clients]`` in process, node config ``ldp-epsilon-budget`` on Flower). Default: a client its
+operator gives no budget still keeps to its configuration's own policy (the smaller of the two
+budgets holds; with ``user_budget = 0`` and no operator budget only the rate, one upload per
+``upload_every`` rounds, bounds it). The record persists with the client: in the trainer's
+checkpoint in process (``--resume`` continues the counts), in the node's context and state
+directory on Flower. The server half meets a refusal as a dropped client (the reason in
+``last_dropped``, no ledger entry, the cached embedding kept).
+
+Limits: the summed model updates and the final model carry no DP (the ledger records them as
+``NonPrivate``); the LDP uploads compose and the budget is basic composition (``k epsilon``),
+which a schedule within the budget still spends: a server that follows ``upload_every = 1`` for
+``k`` rounds averages ``k`` uploads; rounds are the server's count, so only a budget (not the
+rate) bounds the total; on Flower the FedCL configuration reaches the node in the server's
+messages, so ``user_budget`` and ``upload_every`` bind a server that deviates in what it asks,
+not one that also rewrites the configuration it sends (the node config's ``ldp-epsilon-budget``
+and one upload per round do not depend on it); the cluster a client falls in and the negatives
+it is sent are post-processing of its LDP upload and cost nothing more; the LDP noise is float
+noise (see :mod:`dp.mechanisms`' floating-point caveat).
 
 Simulation: the sampled clients' losses are computed as one batched computation; each client's
 gradient is then taken separately (its own loss only), so the uploads are what each client
@@ -66,6 +90,7 @@ from dp.ldp import ldp_laplace
 from protocols.base import Release, RoundStats
 from protocols.exchange import DeviceRound, Exchange, Replies, SecureSum, admit, answer_in_process, drive, run_exchanges
 from protocols.fedcl_server import CLUSTERINGS, WARD_MAX_POINTS, cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
+from protocols.guard import RefusedStep, device_guard
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions, pair_keys
@@ -132,10 +157,13 @@ class FedCLConfig:
         full_softmax: the softmax over all items instead of the sampled one (every client holds
             the whole item table); ignores the negatives of every kind.
         upload_every: a client uploads a fresh embedding at most once per this many rounds and
-            otherwise reuses its cached one (1: whenever it is sampled).
+            otherwise reuses its cached one (1: whenever it is sampled). The client refuses an
+            earlier request itself (:meth:`FedCL.device_check`).
         initial_upload: in round 0 every client uploads, so the cache starts full (notes 8.1 b).
         user_budget: per-user epsilon budget over the run (basic composition); a client whose
             next upload would exceed it stops uploading and keeps its cached embedding. 0: none.
+            The client counts its own uploads and refuses past it; with its operator's
+            ``ldp_epsilon_budget`` (:class:`protocols.guard.DevicePolicy`) the smaller holds.
         secure_aggregation: ``"secagg+"``, ``"secagg"`` or ``"none"`` (plaintext uploads).
         frac_bits, value_clip: fixed-point encoding of the gradient vectors.
         secagg_dropout, secagg_corrupt: the fractions SecAgg+'s k and t are chosen for.
@@ -606,6 +634,11 @@ class FedCL:
         """The client's half (protocols.exchange): ``users`` on this trainer's own data."""
         users = np.asarray(users, np.int64)
         if kind == "embedding":
+            guard = device_guard(self)
+            unpaid = [u for u in users.tolist() if guard.ldp_round(u) != int(round_)]
+            if unpaid:  # the charge comes first: no code path computes an upload its client has not counted
+                raise ValueError(f"fedcl: the embedding uploads of users {unpaid[:5]} in round {int(round_)} were not "
+                                 "admitted (and charged) by their guard; admit them first (protocols.exchange.admit)")
             self.load_device_model(broadcast)
             cfg = self.config
             with torch.no_grad():
@@ -646,6 +679,43 @@ class FedCL:
         if g_rows is not None:  # the private user rows: local Adam, never uploaded
             self._local_user_step(users, g_rows)
         return out, losses.detach().double().numpy(), dropped
+
+    def device_ldp_epsilon(self, kind: str) -> float:
+        """The local-DP epsilon one answer of step ``kind`` spends (:mod:`protocols.guard`, rule 6): the
+        embedding upload's ``epsilon`` (the epsilon this client's own configuration adds noise for)."""
+        return float(self.config.epsilon) if kind == "embedding" else 0.0
+
+    def device_check(self, kind: str, round_: int, user: int, broadcast: Mapping[str, np.ndarray],
+                     own: Mapping[str, np.ndarray], *, secure: bool) -> None:
+        """FedCL's own refusals (before the step runs; the guard charges the upload and refuses it
+        beyond the operator's ``ldp_epsilon_budget``). An embedding upload is refused:
+
+        * by a client whose configuration uploads none (``semi_hard = 0``);
+        * a second time in one round (each repeat is a fresh noisy copy: k of them average to the
+          embedding with error ``1/sqrt(k)`` of one upload's);
+        * before ``upload_every`` rounds have passed since the client's last upload;
+        * past ``user_budget`` (basic composition over the client's own count).
+
+        These are the configuration's own upload policy (the server half's ``_due``), enforced from
+        the client's record. An honest server meets them only after an upload it asked for was lost
+        on the way (the client counted it, the server did not). With both budgets the smaller holds.
+        """
+        if kind != "embedding":
+            return
+        cfg, t, guard = self.config, int(round_), device_guard(self)
+        if not cfg.semi_hard:
+            raise RefusedStep("fedcl: this configuration uploads no embedding (semi_hard = 0); refused")
+        last = guard.ldp_round(user)
+        if last == t:
+            raise RefusedStep(f"fedcl: this client already uploaded its embedding in round {t}; a second noisy copy "
+                              "is refused")
+        if last >= 0 and t - last < cfg.upload_every:
+            raise RefusedStep(f"fedcl: this client uploaded its embedding in round {last}; with fedcl.upload_every = "
+                              f"{cfg.upload_every} the next is due in round {last + cfg.upload_every}; refused")
+        spent = guard.ldp_spent(user)
+        if cfg.user_budget and spent + cfg.epsilon > cfg.user_budget * (1 + 1e-12):
+            raise RefusedStep(f"fedcl: an upload of epsilon {cfg.epsilon:g} would bring this client's spent epsilon "
+                              f"from {spent:g} over fedcl.user_budget {cfg.user_budget:g}; refused")
 
     # -- the global model and the client's own state (protocols.exchange) -------------------------
     def device_requires_secure(self, kind: str) -> bool:
@@ -737,6 +807,8 @@ class FedCL:
             "adam_m": self.adam_m.clone(), "adam_v": self.adam_v.clone(), "adam_step": self.adam_step,
             "cache": self.cache.copy(), "has_cache": self.has_cache.astype(np.int8),
             "last_upload": self.last_upload.copy(), "uploads": self.uploads.copy(),
+            # in process the trainer plays every client: their own records (what each counted) go with it
+            "device_guard": device_guard(self).state_dict(),
         }
         if self.config.encoder == "id":
             out["user"] = {"emb": self.user.clone(), "m": self.user_m.clone(), "v": self.user_v.clone(),
@@ -755,6 +827,8 @@ class FedCL:
         self.has_cache = np.asarray(state["has_cache"]).astype(bool)
         self.last_upload = np.array(state["last_upload"], dtype=np.int64)
         self.uploads = np.array(state["uploads"], dtype=np.int64)
+        if "device_guard" in state:  # (absent from a checkpoint written before the clients' records were kept)
+            device_guard(self).load_state_dict({k: np.asarray(v) for k, v in state["device_guard"].items()})
         if self.config.encoder == "id":
             u = state["user"]
             self.user, self.user_m, self.user_v = u["emb"].clone(), u["m"].clone(), u["v"].clone()

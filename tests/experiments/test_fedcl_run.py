@@ -48,6 +48,36 @@ def test_fedcl_run_and_per_user_privacy_report(tmp_path, capsys):
     assert per["users"] == 50 and per["uploads"]["min"] == 1 and per["epsilon_per_upload"] == [4.0]
     assert per["epsilon_basic"]["max"] == 4.0 * per["uploads"]["max"] and per["accountant"] in ("pure", "rdp", "pld")
     assert rep["epsilon"] == "inf"  # the model updates carry no DP, and the report says so
+    # beside the ledger's: what the clients counted themselves (the checkpoint of an in-process run)
+    mine = rep["clients_ldp"]
+    assert mine["clients"] == mine["ledger"] and mine["ledger"]["max"] == per["epsilon_basic"]["max"]
+    assert mine["ledger"]["median"] == per["epsilon_basic"]["median"] and mine["ledger"]["users"] == 50
+    assert mine["users_counted_more_than_the_ledger"] == mine["users_counted_less_than_the_ledger"] == 0
+    assert "last checkpoint" in mine["source"] and "before it computes" in mine["note"]
+    assert main(["privacy", "report", str(tmp_path / "r")]) == 0
+    text = capsys.readouterr().out
+    assert f"the clients' own count: median epsilon {mine['clients']['median']:.6g}, max {mine['clients']['max']:.6g}" in text
+    assert "every user's own count equals the ledger's" in text and "where they may differ" in text
+
+
+def test_a_resumed_run_keeps_the_clients_counts_and_their_operators_budget(tmp_path, capsys):
+    """``[clients] ldp_epsilon_budget = 8`` with every client in every round: two uploads at epsilon 4,
+    then the clients refuse. The checkpoint carries their counts, so a resumed run does not reset
+    them: after four rounds (two of them resumed) no user has more than two uploads in the ledger,
+    the refusals are in costs.jsonl, and the clients' count equals the ledger's."""
+    config = cfg(tmp_path, 2, "none", "[clients]\nldp_epsilon_budget = 8.0")
+    config.write_text(config.read_text().replace("clients_per_round = 8", "clients_per_round = 50"))
+    assert main(["run", "fedcl", "--config", str(config), "--out", str(tmp_path / "r"), "--json", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["run", "--resume", str(tmp_path / "r"), "--rounds", "4", "--json", "--quiet"]) == 0
+    capsys.readouterr()
+    costs = [json.loads(x) for x in (tmp_path / "r" / "costs.jsonl").read_text().splitlines()]
+    assert [c["uploads"] for c in costs] == [50, 50, 0, 0]
+    assert [c["dropped_clients"] for c in costs[2:]] == [50, 50]
+    assert main(["privacy", "report", str(tmp_path / "r"), "--json"]) == 0
+    rep = last_json(capsys)
+    assert rep["per_user"]["uploads"]["max"] == 2 and rep["per_user"]["epsilon_basic"]["max"] == 8.0
+    assert rep["clients_ldp"]["clients"] == rep["clients_ldp"]["ledger"] == {"users": 50, "median": 8.0, "max": 8.0}
 
 
 def test_fed_baseline_resume_equals_the_uninterrupted_run(tmp_path, capsys):

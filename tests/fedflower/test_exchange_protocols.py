@@ -75,7 +75,10 @@ CLIENT_HELD = {"lightfr": ("b",), "lightfr-grad": ("b",), "fedfast-secagg": ("us
                # (STTFedRec's device_seconds: the clients' own timings, measured on the devices; its
                # train_bytes: the chain's bytes as Flower's records carry them, ~0.06% above its wire form)
                "sttfedrec": ("device_seconds", "train_bytes"), "fl-dssm": ("device_seconds", "train_bytes"),
-               "fedmf": ("p",), "fedmf-secagg": ("p",)}
+               "fedmf": ("p",), "fedmf-secagg": ("p",),
+               # (FedCL's checkpoint in process carries every simulated client's guard record; on Flower each
+               # node keeps its own, in its context and state directory)
+               "fed-local-negatives": ("device_guard",)}
 
 
 def flower_loopback(preset: str, config: Path, out: Path, parts: Path) -> dict:
@@ -147,7 +150,7 @@ def test_flower_gives_the_in_process_run(tmp_path, case):
         assert (tmp_path / "flower" / "transcript.csv").read_text() == (tmp_path / "inproc" / "transcript.csv").read_text()
 
 
-def test_fedcl_with_ldp_runs_on_flower(tmp_path):
+def test_fedcl_with_ldp_runs_on_flower(tmp_path, capsys):
     """FedCL's embedding upload is Laplace-noised on the device from the OS CSPRNG, so two runs differ;
     on Flower the run completes with the in-process cohorts, bytes and privacy accounting."""
     from experiments.cli import main as secagg
@@ -161,6 +164,16 @@ def test_fedcl_with_ldp_runs_on_flower(tmp_path):
     assert [(r["clients"], r["bytes_per_client"]) for r in rows[0]] == [(r["clients"], r["bytes_per_client"]) for r in rows[1]]
     sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("flower", "inproc"))
     assert sa["privacy"] == sb["privacy"] and "epsilon" in json.dumps(sa["privacy"])
+    # the clients' own LDP counts: in process in the checkpoint (the trainer plays every client); on
+    # Flower they stay on the nodes, and the report says so instead of inventing them
+    reports = []
+    for d in ("flower", "inproc"):
+        capsys.readouterr()
+        assert secagg(["privacy", "report", str(tmp_path / d), "--json"]) == 0
+        reports.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    flower, inproc = (r["clients_ldp"] for r in reports)
+    assert flower["clients"] is None and "on Flower each node keeps its count" in flower["source"]
+    assert flower["ledger"] == inproc["ledger"] and inproc["clients"] == inproc["ledger"]
 
 
 @pytest.mark.slow

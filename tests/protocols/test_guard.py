@@ -129,3 +129,78 @@ def test_node_config_gives_the_policy_and_refuses_malformed_values():
                        ("max-dropout", "1.5"), ("unsafe-threshold", "yes")):
         with pytest.raises(ValueError, match="node config"):
             DevicePolicy.from_node_config({key: value})
+
+
+def test_a_local_dp_step_is_charged_when_it_is_admitted_and_never_by_a_check():
+    """Rule 6 through the step itself: a step whose ``ldp_cost`` is positive is charged on admission
+    (before it runs), with its round; a refused one changes nothing."""
+    g = StepGuard(DevicePolicy(ldp_epsilon_budget=4.0), secure_kind=lambda k: k in SECURE,
+                  ldp_cost=lambda k: 1.5 if k == "up" else 0.0)
+    g.check(0, "up", 0, secure=False)
+    assert g.ldp_spent(0) == 0.0 and g.ldp_round(0) == -1
+    g.admit(0, "up", 0, secure=False)
+    g.admit(0, "p", 1, secure=False)  # not an upload: free
+    g.admit(0, "up", 2, secure=False)
+    assert g.ldp_spent(0) == 3.0 and g.ldp_round(0) == 2
+    before = g.state(0)
+    with pytest.raises(RefusedStep, match="operator's budget 4"):
+        g.admit(0, "up", 3, secure=False)
+    assert all(np.array_equal(before[k], g.state(0)[k]) for k in before)
+    bad = StepGuard(DevicePolicy(), secure_kind=lambda k: False, ldp_cost=lambda k: math.nan)
+    with pytest.raises(RefusedStep, match="finite number"):
+        bad.admit(0, "up", 0, secure=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from(KINDS + ["up"]), st.integers(0, 4), st.booleans()),
+                max_size=40))
+def test_every_clients_record_round_trips_through_a_checkpoint(requests):
+    """:meth:`StepGuard.state_dict` (what a trainer that plays every client checkpoints) restores every
+    record exactly, through the checkpoint format (tensors plus JSON)."""
+    from protocols.state import state_from_bytes, state_to_bytes
+
+    def guard() -> StepGuard:
+        return StepGuard(DevicePolicy(), secure_kind=lambda k: k in SECURE, once=ONCE,
+                         ldp_cost=lambda k: 0.25 if k == "up" else 0.0)
+
+    g = guard()
+    for user, kind, t, secure in requests:
+        try:
+            g.admit(user, kind, t, secure=secure)
+        except RefusedStep:
+            pass
+    back = guard()
+    back.load_state_dict(state_from_bytes(state_to_bytes({"g": g.state_dict()}))["g"])
+    assert back.users() == g.users()
+    for u in g.users():
+        assert all(np.array_equal(v, back.state(u)[k]) for k, v in g.state(u).items())
+
+
+def _records(**change):
+    g = StepGuard(DevicePolicy(), secure_kind=lambda k: k in SECURE)
+    g.admit(3, "s1", 2, secure=True), g.admit(5, "o", 1, secure=True)
+    return {**g.state_dict(), **change}
+
+
+@pytest.mark.parametrize("bad", [
+    _records(users=np.array([3, 3])),
+    _records(users=np.array([-1, 5])),
+    _records(ldp_spent=np.array([0.0])),
+    _records(this_round_at=np.array([0, 3, 1])),
+    _records(once_at=np.array([0, 0, 99])),
+    _records(ldp_spent=np.array([0.0, np.inf])),
+    {"users": np.zeros(0, np.int64)},
+])
+def test_malformed_checkpoint_records_are_refused_and_change_nothing(bad):
+    g = StepGuard(DevicePolicy(), secure_kind=lambda k: k in SECURE)
+    g.admit(9, "s1", 1, secure=True)
+    with pytest.raises(ValueError, match="step guard"):
+        g.load_state_dict(bad)
+    assert g.users() == [9]
+
+
+def test_a_device_record_written_before_the_upload_round_was_kept_still_loads():
+    g = _guard()
+    g.load_state(0, {"last_round": np.array(4), "this_round": np.zeros(0, np.uint8), "once": np.zeros(0, np.uint8),
+                     "ldp_spent": np.array(2.0)})
+    assert g.ldp_spent(0) == 2.0 and g.ldp_round(0) == -1 and set(g.state(0)) == StepGuard._KEYS

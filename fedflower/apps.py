@@ -26,7 +26,10 @@ is dropped raises :class:`RoundFailed`. Flower limits: replies wait at most ``ti
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +149,73 @@ def _source(context: Context, run: ConfigRecord) -> str:
     return str(context.node_config.get("data-source") or run.get("source") or "flower")
 
 
+_PIN_KEY = "fedflower.run_pin"
+
+
+def _pin_of(run: ConfigRecord) -> str:
+    """What a node pins of the server's run record: protocol, configuration, seed and (split
+    protocols) the unit's public pool size; a SHA-256 over their canonical JSON."""
+    fields = {"protocol": str(run["protocol"]), "config": str(run["config"]), "seed": int(run["seed"])}
+    if "unit_clients" in run:
+        fields["unit_clients"] = int(run["unit_clients"])
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _operator_config(context: Context, spec: Any) -> Any:
+    """The protocol configuration the node's operator pinned (node config ``protocol-config``: a TOML
+    file holding the protocol's section, e.g. ``[fedfast]``), or ``None``."""
+    path = context.node_config.get("protocol-config")
+    if not path:
+        return None
+    try:
+        with open(str(path), "rb") as f:
+            table = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"node config protocol-config = {str(path)!r} cannot be read: {exc}") from None
+    if spec.section is None or spec.section not in table or not isinstance(table[spec.section], dict):
+        raise ValueError(f"node config protocol-config = {str(path)!r} has no [{spec.section}] table for protocol "
+                         f"{spec.name!r}; this node runs only the protocol its operator pinned")
+    try:
+        return spec.config_cls(**table[spec.section])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"node config protocol-config = {str(path)!r}: [{spec.section}] {exc}") from None
+
+
+def pin_run(context: Context, store: str | None, pid: int, run: ConfigRecord, spec: Any, config: Any) -> None:
+    """Refuse a server message whose protocol configuration the node has not agreed to.
+
+    The protocol's configuration (which steps go through secure aggregation, the DP parameters, the
+    upload budget) arrives in the server's run record, so a deviating server could switch a node's
+    secure steps to plaintext mid-run. The node pins it: to its operator's file when the node config
+    names one (``protocol-config``: the server's configuration must equal it), and otherwise to the
+    first run record it answered (trust on first use, like the identity keys), kept in its context
+    and, with a state directory, on its disk; a later record with another protocol, configuration,
+    seed or unit size is refused in words."""
+    pinned = _operator_config(context, spec)
+    if pinned is not None and pinned != config:
+        raise ValueError(f"the server's {spec.name} configuration differs from the one this node's operator pinned "
+                         "(node config protocol-config); refusing")
+    pin = _pin_of(run)
+    file = None if store is None else Path(store) / f"node-{int(pid):07d}.pin"
+    rec = context.state.config_records.get(_PIN_KEY)
+    held = str(rec["pin"]) if rec is not None else None
+    if held is None and file is not None and file.is_file():
+        held = file.read_text().strip()
+    if held is not None and held != pin:
+        raise ValueError("the server's run record (protocol, configuration, seed or unit size) differs from the one "
+                         "this node first answered; refusing (a node keeps one protocol instance: wipe its state "
+                         "directory to start another)")
+    if held is None:
+        context.state[_PIN_KEY] = ConfigRecord({"pin": pin})
+        if file is not None:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = file.with_name(file.name + ".tmp")
+            tmp.write_text(pin)
+            tmp.replace(file)
+    elif rec is None:
+        context.state[_PIN_KEY] = ConfigRecord({"pin": pin})
+
+
 def _state_dir(context: Context, state_dir: str | None) -> str | None:
     return state_dir or (str(context.node_config["state-dir"]) if context.node_config.get("state-dir") else None)
 
@@ -186,6 +256,7 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
         run = msg.content["run"]
         spec = get_protocol(str(run["protocol"]))
         config = config_from_json(spec, str(run["config"]))
+        pin_run(context, _state_dir(context, sdir), part.partition_id, run, spec, config)
         secure = bool(run.get("secure", False))
         # routed through secagg_mod (masked_input) or chain_mod (setup)
         in_secagg = RECORD_KEY in msg.content.config_records or CHAIN_KEY in msg.content.config_records

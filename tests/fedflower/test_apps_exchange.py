@@ -319,3 +319,35 @@ def test_a_node_pinned_minimum_refuses_a_small_secure_sum(toy_protocol, tmp_path
     assert gt.server.log[-1]["aborted"] and stats.clients == 0
     gt, _ = _flower(tmp_path / "b", train, cfg)
     assert gt.run_round().clients == 3
+
+
+def test_a_server_that_changes_the_protocol_configuration_mid_run_is_refused(toy_protocol, tmp_path):
+    """The protocol configuration (which steps are summed securely, and how) arrives in the server's
+    run record: a server could switch a node's secure step to another aggregation, or to plaintext
+    for a protocol whose configuration allows it, mid-run. Each node pins the first record it answered."""
+    train = _data([3, 1, 4, 1, 5])
+    gt, grid = _flower(tmp_path, train, ToyConfig(secure_aggregation="secagg+"))
+    assert gt.run_round().clients == 5
+    meta = gt.meta
+    server = build_server_trainer(get_protocol(NAME), ToyConfig(secure_aggregation="chain"), 0, meta,
+                                  transport=InProcessTransport(Transcript(True)))
+    gt2 = GridTrainer(grid, server, protocol=NAME, seed=0, meta=meta, timeout=30, assign=True)
+    server.round = 1
+    stats = gt2.run_round()
+    log = gt2.server.log[-1]
+    assert stats.clients == 0 and not log["echo"]
+    assert all("differs from the one this node first answered" in why for why in log["dropped"].values())
+
+
+def test_a_node_runs_only_the_configuration_its_operator_pinned(toy_protocol, tmp_path):
+    pinned = tmp_path / "pinned.toml"
+    pinned.write_text('[toyexchange]\nsecure_aggregation = "secagg"\n')
+    train = _data([3, 1, 4])
+    gt, _ = _flower(tmp_path / "a", train, ToyConfig(secure_aggregation="secagg+"),
+                    node_config=lambda nid: {"protocol-config": str(pinned)})
+    stats = gt.run_round()
+    assert stats.clients == 0
+    assert all("operator pinned" in why for why in gt.server.log[-1]["dropped"].values())
+    gt, _ = _flower(tmp_path / "b", train, ToyConfig(secure_aggregation="secagg"),
+                    node_config=lambda nid: {"protocol-config": str(pinned)})
+    assert gt.run_round().clients == 3

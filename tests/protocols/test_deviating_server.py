@@ -385,10 +385,7 @@ def test_limit_lightfrs_rater_counts_across_rounds_give_a_clients_rated_items_it
     counts = {}
     everyone = np.arange(data.n_users)
     for t, cohort in enumerate((everyone, everyone[everyone != victim])):
-        got_rated = None
-
         def script(server, cohort=cohort, t=t):
-            nonlocal got_rated
             down = {"d": server.packed_items}
             rated = yield Exchange("train_rated", cohort, broadcast=down,
                                    secure=server._secure(server.n_items, "lightfr:rated"))

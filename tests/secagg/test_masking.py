@@ -284,7 +284,7 @@ def test_limit_t_colluding_holders_with_the_server_recover_a_victims_input():
         shamir.combine(b_sh[:-1], t=cfg.t)
 
 
-def test_a_single_survivor_sum_is_never_unmasked_even_with_t_one():
+def test_a_single_survivor_sum_is_never_unmasked_even_with_t_one(start_round):
     """Formerly a stated limit (``|U3| = 1`` with the unsafe ``t = 1`` handed the server that
     client's input); now no client signs a survivor set below its own ``min_survivors`` (>= 2),
     so the round aborts before anything is unmasked."""
@@ -293,16 +293,7 @@ def test_a_single_survivor_sum_is_never_unmasked_even_with_t_one():
     assert not res.ok and res.total is None and "signed" in res.abort
     # the client's own refusal, in words
     cfg = MaskingConfig.secagg(3, 5, t=1, unsafe_threshold=True)
-    identities, pki = make_pki(3)
-    policy = ClientPolicy(unsafe_threshold=True)
-    clients = [MaskingClient(cfg, i, identities[i], pki, policy) for i in range(3)]
-    server = MaskingServer(cfg, pki)
-    for c in clients:
-        server.receive(c.advertise().to_bytes())
-    inbox = server.broadcast_keys()
-    for c in clients:
-        server.receive(c.share_keys(inbox[c.id]).to_bytes())
-    inbox = server.forward_shares()
+    _, clients, server, inbox = start_round(cfg)  # (its clients' policy opts into the unsafe t too)
     server.receive(clients[0].mask_input(inbox[0], x[0]).to_bytes())
     with pytest.raises(AbortError, match="min_survivors = 2"):
         clients[0].sign_survivors(server.request_consistency()[0])

@@ -159,6 +159,63 @@ def test_dropouts_on_flower_beyond_the_margin_are_refused_or_reaccounted(tmp_pat
     assert not np.array_equal(leaf.flat_model(), before)
 
 
+def spy_secure_exchanges(gt, floor: int) -> list:  # noqa: ANN001
+    """The server's view on Flower: every secure aggregation's report (``rep.total`` is what it decoded);
+    a decoded sum over fewer than ``floor`` survivors (the noise shares were sized for ``floor``) is the attack."""
+    seen: list = []
+    real = gt._secure_exchange
+
+    def spy(unit, t, sampled, **record):  # noqa: ANN001, ANN202
+        out = real(unit, t, sampled, **record)
+        rep = out[0]
+        seen.append(rep)
+        if rep.total is not None and len(rep.survivors) < floor:
+            raise AssertionError(f"the server decoded the sum of {len(rep.survivors)} of {len(sampled)} nodes' noisy "
+                                 f"inputs, whose noise shares were sized for {floor}")
+        return out
+
+    gt._secure_exchange = spy
+    return seen
+
+
+def test_on_flower_the_nodes_never_unmask_a_sum_with_fewer_noise_shares_than_sized_for(tmp_path):
+    """Item 5's attack through the real ``secagg_mod`` over the loopback grid: two of a leaf's eight nodes go
+    silent before their masked input, six survive where each node's share was sized for eight
+    (``dropout_margin = 0.1``). Before the fix the server unmasked and decoded the six nodes' sum and
+    only then raised ``ExcessDropoutError`` (the ledger recorded nothing). Now each node puts its own floor,
+    computed from its own configuration and its leaf's public size, beside its vector (``min_survivors``):
+    every survivor refuses to sign six, nothing is unmasked, and the leaf's round is refused in its stats,
+    its model unchanged and no release recorded."""
+    train, exclude = make_data(24, 30, 25)
+    cfg = FelConfig(**{**BASE, **DP, "n_clusters": 1, "clients_per_round": 8, "dp": "distributed",
+                       "secure_aggregation": "secagg", "noise_multiplier": 1.0, "dropout_margin": 0.1,
+                       "secagg_dropout": 0.25})
+    gone: set[int] = set()
+    gt, _ = fel_grid(tmp_path, train, exclude, cfg, 25, drop=lambda stage, nid: stage == 3 and nid in gone,
+                     node_config={"max-dropout": 0.25})
+    no_server_noise(gt)
+    seen = spy_secure_exchanges(gt, floor=8)
+    leaf = gt.server.leaves[0]
+    state = leaf.rng.bit_generator.state
+    cohort = gt._bound[0].sample()
+    leaf.rng.bit_generator.state = state
+    gone.update(gt.node_of[int(u)] for u in cohort[[1, 5]])
+    before = leaf.flat_model()
+    got = gt.run_round()
+    (rep,) = seen
+    assert rep.total is None and rep.survivors == []
+    refused = {nid for nid, (stage, why) in rep.dropped.items()
+               if stage == "consistency" and "6 survivors, below this client's min_survivors = 8" in why}
+    assert refused == {gt.node_of[int(u)] for u in cohort} - gone
+    np.testing.assert_array_equal(leaf.flat_model(), before)
+    assert got.releases == ()
+    (why,) = got.extra["refused"]
+    assert why.startswith("leaf 0 round 0:")
+    ref = in_process(train, exclude, replace(cfg, simulate_dropout=0.25), 25)  # the same refusal in process
+    want = ref.run_round()
+    assert want.releases == () and len(want.extra["refused"]) == 1
+
+
 def test_the_privacy_report_of_a_flower_run_is_the_in_process_one(tmp_path):
     """Calibrated distributed DP (epsilon 4 over 3 rounds per leaf), noise on: the same releases and the
     same epsilon, per leaf and in total."""

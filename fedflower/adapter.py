@@ -98,6 +98,7 @@ __all__ = [
     "save_node_state",
     "secure_width",
     "stack_fields",
+    "survivor_floor",
     "stack_updates",
     "write_partitions",
 ]
@@ -467,6 +468,17 @@ def dp_unit(trainer: Any) -> bool:
     :meth:`protocols.fel_leaf.FelLeaf.device_inputs`); its secure input is then the clipped
     (and noised) update alone."""
     return getattr(trainer, "dp", None) is not None and hasattr(trainer, "device_inputs")
+
+
+def survivor_floor(trainer: Any) -> int | None:
+    """The fewest survivors a DP unit's client helps unmask (:func:`dp_unit`; FEL's leaves:
+    :meth:`protocols.fel_leaf.FelLeaf.survivor_floor`, computed by the client from its own
+    configuration and its leaf's public size), or ``None`` for a unit without one. The ClientApp puts
+    it beside its vector (``"min_survivors"``, :func:`fedflower.secagg_mod.vector_floor`), so that its
+    node refuses to sign a survivor set below it."""
+    if not dp_unit(trainer) or not hasattr(trainer, "survivor_floor"):
+        return None
+    return int(trainer.survivor_floor())
 
 
 def secure_width(trainer: Any) -> int:

@@ -64,6 +64,7 @@ from fedflower.adapter import (
     secure_width,
     stack_fields,
     stack_updates,
+    survivor_floor,
     units_of,
     zero_fields,
 )
@@ -84,6 +85,7 @@ from protocols.exchange import drive
 from protocols.fedavg import LocalRound
 from protocols.guard import DevicePolicy
 from protocols.registry import get_protocol
+from protocols.secure_sum import SecureSumAborted
 from protocols.transport import SERVER, client
 from secagg.bonawitz_wire import MaskedInput
 from secagg.encoding import FixedPoint
@@ -294,7 +296,11 @@ def make_client_app(partition_dir: str | Path | None = None, *, require_secure: 
         model = _arrays(msg.content["model"])
         if secure:
             vector, new_state = client_secure_vector(trainer, part.user, int(run["round"]), model, prev)
-            reply = RecordDict({VECTOR_KEY: ArrayRecord({"vector": _np_array(vector)})})
+            record = {"vector": _np_array(vector)}
+            floor = survivor_floor(trainer)  # (a DP unit's own: the survivors its noise share was sized for)
+            if floor is not None:
+                record["min_survivors"] = _np_array(np.array(floor, dtype=np.int64))
+            reply = RecordDict({VECTOR_KEY: ArrayRecord(record)})
         else:
             upload, new_state = client_local_round(trainer, part.user, int(run["round"]), model, prev)
             reply = RecordDict({"update": ArrayRecord({k: _np_array(v) for k, v in upload.items()})})
@@ -864,7 +870,12 @@ class _BoundUnit:
       round's loss is NaN: an unnoised sum of losses would be a release DP does not cover).
 
     A unit round in which no client answers validly, or whose secure aggregation aborts, raises
-    :class:`RoundFailed` (as an in-process abort stops the run).
+    :class:`RoundFailed` (as an in-process abort stops the run), except a unit under distributed DP
+    noise: its nodes put their own floor beside their vectors (the survivors their noise shares were
+    sized for: :func:`fedflower.adapter.survivor_floor`) and refuse to unmask below it; the unit then
+    refuses its round itself (``_dp_secure_sum`` raises :class:`protocols.secure_sum.SecureSumAborted`,
+    which the leaf turns into a refused round: not applied, nothing released, said in
+    ``extra["refused"]``), as in process, and the run goes on.
     """
 
     def __init__(self, gt: GridTrainer, index: int, unit: Any) -> None:
@@ -908,6 +919,14 @@ class _BoundUnit:
         rep, user_of, width, per_client = gt._secure_exchange(unit, t, sampled)
         gt._dropped += len(rep.dropped)
         gt._drops += [f"unit {self.index}: user {user_of[nid]}: {stage}: {why}" for nid, (stage, why) in rep.dropped.items()]
+        if rep.total is None and self.dp and unit.dp.mode == "distributed":
+            # the nodes refused to unmask (their floor beside their vectors) or too many dropped: the unit
+            # refuses its round itself (_dp_secure_sum), as in process
+            masked = len(sampled) - sum(stage in ("setup", "share_keys", "masked_input") for stage, _ in rep.dropped.values())
+            self.pending = {"kept": np.asarray(sampled, np.int64), "total": None, "width": width,
+                            "per_client": per_client, "abort": f"{masked} of {len(sampled)} clients sent their "
+                                                               f"masked input; secure aggregation aborted: {rep.abort}"}
+            return self.pending["kept"]
         if rep.total is None:
             raise RoundFailed(f"{where}: secure aggregation aborted ({rep.abort}); the unit's model is unchanged")
         cfg = unit.config
@@ -950,4 +969,6 @@ class _BoundUnit:
         unit = self.unit
         unit._secagg_seconds = 0.0
         unit._clip_scales = None  # the devices clipped; the server does not know whose update was clipped
+        if pending["total"] is None:  # nothing was unmasked: the unit refuses the round
+            raise SecureSumAborted(pending["abort"])
         return pending["total"], pending["per_client"] - unit.model_bytes, len(pending["survivors"])

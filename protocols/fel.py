@@ -96,8 +96,11 @@ class FelConfig(FedAvgConfig):
         sampling: ``"fixed"`` (fixed-size cohort, no amplification) or ``"poisson"`` (sampled Gaussian).
         dropout_margin: fraction of a round's clients that may drop with the distributed noise
             still meeting the target.
-        simulate_dropout: fraction of each round's clients dropped before uploading (tests, figures).
-        on_excess_dropout: ``"refuse"`` or ``"reaccount"`` when more drop than the margin.
+        simulate_dropout: fraction of each round's clients (and, for the FL over-arch, of each step's)
+            dropped before their masked input (distributed noise; tests, figures).
+        on_excess_dropout: when more drop than the margin: ``"refuse"`` (the clients refuse to unmask
+            the sum, inside the secure aggregation; the round is not applied and releases nothing) or
+            ``"reaccount"`` (applied, and accounted with the noise that survived).
         noise_tail: noise standard deviations budgeted in ``value_clip`` (distributed noise).
     """
 
@@ -316,7 +319,13 @@ class FelTrainer:
 
     # -- training ------------------------------------------------------------------------------
     def run_round(self) -> RoundStats:
-        """One FedAvg round of every leaf (interleaved); releases are labelled per leaf."""
+        """One FedAvg round of every leaf (interleaved); releases are labelled per leaf.
+
+        ``extra["refused"]`` lists, in words, every leaf round and over-arch step of this round whose
+        clients refused to unmask their sum (distributed noise with fewer survivors than it was sized
+        for, :meth:`protocols.fel_leaf.FelLeaf.survivor_floor`): those were not applied and released
+        nothing; the others were.
+        """
         cfg = self.config
         if cfg.dp != "none" and cfg.calibration == "epsilon" and self.round >= cfg.dp_rounds:
             raise ValueError(f"fel.dp_rounds={cfg.dp_rounds} rounds were calibrated for fel.target_epsilon="
@@ -330,10 +339,12 @@ class FelTrainer:
         clients = sum(s.clients for s in stats)
         loss = sum(s.loss * s.clients for s in stats) / max(clients, 1)
         t = self.round
-        extra: dict[str, Any] = {}
+        # a unit the clients refused (distributed noise, fewer survivors than it was sized for): not applied
+        extra: dict[str, Any] = {"refused": [s.extra["refused"] for s in stats if "refused" in s.extra]}
         if self.over_arch is not None:
             o0 = time.perf_counter()
-            extra["over_arch_loss"], over_rel = self._over_arch_fl_round(t)
+            extra["over_arch_loss"], over_rel, over_refused = self._over_arch_fl_round(t)
+            extra["refused"] += over_refused
             stats.append(RoundStats(round=t, loss=0.0, clients=0, releases=over_rel))
             extra["over_arch_seconds"] = time.perf_counter() - o0
         self.round += 1
@@ -345,6 +356,18 @@ class FelTrainer:
                    "leaf_loss": [s.loss for s in stats[:len(secs)]], **extra},
             releases=tuple(r for s in stats for r in s.releases),
         )
+
+    @property
+    def device_policy(self):  # noqa: ANN201
+        """The simulated clients' own :class:`protocols.guard.DevicePolicy` (``[clients]``), or ``None``."""
+        return getattr(self, "_device_policy", None)
+
+    @device_policy.setter
+    def device_policy(self, policy) -> None:  # noqa: ANN001
+        # every leaf's clients are the run's clients: their floor reaches each leaf's secure sums
+        self._device_policy = policy
+        for leaf in self.leaves:
+            leaf.device_policy = policy
 
     # -- parties on separate devices (protocols.registry.DeviceSplit) --------------------------
     def round_units(self) -> list[FelLeaf]:
@@ -440,7 +463,7 @@ class FelTrainer:
             parts += [pr.unsqueeze(-1), hidden]
         return torch.stack(probs), torch.cat(parts, dim=-1)
 
-    def _over_arch_fl_round(self, t: int) -> tuple[float, tuple[Release, ...]]:
+    def _over_arch_fl_round(self, t: int) -> tuple[float, tuple[Release, ...], list[str]]:
         """``over_arch_steps`` FedSGD steps of the over-arch over its population (DP-FedSGD under ``dp``).
 
         Each sampled client computes its features on the device (its own leaf's vector, folded-in
@@ -450,7 +473,10 @@ class FelTrainer:
         nodes). Without DP: the gradient of its summed loss, in plaintext, with its loss sum and
         example count; the server divides the cohort's sum by its example count and steps Adam.
         Under DP: :mod:`protocols.fel_overarch`. The round's ``over_arch_loss`` is the mean over the
-        steps of the cohort's loss at the model the step's gradients were taken at.
+        steps of the cohort's loss at the model the step's gradients were taken at. Returns that loss,
+        the steps' releases and, in words, the steps the clients refused to unmask (not applied; under
+        distributed noise ``simulate_dropout`` drops that fraction of each step's cohort before its
+        masked input, from the seeded stream ``(seed, 13, 5, t, step)``).
         """
         cfg, model, dp = self.config, self.over_arch, self._oa_dp
         self._oa_vecs = None  # (the leaves changed: the ensemble's user vectors are recomputed)
@@ -459,6 +485,8 @@ class FelTrainer:
         pop = self.over_arch_population
         losses, m = [], min(cfg.over_arch_clients, len(pop))
         releases: list[Release] = []
+        refused: list[str] = []
+        node_floor = getattr(getattr(self, "device_policy", None), "min_survivors", 2)
         mode, cohort_label = cfg.over_arch_composition, (OVER_ARCH_COHORT if cfg.over_arch_composition == "parallel"
                                                          else None)
         for step in range(cfg.over_arch_steps):
@@ -474,20 +502,31 @@ class FelTrainer:
                 releases.append(over_arch_release(NonPrivate(), composition=mode, cohort=cohort_label,
                                                   params={"clients": len(kept), "step": step}))
             else:  # (the rows were clipped by each client: over_arch_clip)
+                drop = None
+                if dp.mode == "distributed" and cfg.simulate_dropout > 0 and len(kept):
+                    n_drop = int(round(cfg.simulate_dropout * len(kept)))
+                    drop = np.sort(np.random.default_rng([self.seed, 13, 5, t, step]).choice(
+                        len(kept), size=n_drop, replace=False))
                 total, z_eff, extra = dp.noisy_sum(grads, kept, t=t, transport=self.transport, preclipped=True,
-                                                   secagg_dropout=cfg.secagg_dropout, secagg_corrupt=cfg.secagg_corrupt)
+                                                   secagg_dropout=cfg.secagg_dropout, secagg_corrupt=cfg.secagg_corrupt,
+                                                   drop=drop, node_floor=node_floor)
                 if self._oa_clipped is not None:  # (in-process the simulation knows whose gradient was clipped)
                     extra = {"clipped_fraction": self._oa_clipped, **extra}
-                flat = torch.as_tensor(total / dp.expected, dtype=torch.float32)
-                self._adam.step(list(model.parameters()), self._unflatten(flat))
+                why = extra.pop("refused", None)
+                if why is not None:
+                    refused.append(f"over-arch round {t} step {step}: {why}")
+                else:
+                    flat = torch.as_tensor(total / dp.expected, dtype=torch.float32)
+                    self._adam.step(list(model.parameters()), self._unflatten(flat))
                 params = {"clients": len(cohort), "step": step, "clip": dp.clip, "noise_multiplier": z_eff,
                           "noise": dp.mode, "sampling": dp.sampling, "denominator": dp.expected,
                           "population": dp.population, "q": dp.q, **extra}
-                releases.append(over_arch_release(dp.event(z_eff), composition=mode, cohort=cohort_label,
-                                                  params=params))
+                if why is None or "survivors" in extra:  # (a refused step that was unmasked is accounted too)
+                    releases.append(over_arch_release(dp.event(z_eff), composition=mode, cohort=cohort_label,
+                                                      params=params))
             if counts.sum():
                 losses.append(float(loss_sums.sum() / counts.sum()))
-        return float(np.mean(losses)) if losses else 0.0, tuple(releases)
+        return float(np.mean(losses)) if losses else 0.0, tuple(releases), refused
 
     def _unflatten(self, flat: torch.Tensor) -> list[torch.Tensor]:
         out, lo = [], 0

@@ -15,7 +15,11 @@ is FedAvg's, unchanged); only the aggregation step differs when DP is on:
      rounding of each coordinate); the value clip budgets ``noise_tail`` standard deviations.
      If more clients drop than the margin, the round is refused (``on_excess_dropout="refuse"``)
      or accounted with the noise that actually survived (``"reaccount"``): never silently
-     under-noised.
+     under-noised. The refusal happens *inside* the secure aggregation: every client puts its
+     own floor (:meth:`FelLeaf.survivor_floor`, computed from its own configuration and its
+     leaf's public size, never from a server message) into the sum's survivor check, so a
+     survivor set below it is never signed and never unmasked; the round is then not applied,
+     its stats say so (``extra["refused"]``) and it releases nothing.
 3. the server applies ``server_lr * noisy_sum / m`` with the fixed denominator ``m`` (the
    expected cohort size), so the update's sensitivity does not depend on who took part.
 
@@ -48,11 +52,11 @@ from dp.events import DpEvent, Gaussian, NonPrivate, PoissonSampled
 from dp.mechanisms import gaussian_noise
 from protocols.base import Release
 from protocols.fedavg import FedAvgConfig, FedAvgGMF
-from protocols.secure_sum import secure_sum
+from protocols.secure_sum import SecureSumAborted, secure_sum
 from protocols.transport import SERVER, Record, client
 from recmodels.ensemble import fold_in
 
-__all__ = ["LEAF_MODEL_KIND", "DpSettings", "ExcessDropoutError", "FelLeaf", "LeafModel"]
+__all__ = ["LEAF_MODEL_KIND", "DpSettings", "FelLeaf", "LeafModel"]
 
 #: Transcript kind of the per-round leaf release (see the module docstring).
 LEAF_MODEL_KIND = "leaf-model"
@@ -73,10 +77,6 @@ class LeafModel:
     round: int
     before: np.ndarray
     after: np.ndarray
-
-
-class ExcessDropoutError(RuntimeError):
-    """More clients dropped than the distributed-noise margin allows (the round was not applied)."""
 
 
 class DpSettings:
@@ -219,7 +219,9 @@ class FelLeaf(FedAvgGMF):
         cfg, dp, m = self.config, self.dp, len(sampled)
         clipped, self._clip_scales = self.clip_rows(self.client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB))
         total, upload, z_eff, extra = self._noisy_sum(t, sampled, clipped)
-        self._apply_dp(total)
+        refused = extra.pop("refused", None)
+        if total is not None:
+            self._apply_dp(total)
         label = ("fixed-size cohort, unamplified Gaussian per round" if dp.sampling == "fixed"
                  else "Poisson sampling, sampled Gaussian")
         params = {"clients": m, "clip": dp.clip, "noise_multiplier": z_eff, "noise": dp.mode,
@@ -228,6 +230,11 @@ class FelLeaf(FedAvgGMF):
         what = f"the clipped sum with {dp.mode} Gaussian noise (DP-FedAvg)"
         if self._clip_scales is not None:  # (None: the clients clipped on their devices, the server cannot know)
             extra["clipped_fraction"] = float(np.mean(self._clip_scales < 1)) if m else 0.0
+        if refused is not None:  # not applied; released only if the server nevertheless decoded the sum
+            extra["refused"] = refused
+            if "survivors" not in params:
+                return upload, (), extra
+            what += ", decoded below the clients' floor and not applied"
         return upload, (Release(self._event(z_eff), who="clients", what=what, params=params),), extra
 
     # -- each client's own step (in-process for the whole cohort at once; on Flower on its device) --
@@ -245,6 +252,21 @@ class FelLeaf(FedAvgGMF):
             return clipped
         return clipped + discrete_gaussian_noise(clipped.shape, self.sigma_client, f).astype(np.float64) / 2.0**f
 
+    def survivor_floor(self) -> int:
+        """The fewest survivors this leaf's clients help unmask (each client's own floor: computed from
+        its own configuration and its leaf's public size, never taken from a server message).
+
+        Under distributed noise (``z > 0``) with ``on_excess_dropout = "refuse"``: ``min_survivors``,
+        the survivors its noise share was sized for, so a sum with fewer shares is never unmasked;
+        otherwise SecAgg's own 2 (a sum of one client is its input). In process it goes to the
+        simulated clients (:func:`protocols.secure_sum.secure_sum`'s ``min_survivors``); on Flower
+        beside the client's vector (``"min_survivors"``, :func:`fedflower.secagg_mod.vector_floor`).
+        """
+        dp = self.dp
+        if dp is None or dp.mode != "distributed" or dp.z <= 0 or dp.on_excess_dropout != "refuse":
+            return 2
+        return max(2, self.min_survivors)
+
     def device_inputs(self, vectors: np.ndarray) -> np.ndarray:
         """What a client masks under DP through secure aggregation: its :meth:`clip_rows`, then its
         :meth:`noise_share`. The Flower client half calls this on its own row
@@ -254,7 +276,12 @@ class FelLeaf(FedAvgGMF):
 
     # -- the server's side ---------------------------------------------------------------------
     def _noisy_sum(self, t: int, sampled: np.ndarray, clipped: np.ndarray):
-        """The round's noisy sum of the ``clipped`` rows: ``(total, upload bytes, effective z, release extras)``."""
+        """The round's noisy sum of the ``clipped`` rows: ``(total, upload bytes, effective z, release extras)``.
+
+        ``total`` is ``None`` for a refused round (``extras["refused"]`` says why): nothing was unmasked,
+        or (devices that did not enforce their floor) a sum below it was, which is then accounted
+        (``extras`` has ``survivors``) but not applied.
+        """
         cfg, dp = self.config, self.dp
         if dp.mode == "central":
             if cfg.secure_aggregation == "none" or len(sampled) == 0:
@@ -272,29 +299,46 @@ class FelLeaf(FedAvgGMF):
         if dp.simulate_dropout > 0 and len(sampled):
             n_drop = int(round(dp.simulate_dropout * len(sampled)))
             dropped = np.sort(self.rng.choice(len(sampled), size=n_drop, replace=False))
-        total, upload, n_surv = self._dp_secure_sum(t, sampled, clipped, dropped)
+        floor = self.survivor_floor()
+        try:
+            total, upload, n_surv = self._dp_secure_sum(t, sampled, clipped, dropped)
+        except SecureSumAborted as exc:  # the clients refused to unmask (their floor), or too many dropped
+            return None, 0.0, 0.0, {"refused": (
+                f"leaf {self.index} round {t}: {exc}; no sum was unmasked (the clients' floor: {floor} survivors, "
+                f"the {self.min_survivors} the distributed noise was sized for under fel.dropout_margin="
+                f"{dp.dropout_margin:g} and fel.on_excess_dropout = {dp.on_excess_dropout!r}); the round was not "
+                "applied. Raise fel.dropout_margin or set fel.on_excess_dropout = \"reaccount\"")}
         z_eff = math.sqrt(n_surv) * self.sigma_client * 2.0**f / self.sens_grid if dp.z > 0 else 0.0
-        if dp.z > 0 and n_surv < self.min_survivors:
-            if dp.on_excess_dropout == "refuse":
-                raise ExcessDropoutError(
-                    f"leaf {self.index} round {t}: {n_surv} of {len(sampled)} clients survived, below the "
-                    f"{self.min_survivors} the distributed noise was sized for (fel.dropout_margin="
-                    f"{dp.dropout_margin}); the round was not applied. Raise fel.dropout_margin or set "
-                    "fel.on_excess_dropout = \"reaccount\"")
-        return total, upload, z_eff, {"survivors": n_surv, "dropped": len(sampled) - n_surv,
-                                      "sigma_client": self.sigma_client}
+        extra = {"survivors": n_surv, "dropped": len(sampled) - n_surv, "sigma_client": self.sigma_client}
+        if dp.z > 0 and n_surv < self.min_survivors and dp.on_excess_dropout == "refuse":
+            # The clients' floor should have kept this sum masked (devices that do not enforce it): the
+            # server holds it decoded, so it is released with the noise it holds, and not applied.
+            extra["refused"] = (f"leaf {self.index} round {t}: {n_surv} of {len(sampled)} clients survived, below "
+                                f"the {self.min_survivors} the distributed noise was sized for, yet the sum was "
+                                "unmasked (the clients did not enforce their floor): accounted, not applied")
+            return None, upload, z_eff, extra
+        return total, upload, z_eff, extra
 
     def _dp_secure_sum(self, t: int, sampled: np.ndarray, clipped: np.ndarray, dropped: np.ndarray):
         """The ``clipped`` rows, each with its client's :meth:`noise_share`, summed through
         SecAgg/SecAgg+: ``(decoded sum over the survivors, upload bytes per client, survivors)``;
-        the rows ``dropped`` drop before their masked input. The Flower adapter binds this hook to
-        the devices' secure sum (each device computed its own :meth:`device_inputs`)."""
+        the rows ``dropped`` drop before their masked input. Every client refuses to unmask a sum
+        below ``max(survivor_floor(), its operator's min_survivors)``: then nothing is decoded and
+        :class:`~protocols.secure_sum.SecureSumAborted` says how many masked inputs arrived. The
+        Flower adapter binds this hook to the devices' secure sum (each device computed its own
+        :meth:`device_inputs` and put its floor beside it)."""
         cfg = self.config
-        res = secure_sum(self.noise_share(clipped), protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
-                         value_clip=cfg.value_clip, round=t, transport=self.transport,
-                         senders=[client(u) for u in sampled], where="fel.value_clip",
-                         dropouts={"masked_input": frozenset(int(i) for i in dropped)} if dropped.size else None,
-                         dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
+        node = getattr(getattr(self, "device_policy", None), "min_survivors", 2)  # (each client's operator's floor)
+        try:
+            res = secure_sum(self.noise_share(clipped), protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
+                             value_clip=cfg.value_clip, round=t, transport=self.transport,
+                             senders=[client(u) for u in sampled], where="fel.value_clip",
+                             dropouts={"masked_input": frozenset(int(i) for i in dropped)} if dropped.size else None,
+                             dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
+                             min_survivors=max(self.survivor_floor(), node))
+        except SecureSumAborted as exc:
+            raise SecureSumAborted(f"{len(sampled) - len(dropped)} of {len(sampled)} clients sent their masked "
+                                   f"input; {exc}") from None
         return res.total, res.bytes_per_client, len(res.survivors)
 
     def _apply_dp(self, total: np.ndarray) -> None:
@@ -308,4 +352,5 @@ class FelLeaf(FedAvgGMF):
     def dp_info(self) -> dict[str, Any]:
         """Public DP parameters of this leaf (for public_info and reports)."""
         return {"leaf": self.index, "clients": int(len(self._clients)), "denominator": self.expected, "q": self.q,
-                "min_survivors": self.min_survivors, "sigma_client": self.sigma_client}
+                "min_survivors": self.min_survivors, "survivor_floor": self.survivor_floor() if self.dp else 2,
+                "sigma_client": self.sigma_client}

@@ -24,7 +24,10 @@ every client's upload is the gradient of its *mean* loss (unweighted, as the lea
 L2-clipped to ``over_arch_clip``; the sum gets Gaussian noise of standard deviation
 ``z * over_arch_clip`` (central: CSPRNG float noise added by a trusted aggregator; distributed:
 each client's discrete Gaussian share on the fixed-point grid, summed through SecAgg/SecAgg+, with
-the leaves' dropout margin, refuse-or-reaccount rule and noise-tail bit budget); the server divides
+the leaves' dropout margin, refuse-or-reaccount rule and noise-tail bit budget: under ``"refuse"``
+every client's own floor, :attr:`OverArchDp.survivor_floor`, is enforced inside the secure sum, so
+a step with fewer survivors than the noise was sized for is never unmasked, and is not applied);
+the server divides
 by the fixed denominator ``m`` and steps Adam (post-processing). Each step is one
 ``Gaussian(z)`` release (``sampling = "fixed"``) or ``PoissonSampled(q, Gaussian(z))``
 (``"poisson"``, ``q = m / N``), so the over-arch alone is ``(eps_o, delta)``-DP at the user level.
@@ -48,8 +51,7 @@ from dp.discrete import discrete_gaussian_noise
 from dp.events import DpEvent, Gaussian, NonPrivate, PoissonSampled
 from dp.mechanisms import gaussian_noise
 from protocols.base import Release
-from protocols.fel_leaf import ExcessDropoutError
-from protocols.secure_sum import secure_sum
+from protocols.secure_sum import SecureSumAborted, secure_sum
 from protocols.transport import SERVER, client
 from recmodels.ensemble import OverArch
 from secagg.encoding import check_budget
@@ -145,6 +147,15 @@ class OverArchDp:
         return max(1, math.ceil((1 - self.dropout_margin) * self.expected)) if self.mode == "distributed" else 0
 
     @property
+    def survivor_floor(self) -> int:
+        """The fewest survivors the step's clients help unmask: ``min_survivors`` under distributed
+        noise (``z > 0``) with ``on_excess_dropout = "refuse"``, else SecAgg's own 2 (as a leaf's
+        :meth:`protocols.fel_leaf.FelLeaf.survivor_floor`)."""
+        if self.mode != "distributed" or self.z <= 0 or self.on_excess_dropout != "refuse":
+            return 2
+        return max(2, self.min_survivors)
+
+    @property
     def sensitivity(self) -> float:
         """L2 sensitivity of one upload as summed: the clip, plus nearest rounding on the grid (distributed)."""
         return self.clip + (math.sqrt(self.width) * 2.0**-self.frac_bits / 2 if self.mode == "distributed" else 0.0)
@@ -187,11 +198,18 @@ class OverArchDp:
 
     def noisy_sum(self, grads: np.ndarray, cohort: np.ndarray, *, t: int, transport,  # noqa: ANN001
                   secagg_dropout: float | None = None, secagg_corrupt: float | None = None,
-                  drop: np.ndarray | None = None, preclipped: bool = False) -> tuple[np.ndarray, float, dict[str, Any]]:
+                  drop: np.ndarray | None = None, preclipped: bool = False,
+                  node_floor: int = 2) -> tuple[np.ndarray | None, float, dict[str, Any]]:
         """Clip ``grads`` (one row per cohort client), sum them with the noise; returns ``(sum, z_eff, extra)``.
 
         ``preclipped``: each client clipped its own row on its device (FEL's over-arch step): the
         rows are summed as they are and ``extra`` has no ``clipped_fraction`` (the server cannot know it).
+        ``drop``: rows whose clients drop before their masked input (distributed; simulation).
+        ``node_floor``: the clients' operators' own ``min_survivors``. Under distributed noise a
+        step the clients refuse to unmask (fewer survivors than ``max(survivor_floor, node_floor)``)
+        returns ``sum = None`` with ``extra["refused"]`` saying why; so does a sum decoded below
+        ``min_survivors`` under ``"refuse"`` (clients that did not enforce their floor), whose
+        ``z_eff`` and ``survivors`` are then what must be accounted.
         """
         grads = np.asarray(grads, dtype=np.float64).reshape(len(cohort), self.width)
         if preclipped:
@@ -215,25 +233,37 @@ class OverArchDp:
         f = self.frac_bits
         noise = (discrete_gaussian_noise((len(cohort), self.width), self.sigma_client, f).astype(np.float64) / 2.0**f
                  if self.z > 0 else np.zeros_like(clipped))
-        res = secure_sum(clipped + noise, protocol=self.secure, frac_bits=f, value_clip=self.value_clip, round=t,
-                         transport=transport, senders=senders, kind="over-arch-update", where="fel.value_clip",
-                         dropouts={"masked_input": frozenset(int(i) for i in drop)} if drop is not None and drop.size
-                         else None, dropout=secagg_dropout, corrupt=secagg_corrupt)
+        n_drop = 0 if drop is None else len(drop)
+        try:
+            res = secure_sum(clipped + noise, protocol=self.secure, frac_bits=f, value_clip=self.value_clip, round=t,
+                             transport=transport, senders=senders, kind="over-arch-update", where="fel.value_clip",
+                             dropouts={"masked_input": frozenset(int(i) for i in drop)} if n_drop else None,
+                             dropout=secagg_dropout, corrupt=secagg_corrupt,
+                             min_survivors=max(self.survivor_floor, int(node_floor)))
+        except SecureSumAborted as exc:  # the clients refused to unmask (their floor), or too many dropped
+            extra["refused"] = (
+                f"{len(cohort) - n_drop} of {len(cohort)} clients sent their masked input; {exc}; no sum was "
+                f"unmasked (the clients' floor: {self.survivor_floor} survivors, the {self.min_survivors} the "
+                f"distributed noise was sized for under fel.dropout_margin={self.dropout_margin:g}); the step was "
+                "not applied. Raise fel.dropout_margin or set fel.on_excess_dropout = \"reaccount\"")
+            return None, 0.0, extra
         n_surv = len(res.survivors)
         z_eff = math.sqrt(n_surv) * self.sigma_client / self.sensitivity if self.z > 0 else 0.0
-        if self.z > 0 and n_surv < self.min_survivors and self.on_excess_dropout == "refuse":
-            raise ExcessDropoutError(
-                f"over-arch round {t}: {n_surv} of {len(cohort)} clients survived, below the {self.min_survivors} "
-                f"the distributed noise was sized for (fel.dropout_margin={self.dropout_margin}); the step was not "
-                "applied. Raise fel.dropout_margin or set fel.on_excess_dropout = \"reaccount\"")
         extra.update(survivors=n_surv, sigma_client=self.sigma_client)
+        if self.z > 0 and n_surv < self.min_survivors and self.on_excess_dropout == "refuse":
+            # (devices that did not enforce their floor: the decoded sum is accounted, and not applied)
+            extra["refused"] = (f"{n_surv} of {len(cohort)} clients survived, below the {self.min_survivors} the "
+                                "distributed noise was sized for, yet the sum was unmasked (the clients did not "
+                                "enforce their floor): accounted, not applied")
+            return None, z_eff, extra
         return res.total, z_eff, extra
 
     def info(self) -> dict[str, Any]:
         """Public parameters (for public_info)."""
         return {"mode": self.mode, "clip": self.clip, "noise_multiplier": self.z, "sampling": self.sampling,
                 "population": self.population, "denominator": self.expected, "q": self.q,
-                "min_survivors": self.min_survivors, "sigma_client": self.sigma_client, "cohort": self.cohort}
+                "min_survivors": self.min_survivors, "survivor_floor": self.survivor_floor,
+                "sigma_client": self.sigma_client, "cohort": self.cohort}
 
 
 def over_arch_release(event: DpEvent, *, composition: str, cohort: str | None, params: dict[str, Any]) -> Release:

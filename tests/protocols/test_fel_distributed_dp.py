@@ -117,8 +117,28 @@ def test_a_leaf_never_decodes_a_sum_with_fewer_noise_shares_than_it_was_sized_fo
     masked = [r for r in fel.transport.transcript.records if r.kind == "update"]
     assert len(masked) == 9  # the survivors' masked inputs reached the server, and stay masked
     assert fel.round == 1 and leaf.round == 1  # the run goes on
-    st2 = run_and_record(fel, ledger)  # (a round without dropouts beyond the margin is applied and accounted)
-    assert st2.extra["refused"] == [] or not np.array_equal(leaf.flat_model(), before)
+
+
+def test_a_sum_unmasked_by_clients_ignoring_their_floor_is_accounted_and_not_applied(monkeypatch, tmp_path) -> None:
+    """Defence in depth on the server: if the clients did not enforce their floor (devices running another
+    client), the server holds the 9 survivors' decoded sum; it is then recorded with the noise it holds
+    (9 shares, z below the target) and not applied, never dropped from the ledger."""
+    from protocols.fel_leaf import FelLeaf
+
+    monkeypatch.setattr(FelLeaf, "survivor_floor", lambda self: 2)
+    fel = build(seed=7, dropout_margin=0.1, simulate_dropout=0.25, clients_per_round=12, secagg_dropout=0.3,
+                secagg_corrupt=0.0)
+    leaf = fel.leaves[0]
+    before = leaf.flat_model()
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    st_ = run_and_record(fel, ledger)
+    np.testing.assert_array_equal(leaf.flat_model(), before)
+    (why,) = st_.extra["refused"]
+    assert "did not enforce their floor" in why
+    (entry,) = ledger.entries()
+    assert entry.params["survivors"] == 9 and "not applied" in entry.what
+    z = math.sqrt(9) * leaf.sigma_client * 2.0**12 / leaf.sens_grid
+    assert entry.event.noise_multiplier == pytest.approx(z, rel=1e-12) and z < 1.0
 
 
 def test_reaccount_records_the_surviving_noise_before_the_model_is_published(monkeypatch, tmp_path) -> None:

@@ -291,6 +291,8 @@ def _report(args: argparse.Namespace) -> int:
             worst = max(cohorts.items(), key=lambda kv: kv[1].epsilon)
             human.append(f"  {len(cohorts)} disjoint cohorts (parallel composition); worst: {worst[0]} "
                          f"epsilon {worst[1].epsilon:.6g}")
+    if entries and extra.get("noise_assumption"):  # (a protocol's stated assumption, e.g. FEL's collusion bound)
+        human.append(f"  assumes: {extra['noise_assumption']}")
     if clients_ldp is not None:
         human += _clients_ldp_lines(clients_ldp)
     human.append(f"wrote {png}")

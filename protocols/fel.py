@@ -233,7 +233,8 @@ def _leaf_dp(config: FelConfig, population: int) -> DpSettings:
     z = _calibrate(config, q) if config.calibration == "epsilon" else config.noise_multiplier
     return DpSettings(mode=config.dp, clip=config.clip, noise_multiplier=z, sampling=config.sampling,
                       dropout_margin=config.dropout_margin, simulate_dropout=config.simulate_dropout,
-                      on_excess_dropout=config.on_excess_dropout, noise_tail=config.noise_tail)
+                      on_excess_dropout=config.on_excess_dropout, noise_tail=config.noise_tail,
+                      corrupt=config.secagg_corrupt)
 
 
 class FelTrainer:
@@ -299,7 +300,7 @@ class FelTrainer:
                     expected=m, width=sum(p.numel() for p in self.over_arch.parameters()), frac_bits=config.frac_bits,
                     value_clip=config.value_clip, secure=config.secure_aggregation,
                     dropout_margin=config.dropout_margin, on_excess_dropout=config.on_excess_dropout,
-                    noise_tail=config.noise_tail,
+                    noise_tail=config.noise_tail, corrupt=config.secagg_corrupt,
                     cohort=OVER_ARCH_COHORT if config.over_arch_composition == "parallel" else None)
                 self._oa_dp.check_budget(secagg_dropout=config.secagg_dropout, secagg_corrupt=config.secagg_corrupt)
 
@@ -789,11 +790,16 @@ def fel_privacy_report(ledger, delta: float) -> dict[str, Any]:  # noqa: ANN001
     composed with the common ones (:meth:`dp.ledger.PrivacyLedger.spent_by_cohort`): opt-in
     ``max_c eps_c``; sequential ``max_c eps(leaf_c + over-arch)``; parallel
     ``max(max_c eps_c, eps_over-arch)``.
+
+    Under distributed noise every release was accounted with the noise of its honest survivors
+    (:mod:`protocols.fel_leaf`): ``per_leaf[c].colluders`` is the collusion bound the leaf's
+    releases assumed, and ``noise_assumption`` states it in words.
     """
     from dp.accountant import RdpAccountant
 
     entries = ledger.entries()
     clients: dict[str, int] = {}
+    bound: dict[str, int] = {}  # the collusion bound each leaf's distributed noise was accounted with
     alone: dict[str, RdpAccountant] = {}
     over_events, over_mode = [], None
     for e in entries:
@@ -802,13 +808,15 @@ def fel_privacy_report(ledger, delta: float) -> dict[str, Any]:  # noqa: ANN001
             over_mode = e.params.get("composition", "sequential")
         elif e.cohort and e.cohort.startswith("leaf:"):
             clients[e.cohort] = max(clients.get(e.cohort, 0), int(e.params.get("population", e.params.get("clients", 0))))
+            if "colluders" in e.params:
+                bound[e.cohort] = max(bound.get(e.cohort, 0), int(e.params["colluders"]))
             alone.setdefault(e.cohort, RdpAccountant()).compose(e.event)
 
     def eps(acc: RdpAccountant) -> float:
         return float(acc.get_epsilon(delta))
 
-    per_leaf = [{"cluster": int(c.split(":")[1]), "clients": clients.get(c, 0), "epsilon": eps(acc)}
-                for c, acc in alone.items()]
+    per_leaf = [{"cluster": int(c.split(":")[1]), "clients": clients.get(c, 0), "epsilon": eps(acc),
+                 **({"colluders": bound[c]} if c in bound else {})} for c, acc in alone.items()]
     per_leaf.sort(key=lambda d: d["cluster"])
     by_cohort = ledger.spent_by_cohort(delta)
     worst = max(by_cohort.values(), key=lambda r: r.epsilon) if by_cohort else ledger.spent(delta, use_pld=False)
@@ -820,8 +828,14 @@ def fel_privacy_report(ledger, delta: float) -> dict[str, Any]:  # noqa: ANN001
         for ev in over_events:
             acc.compose(ev)
         over = {"mode": over_mode, "epsilon": eps(acc), "releases": len(over_events)}
-    return {"epsilon": total, "delta": delta, "per_leaf": per_leaf, "composition": "parallel",
-            "over_arch": over, "accountant": accountant}
+    out = {"epsilon": total, "delta": delta, "per_leaf": per_leaf, "composition": "parallel",
+           "over_arch": over, "accountant": accountant}
+    if any(e.params.get("noise") == "distributed" for e in entries):
+        out["noise_assumption"] = (
+            "distributed noise is accounted for the honest survivors only: each release's survivors minus up to "
+            "floor(secagg_corrupt x m) clients (m the planned cohort; per_leaf 'colluders') that may collude with "
+            "the server and remove their own noise shares")
+    return out
 
 
 register(ProtocolSpec(

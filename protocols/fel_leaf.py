@@ -8,10 +8,15 @@ is FedAvg's, unchanged); only the aggregation step differs when DP is on:
    * ``central``: the aggregator adds ``N(0, (z clip)^2)`` (CSPRNG float noise) to the sum, which
      is plaintext or comes out of SecAgg/SecAgg+ (a trusted aggregator, e.g. a TEE: notes §8.3);
    * ``distributed``: each client adds discrete Gaussian noise on the fixed-point grid
-     (:func:`dp.discrete.discrete_gaussian_noise`) before masking, sized so that the noise of
-     ``ceil((1 - dropout_margin) m)`` survivors alone reaches the target; the sum goes through
-     SecAgg/SecAgg+ (:func:`protocols.secure_sum.secure_sum`), so no party ever sees a sum with
-     less noise. The L2 sensitivity on the grid is ``clip 2^f + sqrt(width)/2`` (nearest
+     (:func:`dp.discrete.discrete_gaussian_noise`) before masking, sized so that the noise of the
+     *honest* survivors alone reaches the target: of ``S = ceil((1 - dropout_margin) m)``
+     survivors, up to ``C = floor(secagg_corrupt m)`` may collude with the server (SecAgg's threat
+     model) and subtract their own shares, so each share is ``z Delta / sqrt(S - C)`` and a
+     configuration with ``S - C < 1`` is refused. The sum goes through SecAgg/SecAgg+
+     (:func:`protocols.secure_sum.secure_sum`), so no party ever sees a sum with less noise. A
+     release over ``n`` survivors is accounted with ``z_eff = sqrt(n - C) sigma / Delta``, the noise
+     left once the colluders' shares are removed (collusion bound: at most ``C`` of a round's
+     clients, ``m`` the planned cohort, the number SecAgg+'s parameters are chosen for). The L2 sensitivity on the grid is ``clip 2^f + sqrt(width)/2`` (nearest
      rounding of each coordinate); the value clip budgets ``noise_tail`` standard deviations.
      If more clients drop than the margin, the round is refused (``on_excess_dropout="refuse"``)
      or accounted with the noise that actually survived (``"reaccount"``): never silently
@@ -56,7 +61,7 @@ from protocols.secure_sum import SecureSumAborted, secure_sum
 from protocols.transport import SERVER, Record, client
 from recmodels.ensemble import fold_in
 
-__all__ = ["LEAF_MODEL_KIND", "DpSettings", "FelLeaf", "LeafModel"]
+__all__ = ["LEAF_MODEL_KIND", "DpSettings", "FelLeaf", "LeafModel", "colluders"]
 
 #: Transcript kind of the per-round leaf release (see the module docstring).
 LEAF_MODEL_KIND = "leaf-model"
@@ -79,14 +84,23 @@ class LeafModel:
     after: np.ndarray
 
 
+def colluders(corrupt: float, m: int) -> int:
+    """The collusion bound of a cohort of ``m`` planned clients: ``floor(corrupt m)`` (as
+    :mod:`secagg.params` counts it), the clients whose noise shares the server may know."""
+    return math.floor(corrupt * m + 1e-9)
+
+
 class DpSettings:
     """The DP knobs of one leaf (validated by :class:`protocols.fel.FelConfig`)."""
 
     def __init__(self, *, mode: str, clip: float, noise_multiplier: float, sampling: str,
-                 dropout_margin: float, simulate_dropout: float, on_excess_dropout: str, noise_tail: float) -> None:
+                 dropout_margin: float, simulate_dropout: float, on_excess_dropout: str, noise_tail: float,
+                 corrupt: float) -> None:
         self.mode, self.clip, self.z, self.sampling = mode, clip, noise_multiplier, sampling
         self.dropout_margin, self.simulate_dropout = dropout_margin, simulate_dropout
         self.on_excess_dropout, self.noise_tail = on_excess_dropout, noise_tail
+        #: the fraction of a round's clients that may collude with the server (``secagg_corrupt``)
+        self.corrupt = corrupt
 
 
 class FelLeaf(FedAvgGMF):
@@ -113,15 +127,23 @@ class FelLeaf(FedAvgGMF):
         self.q = self.expected / max(pool, 1)
         if dp is not None and dp.mode == "distributed":
             self.min_survivors = max(1, math.ceil((1 - dp.dropout_margin) * self.expected))
+            self.colluders = colluders(dp.corrupt, self.expected)
+            self.honest_survivors = self.min_survivors - self.colluders
+            if self.honest_survivors < 1:
+                raise ValueError(
+                    f"fel.secagg_corrupt={dp.corrupt:g} and fel.dropout_margin={dp.dropout_margin:g} guarantee no "
+                    f"honest survivor in leaf {index}: of its {self.expected} clients per round {self.min_survivors} "
+                    f"must survive, and up to {self.colluders} may collude with the server and remove their noise "
+                    "shares; lower one of them, or sample more clients per round")
             self.sens_grid = dp.clip * 2.0**config.frac_bits + math.sqrt(self.width) / 2
-            self.sigma_client = dp.z * (self.sens_grid / 2.0**config.frac_bits) / math.sqrt(self.min_survivors)
+            self.sigma_client = dp.z * (self.sens_grid / 2.0**config.frac_bits) / math.sqrt(self.honest_survivors)
             need = dp.clip + dp.noise_tail * self.sigma_client
             if config.value_clip < need:
                 raise ValueError(
                     f"fel.value_clip={config.value_clip:g} cannot hold a clipped update plus {dp.noise_tail:g} noise "
                     f"standard deviations ({need:.4g}) for leaf {index}; raise fel.value_clip")
         else:
-            self.min_survivors, self.sigma_client = 0, 0.0
+            self.min_survivors, self.colluders, self.honest_survivors, self.sigma_client = 0, 0, 0, 0.0
         self._presampled: np.ndarray | None = None
         self._clip_scales: np.ndarray | None = None  # the last round's per-client clip factors, where known
 
@@ -258,14 +280,17 @@ class FelLeaf(FedAvgGMF):
 
         Under distributed noise (``z > 0``) with ``on_excess_dropout = "refuse"``: ``min_survivors``,
         the survivors its noise share was sized for, so a sum with fewer shares is never unmasked;
-        otherwise SecAgg's own 2 (a sum of one client is its input). In process it goes to the
+        with ``"reaccount"``: ``colluders + 1`` (a sum whose every share the colluders could remove
+        would release nothing private); at least SecAgg's own 2 (a sum of one client is its input). In process it goes to the
         simulated clients (:func:`protocols.secure_sum.secure_sum`'s ``min_survivors``); on Flower
         beside the client's vector (``"min_survivors"``, :func:`fedflower.secagg_mod.vector_floor`).
         """
         dp = self.dp
-        if dp is None or dp.mode != "distributed" or dp.z <= 0 or dp.on_excess_dropout != "refuse":
+        if dp is None or dp.mode != "distributed" or dp.z <= 0:
             return 2
-        return max(2, self.min_survivors)
+        if dp.on_excess_dropout == "refuse":
+            return max(2, self.min_survivors)
+        return max(2, self.colluders + 1)  # reaccount: never a sum without an honest client's share
 
     def device_inputs(self, vectors: np.ndarray) -> np.ndarray:
         """What a client masks under DP through secure aggregation: its :meth:`clip_rows`, then its
@@ -308,8 +333,10 @@ class FelLeaf(FedAvgGMF):
                 f"the {self.min_survivors} the distributed noise was sized for under fel.dropout_margin="
                 f"{dp.dropout_margin:g} and fel.on_excess_dropout = {dp.on_excess_dropout!r}); the round was not "
                 "applied. Raise fel.dropout_margin or set fel.on_excess_dropout = \"reaccount\"")}
-        z_eff = math.sqrt(n_surv) * self.sigma_client * 2.0**f / self.sens_grid if dp.z > 0 else 0.0
-        extra = {"survivors": n_surv, "dropped": len(sampled) - n_surv, "sigma_client": self.sigma_client}
+        honest = max(n_surv - self.colluders, 0)  # the colluders' shares are known to the server
+        z_eff = math.sqrt(honest) * self.sigma_client * 2.0**f / self.sens_grid if dp.z > 0 else 0.0
+        extra = {"survivors": n_surv, "dropped": len(sampled) - n_surv, "colluders": self.colluders,
+                 "honest_survivors": honest, "sigma_client": self.sigma_client}
         if dp.z > 0 and n_surv < self.min_survivors and dp.on_excess_dropout == "refuse":
             # The clients' floor should have kept this sum masked (devices that do not enforce it): the
             # server holds it decoded, so it is released with the noise it holds, and not applied.
@@ -352,5 +379,6 @@ class FelLeaf(FedAvgGMF):
     def dp_info(self) -> dict[str, Any]:
         """Public DP parameters of this leaf (for public_info and reports)."""
         return {"leaf": self.index, "clients": int(len(self._clients)), "denominator": self.expected, "q": self.q,
-                "min_survivors": self.min_survivors, "survivor_floor": self.survivor_floor() if self.dp else 2,
+                "min_survivors": self.min_survivors, "colluders": self.colluders,
+                "honest_survivors": self.honest_survivors, "survivor_floor": self.survivor_floor() if self.dp else 2,
                 "sigma_client": self.sigma_client}

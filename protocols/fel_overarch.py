@@ -23,7 +23,9 @@ Promise with ``fel.dp`` (``"central"`` or ``"distributed"``, the leaves' noise p
 every client's upload is the gradient of its *mean* loss (unweighted, as the leaves' DP-FedAvg),
 L2-clipped to ``over_arch_clip``; the sum gets Gaussian noise of standard deviation
 ``z * over_arch_clip`` (central: CSPRNG float noise added by a trusted aggregator; distributed:
-each client's discrete Gaussian share on the fixed-point grid, summed through SecAgg/SecAgg+, with
+each client's discrete Gaussian share on the fixed-point grid, sized, as a leaf's, so that the
+honest survivors alone (the survivors minus ``floor(secagg_corrupt m)`` colluders) reach it, and
+accounted for them; summed through SecAgg/SecAgg+, with
 the leaves' dropout margin, refuse-or-reaccount rule and noise-tail bit budget: under ``"refuse"``
 every client's own floor, :attr:`OverArchDp.survivor_floor`, is enforced inside the secure sum, so
 a step with fewer survivors than the noise was sized for is never unmasked, and is not applied);
@@ -51,6 +53,7 @@ from dp.discrete import discrete_gaussian_noise
 from dp.events import DpEvent, Gaussian, NonPrivate, PoissonSampled
 from dp.mechanisms import gaussian_noise
 from protocols.base import Release
+from protocols.fel_leaf import colluders
 from protocols.secure_sum import SecureSumAborted, secure_sum
 from protocols.transport import SERVER, client
 from recmodels.ensemble import OverArch
@@ -120,6 +123,10 @@ class OverArchDp:
         width: parameters of the over-arch.
         frac_bits, value_clip, secure: the fixed-point grid, its bound and the secure protocol.
         dropout_margin, on_excess_dropout: as the leaves' (distributed noise).
+        noise_tail: noise standard deviations budgeted in ``value_clip`` (distributed noise).
+        corrupt: the fraction of a step's planned cohort that may collude with the server
+            (``secagg_corrupt``): the noise is sized and accounted for the survivors minus
+            ``colluders = floor(corrupt expected)`` (as a leaf's; refused if none is guaranteed honest).
         cohort: the ledger cohort (``None``: sequential with the leaves; ``"over-arch"``: parallel).
     """
 
@@ -136,7 +143,16 @@ class OverArchDp:
     dropout_margin: float
     on_excess_dropout: str
     noise_tail: float
+    corrupt: float
     cohort: str | None
+
+    def __post_init__(self) -> None:
+        if self.mode == "distributed" and self.honest_survivors < 1:
+            raise ValueError(
+                f"fel.secagg_corrupt={self.corrupt:g} and fel.dropout_margin={self.dropout_margin:g} guarantee no "
+                f"honest survivor in an over-arch step: of its {self.expected} clients {self.min_survivors} must "
+                f"survive, and up to {self.colluders} may collude with the server and remove their noise shares; "
+                "lower one of them, or raise fel.over_arch_clients")
 
     @property
     def q(self) -> float:
@@ -147,13 +163,23 @@ class OverArchDp:
         return max(1, math.ceil((1 - self.dropout_margin) * self.expected)) if self.mode == "distributed" else 0
 
     @property
+    def colluders(self) -> int:
+        """The collusion bound ``floor(corrupt expected)`` (distributed noise; 0 otherwise)."""
+        return colluders(self.corrupt, self.expected) if self.mode == "distributed" else 0
+
+    @property
+    def honest_survivors(self) -> int:
+        """``min_survivors - colluders``: the shares the target noise is sized for (distributed; 0 otherwise)."""
+        return self.min_survivors - self.colluders if self.mode == "distributed" else 0
+
+    @property
     def survivor_floor(self) -> int:
-        """The fewest survivors the step's clients help unmask: ``min_survivors`` under distributed
-        noise (``z > 0``) with ``on_excess_dropout = "refuse"``, else SecAgg's own 2 (as a leaf's
-        :meth:`protocols.fel_leaf.FelLeaf.survivor_floor`)."""
-        if self.mode != "distributed" or self.z <= 0 or self.on_excess_dropout != "refuse":
+        """The fewest survivors the step's clients help unmask (as a leaf's
+        :meth:`protocols.fel_leaf.FelLeaf.survivor_floor`): under distributed noise (``z > 0``)
+        ``min_survivors`` (``"refuse"``) or ``colluders + 1`` (``"reaccount"``); at least 2."""
+        if self.mode != "distributed" or self.z <= 0:
             return 2
-        return max(2, self.min_survivors)
+        return max(2, self.min_survivors if self.on_excess_dropout == "refuse" else self.colluders + 1)
 
     @property
     def sensitivity(self) -> float:
@@ -162,10 +188,11 @@ class OverArchDp:
 
     @property
     def sigma_client(self) -> float:
-        """Each client's discrete Gaussian standard deviation (distributed; 0 otherwise)."""
+        """Each client's discrete Gaussian standard deviation, ``z * sensitivity / sqrt(honest_survivors)``
+        (distributed; 0 otherwise)."""
         if self.mode != "distributed":
             return 0.0
-        return self.z * self.sensitivity / math.sqrt(self.min_survivors)
+        return self.z * self.sensitivity / math.sqrt(self.honest_survivors)
 
     def check_budget(self, *, secagg_dropout: float = 0.1, secagg_corrupt: float = 0.05) -> None:
         """Refuse, before training, what the secure sums could not carry.
@@ -248,8 +275,9 @@ class OverArchDp:
                 "not applied. Raise fel.dropout_margin or set fel.on_excess_dropout = \"reaccount\"")
             return None, 0.0, extra
         n_surv = len(res.survivors)
-        z_eff = math.sqrt(n_surv) * self.sigma_client / self.sensitivity if self.z > 0 else 0.0
-        extra.update(survivors=n_surv, sigma_client=self.sigma_client)
+        honest = max(n_surv - self.colluders, 0)  # (the colluders' shares are known to the server)
+        z_eff = math.sqrt(honest) * self.sigma_client / self.sensitivity if self.z > 0 else 0.0
+        extra.update(survivors=n_surv, colluders=self.colluders, honest_survivors=honest, sigma_client=self.sigma_client)
         if self.z > 0 and n_surv < self.min_survivors and self.on_excess_dropout == "refuse":
             # (devices that did not enforce their floor: the decoded sum is accounted, and not applied)
             extra["refused"] = (f"{n_surv} of {len(cohort)} clients survived, below the {self.min_survivors} the "
@@ -262,7 +290,8 @@ class OverArchDp:
         """Public parameters (for public_info)."""
         return {"mode": self.mode, "clip": self.clip, "noise_multiplier": self.z, "sampling": self.sampling,
                 "population": self.population, "denominator": self.expected, "q": self.q,
-                "min_survivors": self.min_survivors, "survivor_floor": self.survivor_floor,
+                "min_survivors": self.min_survivors, "colluders": self.colluders,
+                "honest_survivors": self.honest_survivors, "survivor_floor": self.survivor_floor,
                 "sigma_client": self.sigma_client, "cohort": self.cohort}
 
 

@@ -152,7 +152,7 @@ def test_dropouts_on_flower_beyond_the_margin_are_refused_or_reaccounted(tmp_pat
     assert releases(got) == releases(want)
     (rel,) = got.releases
     assert rel.params["survivors"] == 6 and rel.params["dropped"] == 2 and rel.params["clients"] == 8
-    z_eff = math.sqrt(6) * leaf.sigma_client * 2**cfg.frac_bits / leaf.sens_grid
+    z_eff = math.sqrt(6 - leaf.colluders) * leaf.sigma_client * 2**cfg.frac_bits / leaf.sens_grid  # (honest survivors)
     assert rel.event.noise_multiplier == pytest.approx(z_eff)
     assert (rel.event.noise_multiplier < 1.0) == (outcome == "weaker")  # never silently under-noised
     assert not np.array_equal(leaf.flat_model(), before)

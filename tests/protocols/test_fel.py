@@ -245,6 +245,10 @@ def test_fel_dp_preset_report_shape(tmp_path, capsys) -> None:
     assert rep["composition"] == "parallel" and len(rep["per_leaf"]) == 3
     assert rep["epsilon"] == pytest.approx(max(p["epsilon"] for p in rep["per_leaf"]), rel=1e-6)
     assert 0 < rep["epsilon"] < 4.0 and rep["over_arch"]["mode"] == "opt-in"
+    # the distributed noise's collusion bound, per leaf (floor(0.05 x 6) = 0) and in words
+    assert [p["colluders"] for p in rep["per_leaf"]] == [0, 0, 0] and "honest survivors" in rep["noise_assumption"]
+    assert main(["privacy", "report", str(tmp_path / "dp")]) == 0
+    assert "assumes: distributed noise is accounted for the honest survivors only" in capsys.readouterr()[0]
 
 
 # -- the over-arch trained by FL (FedSGD over the leaves' clients) ------------------------------------------

@@ -81,7 +81,7 @@ def test_client_gradients_equal_autograd_per_client(n_in, hidden, n_clients, n, 
 def _dp(mode: str = "central", z: float = 0.0, **kw) -> OverArchDp:
     base = dict(mode=mode, clip=0.5, z=z, sampling="fixed", population=40, expected=10, width=30, frac_bits=16,
                 value_clip=1024.0, secure="secagg" if mode == "distributed" else "none", dropout_margin=0.0,
-                on_excess_dropout="refuse", noise_tail=12.0, cohort=None)
+                on_excess_dropout="refuse", noise_tail=12.0, corrupt=0.05, cohort=None)
     return OverArchDp(**{**base, **kw})
 
 

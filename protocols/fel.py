@@ -830,7 +830,13 @@ def fel_privacy_report(ledger, delta: float) -> dict[str, Any]:  # noqa: ANN001
         over = {"mode": over_mode, "epsilon": eps(acc), "releases": len(over_events)}
     out = {"epsilon": total, "delta": delta, "per_leaf": per_leaf, "composition": "parallel",
            "over_arch": over, "accountant": accountant}
-    if any(e.params.get("noise") == "distributed" for e in entries):
+    distributed = [e for e in entries if e.params.get("noise") == "distributed"]
+    if any("colluders" not in e.params for e in distributed):  # (a ledger written before the collusion bound)
+        out["noise_assumption"] = (
+            "distributed noise accounted counting every survivor's share, the colluders' included (releases "
+            "recorded before the collusion bound): against clients colluding with the server the honest noise is "
+            "smaller than accounted")
+    elif distributed:
         out["noise_assumption"] = (
             "distributed noise is accounted for the honest survivors only: each release's survivors minus up to "
             "floor(secagg_corrupt x m) clients (m the planned cohort; per_leaf 'colluders') that may collude with "

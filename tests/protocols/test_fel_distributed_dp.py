@@ -335,3 +335,24 @@ def test_an_over_arch_guaranteeing_no_honest_survivor_is_refused() -> None:
         FelTrainer(make_train(n_users=60), cfg, seed=0, transport=InProcessTransport())
     FelTrainer(make_train(n_users=60), FelConfig(**{**OVER, "clients_per_round": 3, "dropout_margin": 0.5,
                                                     "secagg_corrupt": 0.4}), seed=0, transport=InProcessTransport())
+
+
+def test_the_privacy_report_states_the_collusion_bound_and_flags_ledgers_without_it(tmp_path) -> None:
+    """FEL's report states the assumption its distributed-noise epsilon rests on (per leaf: ``colluders``);
+    a ledger whose distributed releases were recorded before the collusion bound (no ``colluders``) is
+    said to overstate the honest noise, never described as accounted for the honest survivors."""
+    from dp.events import Gaussian
+
+    for name, extra, says in (("new", {"colluders": 1}, "honest survivors only"),
+                              ("old", {}, "smaller than accounted")):
+        ledger = PrivacyLedger(tmp_path / f"{name}.sqlite")
+        with ledger.round(0) as h:
+            h.record(Gaussian(2.0), who="clients", what="leaf 0", cohort="leaf:0",
+                     params={"noise": "distributed", "clients": 12, "population": 40, **extra})
+        rep = fel_privacy_report(ledger, 1e-5)
+        assert says in rep["noise_assumption"]
+        assert [p.get("colluders") for p in rep["per_leaf"]] == [extra.get("colluders")]
+    central = PrivacyLedger(tmp_path / "central.sqlite")
+    with central.round(0) as h:
+        h.record(Gaussian(2.0), who="clients", what="leaf 0", cohort="leaf:0", params={"noise": "central"})
+    assert "noise_assumption" not in fel_privacy_report(central, 1e-5)

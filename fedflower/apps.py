@@ -922,10 +922,12 @@ class _BoundUnit:
         if rep.total is None and self.dp and unit.dp.mode == "distributed":
             # the nodes refused to unmask (their floor beside their vectors) or too many dropped: the unit
             # refuses its round itself (_dp_secure_sum), as in process
-            masked = len(sampled) - sum(stage in ("setup", "share_keys", "masked_input") for stage, _ in rep.dropped.values())
+            early = ("setup", "share_keys", "masked_input")
+            stayed = len(sampled) - sum(stage in early for stage, _ in rep.dropped.values())
             self.pending = {"kept": np.asarray(sampled, np.int64), "total": None, "width": width,
-                            "per_client": per_client, "abort": f"{masked} of {len(sampled)} clients sent their "
-                                                               f"masked input; secure aggregation aborted: {rep.abort}"}
+                            "per_client": per_client,
+                            "abort": f"{stayed} of {len(sampled)} clients stayed until their masked input; secure "
+                                     f"aggregation aborted: {rep.abort}"}
             return self.pending["kept"]
         if rep.total is None:
             raise RoundFailed(f"{where}: secure aggregation aborted ({rep.abort}); the unit's model is unchanged")

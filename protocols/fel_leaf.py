@@ -16,15 +16,16 @@ is FedAvg's, unchanged); only the aggregation step differs when DP is on:
      (:func:`protocols.secure_sum.secure_sum`), so no party ever sees a sum with less noise. A
      release over ``n`` survivors is accounted with ``z_eff = sqrt(n - C) sigma / Delta``, the noise
      left once the colluders' shares are removed (collusion bound: at most ``C`` of a round's
-     clients, ``m`` the planned cohort, the number SecAgg+'s parameters are chosen for). The L2 sensitivity on the grid is ``clip 2^f + sqrt(width)/2`` (nearest
-     rounding of each coordinate); the value clip budgets ``noise_tail`` standard deviations.
+     clients, ``m`` the planned cohort, the number SecAgg+'s parameters are chosen for). The L2
+     sensitivity on the grid is ``clip 2^f + sqrt(width)/2`` (nearest rounding of each
+     coordinate); the value clip budgets ``noise_tail`` standard deviations.
      If more clients drop than the margin, the round is refused (``on_excess_dropout="refuse"``)
      or accounted with the noise that actually survived (``"reaccount"``): never silently
      under-noised. The refusal happens *inside* the secure aggregation: every client puts its
-     own floor (:meth:`FelLeaf.survivor_floor`, computed from its own configuration and its
-     leaf's public size, never from a server message) into the sum's survivor check, so a
-     survivor set below it is never signed and never unmasked; the round is then not applied,
-     its stats say so (``extra["refused"]``) and it releases nothing.
+     own floor (:meth:`FelLeaf.survivor_floor`, computed by the client from its configuration
+     and its leaf's public size, never a survivor count the server sends) into the sum's
+     survivor check, so a survivor set below it is never signed and never unmasked; the round
+     is then not applied, its stats say so (``extra["refused"]``) and it releases nothing.
 3. the server applies ``server_lr * noisy_sum / m`` with the fixed denominator ``m`` (the
    expected cohort size), so the update's sensitivity does not depend on who took part.
 
@@ -275,15 +276,18 @@ class FelLeaf(FedAvgGMF):
         return clipped + discrete_gaussian_noise(clipped.shape, self.sigma_client, f).astype(np.float64) / 2.0**f
 
     def survivor_floor(self) -> int:
-        """The fewest survivors this leaf's clients help unmask (each client's own floor: computed from
-        its own configuration and its leaf's public size, never taken from a server message).
+        """The fewest survivors this leaf's clients help unmask (each client's own floor, computed by
+        the client from its configuration and its leaf's public size; never a survivor count the
+        server sends. On Flower that configuration and size are the ones in the run's training
+        request: docs/flower.md states that trust).
 
         Under distributed noise (``z > 0``) with ``on_excess_dropout = "refuse"``: ``min_survivors``,
         the survivors its noise share was sized for, so a sum with fewer shares is never unmasked;
         with ``"reaccount"``: ``colluders + 1`` (a sum whose every share the colluders could remove
-        would release nothing private); at least SecAgg's own 2 (a sum of one client is its input). In process it goes to the
-        simulated clients (:func:`protocols.secure_sum.secure_sum`'s ``min_survivors``); on Flower
-        beside the client's vector (``"min_survivors"``, :func:`fedflower.secagg_mod.vector_floor`).
+        would release nothing private); at least SecAgg's own 2 (a sum of one client is its input).
+        In process it goes to the simulated clients (:func:`protocols.secure_sum.secure_sum`'s
+        ``min_survivors``); on Flower beside the client's vector (``"min_survivors"``,
+        :func:`fedflower.secagg_mod.vector_floor`).
         """
         dp = self.dp
         if dp is None or dp.mode != "distributed" or dp.z <= 0:
@@ -364,8 +368,8 @@ class FelLeaf(FedAvgGMF):
                              dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
                              min_survivors=max(self.survivor_floor(), node))
         except SecureSumAborted as exc:
-            raise SecureSumAborted(f"{len(sampled) - len(dropped)} of {len(sampled)} clients sent their masked "
-                                   f"input; {exc}") from None
+            raise SecureSumAborted(f"{len(sampled) - len(dropped)} of {len(sampled)} clients stayed until their "
+                                   f"masked input; {exc}") from None
         return res.total, res.bytes_per_client, len(res.survivors)
 
     def _apply_dp(self, total: np.ndarray) -> None:

@@ -269,7 +269,7 @@ class OverArchDp:
                              min_survivors=max(self.survivor_floor, int(node_floor)))
         except SecureSumAborted as exc:  # the clients refused to unmask (their floor), or too many dropped
             extra["refused"] = (
-                f"{len(cohort) - n_drop} of {len(cohort)} clients sent their masked input; {exc}; no sum was "
+                f"{len(cohort) - n_drop} of {len(cohort)} clients stayed until their masked input; {exc}; no sum was "
                 f"unmasked (the clients' floor: {self.survivor_floor} survivors, the {self.min_survivors} the "
                 f"distributed noise was sized for under fel.dropout_margin={self.dropout_margin:g}); the step was "
                 "not applied. Raise fel.dropout_margin or set fel.on_excess_dropout = \"reaccount\"")
@@ -277,7 +277,8 @@ class OverArchDp:
         n_surv = len(res.survivors)
         honest = max(n_surv - self.colluders, 0)  # (the colluders' shares are known to the server)
         z_eff = math.sqrt(honest) * self.sigma_client / self.sensitivity if self.z > 0 else 0.0
-        extra.update(survivors=n_surv, colluders=self.colluders, honest_survivors=honest, sigma_client=self.sigma_client)
+        extra.update(survivors=n_surv, colluders=self.colluders, honest_survivors=honest,
+                     sigma_client=self.sigma_client)
         if self.z > 0 and n_surv < self.min_survivors and self.on_excess_dropout == "refuse":
             # (devices that did not enforce their floor: the decoded sum is accounted, and not applied)
             extra["refused"] = (f"{n_surv} of {len(cohort)} clients survived, below the {self.min_survivors} the "

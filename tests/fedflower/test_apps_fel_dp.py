@@ -120,7 +120,7 @@ def test_the_devices_distributed_noise_sums_to_the_target_variance(tmp_path):
 ])
 def test_dropouts_on_flower_beyond_the_margin_are_refused_or_reaccounted(tmp_path, margin, policy, outcome):
     """Two of a leaf's eight clients go silent before their masked input (a real Flower dropout): the
-    nodes refuse to unmask the round, or the leaf accounts it with the noise that survived, exactly as the in-process leaf
+    nodes refuse to unmask the round, or the leaf accounts it with the noise that survived, as the in-process leaf
     does when the same two of eight drop (``simulate_dropout = 0.25``). Secure aggregation plans for
     those two (``secagg_dropout``, and each node's own ``max-dropout``): nodes planning for one of
     eight would refuse to sign the six survivors, and the round would abort in secure aggregation
@@ -144,7 +144,7 @@ def test_dropouts_on_flower_beyond_the_margin_are_refused_or_reaccounted(tmp_pat
         got, want = gt.run_round(), ref.run_round()
         assert got.releases == want.releases == ()
         assert [w.split(";")[0] for w in got.extra["refused"]] == [w.split(";")[0] for w in want.extra["refused"]] \
-            == ["leaf 0 round 0: 6 of 8 clients sent their masked input"]
+            == ["leaf 0 round 0: 6 of 8 clients stayed until their masked input"]
         np.testing.assert_array_equal(leaf.flat_model(), before)  # not applied
         return
     got, want = gt.run_round(), ref.run_round()

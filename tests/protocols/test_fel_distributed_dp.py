@@ -45,7 +45,7 @@ def build(seed: int = 0, train=None, **kw) -> FelTrainer:  # noqa: ANN001
     return FelTrainer(train or make_train(), FelConfig(**{**LEAF, **kw}), seed=seed, transport=InProcessTransport())
 
 
-def spy_decoded_sums(monkeypatch, module, floor: int | None = None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # noqa: ANN001
+def spy_decoded_sums(monkeypatch, module, floor: int | None = None) -> list[tuple]:  # noqa: ANN001
     """The server's view: every sum ``module``'s secure sum decoded, as ``(survivors, noisy inputs, total)``.
 
     ``floor``: the survivors the noise shares were sized for; a decoded sum over fewer is the attack
@@ -165,7 +165,8 @@ def test_reaccount_records_the_surviving_noise_before_the_model_is_published(mon
             order.append(("commit", self.r))
             return out
 
-    monkeypatch.setattr(ledger_mod.PrivacyLedger, "round", lambda self, r, **kw: Committing(real_round(self, r, **kw), r))
+    monkeypatch.setattr(ledger_mod.PrivacyLedger, "round",
+                        lambda self, r, **kw: Committing(real_round(self, r, **kw), r))
     real_send = transport_mod.InProcessTransport.send
 
     def send(self, sender, receiver, round_, kind, payload, nbytes):  # noqa: ANN001, ANN202

@@ -278,8 +278,8 @@ class FelLeaf(FedAvgGMF):
     def survivor_floor(self) -> int:
         """The fewest survivors this leaf's clients help unmask (each client's own floor, computed by
         the client from its configuration and its leaf's public size; never a survivor count the
-        server sends. On Flower that configuration and size are the ones in the run's training
-        request: docs/flower.md states that trust).
+        server sends. On Flower that configuration and size are the ones the node pinned, from its
+        operator's ``protocol-config`` or the first run record it answered: docs/flower.md).
 
         Under distributed noise (``z > 0``) with ``on_excess_dropout = "refuse"``: ``min_survivors``,
         the survivors its noise share was sized for, so a sum with fewer shares is never unmasked;

@@ -181,8 +181,10 @@ def _run_masking(
 ) -> RunResult:
     n = cfg.n
     identities, pki = make_pki(n)
+    # (a plan that lists every client as dropping lets the clients accept n - 1 missing: ClientPolicy's
+    # fraction is below 1, and nothing can survive such a plan anyway)
     policy = ClientPolicy(min_survivors=spec.min_survivors, unsafe_threshold=spec.unsafe_threshold,
-                          max_dropout=spec.planned_dropout(n))
+                          max_dropout=min(spec.planned_dropout(n), (n - 1) / n))
     clients = [MaskingClient(cfg, i, identities[i], pki, policy) for i in range(n)]
     server = MaskingServer(cfg, pki)
     client_s = np.zeros(n)

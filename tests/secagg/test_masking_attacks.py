@@ -311,3 +311,11 @@ def test_an_input_can_raise_its_clients_survivor_floor_but_never_lower_it(start_
     for bad in (1, True, 2.0):
         with pytest.raises(ValueError, match="min_survivors must be an int >= 2"):
             node.require_survivors(bad)  # type: ignore[arg-type]
+
+
+def test_a_plan_listing_every_client_as_dropping_aborts_cleanly():
+    """The simulated clients' max_dropout is the run's plan; a plan that lists every client (the
+    fraction 1.0, which ClientPolicy refuses as a setting) aborts cleanly instead of raising."""
+    every = frozenset(range(4))
+    res = run("secagg", _inputs(4, 3), RunSpec(dropouts={"masked_input": every}))
+    assert not res.ok and res.total is None

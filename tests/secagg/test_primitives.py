@@ -169,7 +169,7 @@ def test_shamir_t_minus_1_shares_are_uniform_and_independent_of_secret():
     u = vals.astype(np.float64) / shamir.PRIME
     assert abs(u.mean() - 0.5) < 0.01 and abs(u.std() - np.sqrt(1 / 12)) < 0.01
     corr = np.corrcoef(u[0].ravel(), u[1].ravel())[0, 1]
-    assert abs(corr) < 0.02
+    assert abs(corr) < 5 / np.sqrt(u[0].size)  # 5 standard errors of a null correlation (0.034 here)
 
 
 def test_shamir_known_answer_core_and_batch():

@@ -92,6 +92,9 @@ def get_attack(protocol: str, name: str) -> AttackSpec:
     _load()
     spec = _REGISTRY.get((protocol, name))
     if spec is None:
-        known = ", ".join(a.name for a in attacks_for(protocol)) or "none"
-        raise ValueError(f"unknown attack {name!r} on {protocol!r}; registered: {known}")
+        from protocols.registry import did_you_mean
+
+        names = [a.name for a in attacks_for(protocol)]
+        raise ValueError(f"unknown attack {name!r} on {protocol!r}{did_you_mean(name, names)}; registered: "
+                         f"{', '.join(names) or 'none'}")
     return spec

@@ -10,6 +10,10 @@ import-time discovery). Conventions shared by every command:
   lower layer reporting bad input, or :class:`dp.errors.LedgerError` for a damaged or edited
   ``privacy_ledger.sqlite``) print one clear line on stderr and exit 2, without a
   traceback (``SECAGG_DEBUG=1`` re-raises them with the traceback).
+
+Help and user errors answer at once: building the parser imports no protocol, torch or scipy (each
+command module imports what it runs inside the function that runs it; a test checks
+``sys.modules`` after ``secagg --help``).
 """
 
 from __future__ import annotations
@@ -20,9 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dp.errors import LedgerError
 from experiments.errors import UserError
-from protocols.secure_sum import SecureSumAborted
 
 __all__ = ["COMMAND_MODULES", "UserError", "build_parser", "main"]
 
@@ -52,6 +54,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _loaded(module: str, name: str) -> tuple[type, ...]:
+    """``(module.name,)`` if ``module`` is imported already, else ``()``: an exception class of a module
+    nobody imported cannot have been raised, so the handlers below need not import it (dp.errors and
+    protocols.secure_sum pull in scipy)."""
+    mod = sys.modules.get(module)
+    return (getattr(mod, name),) if mod is not None else ()
+
+
+def _resume_hint(args: argparse.Namespace, run_dir: object) -> str:
+    if getattr(args, "command", None) == "flower":
+        return f"secagg flower simulate --resume {run_dir}"
+    return f"secagg run --resume {run_dir}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``secagg`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -66,20 +82,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(func(args) or 0)
-    except (UserError, ValueError, FileNotFoundError, LedgerError) as exc:
+    except (UserError, ValueError, FileNotFoundError, *_loaded("dp.errors", "LedgerError")) as exc:
         if os.environ.get("SECAGG_DEBUG"):
             raise  # a developer asked for the traceback
         print(f"secagg: error: {exc}", file=sys.stderr)
         return 2
-    except SecureSumAborted as exc:  # a round's secure sum produced nothing (dropouts, the clients' own minimum)
+    except _loaded("protocols.secure_sum", "SecureSumAborted") as exc:  # a secure sum produced nothing
         if os.environ.get("SECAGG_DEBUG"):
             raise
         print(f"secagg: error: {exc}. No sum was released; the run directory keeps every completed round "
               "(--resume continues). If the clients refused, check [clients] min_survivors against the "
               "clients per round.", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("secagg: interrupted; resume with --resume RUN_DIR", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        run_dir = getattr(exc, "run_dir", None)
+        if run_dir is not None:
+            print(f"secagg: interrupted; {run_dir} keeps every completed round: continue with "
+                  f"{_resume_hint(args, run_dir)}", file=sys.stderr)
+        else:
+            print("secagg: interrupted", file=sys.stderr)
         return 130
 
 

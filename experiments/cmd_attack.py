@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from experiments import jsonio
 from experiments.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
@@ -86,6 +84,8 @@ LDP_DELTA = 1e-5
 
 def run_attack(args: argparse.Namespace, data: Any, defense: str, epsilon: float) -> dict[str, Any]:
     """Train FedMF under ``defense`` and attack round 0 of the server's view; a JSON-ready dict."""
+    import numpy as np
+
     from attacks.fedmf import get_attack, score, server_view
     from protocols.fedmf import FedMF, FedMFConfig
     from protocols.transport import SERVER, InProcessTransport, Transcript
@@ -170,7 +170,7 @@ def _main(args: argparse.Namespace) -> int:
     print(f"  F1 {a['f1']:.3f} (random {a['random_f1']:.3f})  precision {a['precision']:.3f}  recall {a['recall']:.3f}")
     print(f"  rating RMSE {rr} (random {a['random_rating_rmse']:.3f})")
     if args.json:
-        print(json.dumps(out))
+        print(jsonio.dumps(out))
     return 0
 
 
@@ -215,12 +215,13 @@ def _sweep(args: argparse.Namespace, data: Any) -> int:
     _plot(rows, out_dir / "sweep.png")
     print("\n".join(lines))
     if args.json:
-        print(json.dumps({"rows": rows, "out_dir": str(out_dir)}))
+        print(jsonio.dumps({"rows": rows, "out_dir": str(out_dir)}))
     return 0
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -19,11 +19,11 @@ reported as such.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+from experiments import jsonio
 from experiments.errors import UserError
 from protocols.state import loads_json
 
@@ -198,7 +198,7 @@ def _main(args: argparse.Namespace) -> int:
             _plot_paired(args.runs, args.paired_with, args.metric, args.png)
             print(f"curves: {args.png}")
         if args.json:
-            print(json.dumps(res))
+            print(jsonio.dumps(res))
         return 0
     result = compare_runs(args.runs, args.metric, args.target)
     m = result["metric"]
@@ -211,5 +211,5 @@ def _main(args: argparse.Namespace) -> int:
         _plot(result, args.png)
         print(f"curves: {args.png}")
     if args.json:
-        print(json.dumps(result))
+        print(jsonio.dumps(result))
     return 0

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 from pathlib import Path
 
+from experiments import jsonio
 from experiments.errors import UserError
 from protocols.state import loads_json
 
@@ -76,7 +76,7 @@ def _emit(payload: dict, human: list[str], as_json: bool) -> int:
     for note in payload.get("notes", []):
         print(f"note: {note}", file=sys.stderr)
     if as_json:
-        print(json.dumps(payload, sort_keys=True))
+        print(jsonio.dumps(payload, sort_keys=True))
     return 0
 
 
@@ -123,14 +123,20 @@ def _report_lines(rep, reason: str | None = None) -> list[str]:  # noqa: ANN001 
     return lines
 
 
+#: The options each mechanism needs (checked before dp and scipy load, so a missing one answers at once).
+_ACCOUNT_NEEDS = {"gaussian": ("q", "sigma", "steps", "delta"), "laplace": ("epsilon0", "count"), "fel": ("sigma", "delta")}
+_CALIBRATE_NEEDS = {"gaussian": ("epsilon", "delta", "q", "steps"), "laplace": ("epsilon", "count")}
+
+
 def _account(args: argparse.Namespace) -> int:
+    _check_delta(args.delta, allow_zero=args.mechanism == "laplace")
+    _need(args, *_ACCOUNT_NEEDS[args.mechanism])
     from dp.accountant import best_epsilon
     from dp.calibration import gaussian_training_event
     from dp.events import FelTotal, Laplace, SelfComposed
 
     relation = "add_remove"
     params: dict[str, object] = {"mechanism": args.mechanism}
-    _check_delta(args.delta, allow_zero=args.mechanism == "laplace")
     causes: list[str] = []
     if args.mechanism == "gaussian":
         _need(args, "q", "sigma", "steps", "delta")
@@ -185,11 +191,12 @@ def _need(args: argparse.Namespace, *names: str) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    _check_delta(args.delta, allow_zero=args.mechanism == "laplace")
+    _need(args, *_CALIBRATE_NEEDS[args.mechanism])
     from dp.accountant import best_epsilon
     from dp.calibration import calibrate_gaussian_noise_multiplier, calibrate_laplace_epsilon0, gaussian_training_event
     from dp.events import Laplace, SelfComposed
 
-    _check_delta(args.delta, allow_zero=args.mechanism == "laplace")
     use_pld = not args.no_pld
     if args.mechanism == "gaussian":
         _need(args, "epsilon", "delta", "q", "steps")
@@ -218,10 +225,6 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from dp.errors import LedgerError
-    from dp.events import NonPrivate
-    from dp.ledger import PrivacyLedger
-
     _check_delta(args.delta, allow_zero=True)
     run_dir = Path(args.run_dir)
     path = run_dir / "privacy_ledger.sqlite"
@@ -247,6 +250,10 @@ def _report(args: argparse.Namespace) -> int:
         if delta is not None and (type(delta) not in (int, float) or not 0 < delta < 1):
             raise UserError(f"{run_dir / 'run.json'}: config.privacy.delta must be a number in (0, 1); "
                             f"found {str(delta)[:40]} (pass --delta to report at another delta)")
+    from dp.errors import LedgerError
+    from dp.events import NonPrivate
+    from dp.ledger import PrivacyLedger
+
     try:
         ledger = PrivacyLedger(path)
     except LedgerError as exc:

@@ -35,7 +35,8 @@ from dp.errors import BudgetExceededError
 from dp.events import NoOp, NonPrivate
 from dp.ledger import PrivacyLedger
 from experiments import config as cfgmod
-from experiments.errors import UserError
+from experiments import jsonio
+from experiments.errors import RunInterrupted, UserError
 from experiments.prepare import Prepared, data_fingerprint, prepare_data
 from experiments.rundir import CHECKPOINT, RunDir, default_run_dir
 from protocols.guard import set_device_policy
@@ -98,6 +99,11 @@ def _same(a: Any, b: Any) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
+def _as_written(config: cfgmod.RunConfig) -> dict[str, Any]:
+    """``config`` as run.json holds it (strict JSON: NaN and infinities as ``None``)."""
+    return jsonio.strict(config.to_dict())
+
+
 def verify_resume(rd: RunDir, config: cfgmod.RunConfig) -> dict[str, Any]:
     """Refuse to continue if the configuration or the data differ from the run's creation."""
     ident = rd.read_json("run.json")
@@ -106,10 +112,12 @@ def verify_resume(rd: RunDir, config: cfgmod.RunConfig) -> dict[str, Any]:
     if not isinstance(ident.setdefault("data_files", {}), dict):
         raise UserError(f"{rd.file('run.json')}: data_files must be a table of file -> SHA-256; found "
                         f"{_short(ident['data_files'])}")
-    stored, now = _flatten(ident["config"]), _flatten(json.loads(json.dumps(config.to_dict())))
+    # run.json is strict JSON (null for NaN/inf); one written before that holds bare NaN/Infinity: both
+    # read the same once strict() maps them to None.
+    stored, now = _flatten(jsonio.strict(ident["config"])), _flatten(_as_written(config))
     # A key added to the framework after the run was created is absent from run.json; at its
     # default it changes nothing (the run was made under that default), so it is not a change.
-    defaults = _flatten(json.loads(json.dumps(cfgmod.merge(cfgmod.RunConfig(), {"run": {"protocol": config.run.protocol}}).to_dict())))
+    defaults = _flatten(_as_written(cfgmod.merge(cfgmod.RunConfig(), {"run": {"protocol": config.run.protocol}})))
     for key in sorted(set(stored) | set(now)):
         if key == "run.rounds" or (key not in stored and key in now and key in defaults and _same(now[key], defaults[key])):
             continue
@@ -138,6 +146,11 @@ def _is_number(value: Any) -> bool:
     return type(value) in (int, float)
 
 
+def _is_number_or_null(value: Any) -> bool:
+    """A number, or ``null``: strict JSON's NaN/inf (a diverged loss, an undefined metric)."""
+    return value is None or _is_number(value)
+
+
 #: The keys of a costs.jsonl row that the summary averages.
 _COST_KEYS = ("bytes_per_client", "bytes_up", "bytes_down", "messages", "clients")
 
@@ -156,15 +169,15 @@ def _row_round(line: str, name: str) -> int:
     if type(row.get("round")) is not int:
         raise ValueError(f"'round' must be an integer; found {_short(row.get('round'))}")
     if name == "metrics.jsonl":
-        bad = next((k for k, v in row.items() if not _is_number(v)), None)
+        bad = next((k for k, v in row.items() if not _is_number_or_null(v)), None)
         if bad is not None:
-            raise ValueError(f"{bad!r} must be a number; found {_short(row[bad])}")
+            raise ValueError(f"{bad!r} must be a number (or null); found {_short(row[bad])}")
         return row["round"]
-    bad = next((k for k in _COST_KEYS if k in row and not _is_number(row[k])), None)
+    bad = next((k for k in _COST_KEYS if k in row and not _is_number_or_null(row[k])), None)
     if bad is not None:
-        raise ValueError(f"{bad!r} must be a number; found {_short(row[bad])}")
+        raise ValueError(f"{bad!r} must be a number (or null); found {_short(row[bad])}")
     seconds = row.get("seconds", {})
-    if not isinstance(seconds, dict) or not all(_is_number(v) for v in seconds.values()):
+    if not isinstance(seconds, dict) or not all(_is_number_or_null(v) for v in seconds.values()):
         raise ValueError(f"'seconds' must be a table of party -> seconds; found {_short(seconds)}")
     return row["round"]
 
@@ -344,6 +357,51 @@ def execute(req: RunRequest) -> dict[str, Any]:
 
 
 def _loop(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: str, elapsed: float) -> dict[str, Any]:
+    """Run the rounds and write the summary; Ctrl-C becomes :class:`RunInterrupted` naming ``rd``."""
+    try:
+        return _rounds(req, rd, prep, trainer, run_id, elapsed)
+    except RunInterrupted:
+        raise
+    except KeyboardInterrupt:
+        raise RunInterrupted(rd.path) from None
+
+
+#: A first round slower than this (seconds) prints the time the remaining rounds will take.
+SLOW_ROUND_SECONDS = 30.0
+
+
+def pace_note(round_seconds: float, done: int, rounds: int, now: float | None = None) -> str | None:
+    """The line printed after the first round of this process when it took more than
+    :data:`SLOW_ROUND_SECONDS`: its time, and the remaining rounds' time at that pace (``None`` if it was
+    faster or no round remains).
+
+    Why measured and not predicted: a round's cost depends on the protocol (how many secure sums,
+    over how many clients, how wide, with which neighbourhood k), the runtime (in process or Flower)
+    and the machine's load; only the protocol knows the first two, so a cost model in the run loop
+    would be wrong for most of them. The first round is measured under the real conditions, and the
+    progress bar keeps the estimate current from there.
+    """
+    left = rounds - done
+    if round_seconds <= SLOW_ROUND_SECONDS or left <= 0:
+        return None
+    import datetime as _dt
+
+    now = time.time() if now is None else now
+    eta = _dt.datetime.fromtimestamp(now + left * round_seconds, _dt.timezone.utc).strftime("%H:%M UTC")
+    return (f"round {done} took {_duration(round_seconds)}; the {left} remaining round{'s' * (left != 1)} will take "
+            f"about {_duration(left * round_seconds)} at that pace (until about {eta}). Ctrl-C stops safely; "
+            "--resume continues.")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: str, elapsed: float) -> dict[str, Any]:
     run = _Run(req, rd, prep, trainer, run_id)
     cfg, rounds = req.config, run.rounds
     if trainer.transport is not None and not rd.file("transcript.csv").exists():
@@ -356,13 +414,17 @@ def _loop(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: str
     stopped = None
     try:
         for r in range(start, rounds):
+            tr = time.perf_counter()
             try:
                 row = run.round(r, t0)
             except BudgetExceededError as exc:
                 stopped = f"stopped before round {r + 1}: {exc}"
                 break
-            bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k in ("loss", *follow)})
+            bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k in ("loss", *follow) and v is not None})
             bar.update(1)
+            note = pace_note(time.perf_counter() - tr, r + 1, rounds) if r == start else None
+            if note is not None:
+                bar.write(f"note: {note}", file=sys.stderr)
     finally:
         bar.close()
     train_seconds = time.perf_counter() - t0
@@ -456,7 +518,8 @@ def _plot(rd: RunDir, history: list[dict[str, Any]], title: str, keys: tuple[str
     rows = [h for h in history if keys[0] in h]
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in keys:
-        ax.plot([h["round"] for h in rows], [h[key] for h in rows], marker="o", label=key)
+        pts = [(h["round"], h[key]) for h in rows if isinstance(h.get(key), (int, float))]
+        ax.plot([r for r, _ in pts], [v for _, v in pts], marker="o", label=key)
     ax.set_xlabel("round")
     ax.set_ylabel("metric")
     ax.set_title(title)

@@ -12,27 +12,35 @@ A protocol module registers itself when imported::
 and its module path is listed in :data:`PROTOCOL_MODULES` (explicit, no import-time discovery).
 ``secagg run``, ``--resume``, the reports and the attacks look protocols up here; nothing in
 ``experiments/`` dispatches on a protocol's name.
+
+Importing this module is cheap (no torch, numpy or protocol module): ``secagg --help`` lists
+:data:`BUILTIN_PROTOCOLS` without importing them.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from protocols.transport import InProcessTransport
-from recmodels.data import Interactions
-from recmodels.splits import Split
+if TYPE_CHECKING:  # annotations only: importing them would load numpy for every help text
+    from protocols.transport import InProcessTransport
+    from recmodels.data import Interactions
+    from recmodels.splits import Split
 
 __all__ = [
+    "BUILTIN_PROTOCOLS",
     "PROTOCOL_MODULES",
     "BuildContext",
     "DeviceSplit",
     "Exchanges",
     "ProtocolSpec",
     "all_protocols",
+    "did_you_mean",
     "get_protocol",
+    "protocol_names",
     "register",
     "sections",
 ]
@@ -47,6 +55,13 @@ PROTOCOL_MODULES: tuple[str, ...] = (
     "protocols.fel",
     "protocols.sttfedrec",
     "protocols.fedfast",
+)
+
+#: The names the modules of :data:`PROTOCOL_MODULES` register, in registration order, for help texts
+#: that must not import them (tests/experiments/test_plugins.py checks it against the registry).
+BUILTIN_PROTOCOLS: tuple[str, ...] = (
+    "itempop", "random", "centralized", "fedavg", "fedmf", "lightfr", "fedcl", "fedcl-central", "fel",
+    "sttfedrec", "fl-twotower", "centralized-twotower", "fedfast",
 )
 
 TASKS = ("ranking", "rating")
@@ -216,11 +231,25 @@ def all_protocols() -> dict[str, ProtocolSpec]:
     return dict(_REGISTRY)
 
 
+def protocol_names() -> tuple[str, ...]:
+    """The protocol names known without importing any protocol module: the built-ins, then whatever
+    is registered already."""
+    return BUILTIN_PROTOCOLS + tuple(n for n in _REGISTRY if n not in BUILTIN_PROTOCOLS)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` (difflib), or ``""`` if none is close."""
+    by_lower = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+
+
 def get_protocol(name: str) -> ProtocolSpec:
     """The spec registered as ``name``; an unknown name lists the known ones."""
     protocols = all_protocols()
     if name not in protocols:
-        raise ValueError(f"unknown protocol {name!r}; registered protocols: {', '.join(protocols)}")
+        raise ValueError(f"unknown protocol {name!r}{did_you_mean(name, protocols)}; registered protocols: "
+                         f"{', '.join(protocols)}")
     return protocols[name]
 
 

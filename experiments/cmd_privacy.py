@@ -12,7 +12,10 @@
   entries of cohort ``user:<u>``, e.g. FedCL's embeddings) it also states each user's epsilon as
   the ledger composes it and as the clients counted it themselves (``clients_ldp``: median and
   max of each; the clients' counts come from the checkpoint of an in-process run, whose trainer
-  plays every client; on Flower they stay on the nodes), and where the two may differ.
+  plays every client; on Flower they stay on the nodes), and where the two may differ. Every report
+  ends with what was spent "in words" (:mod:`experiments.privacy_text`): the releases without DP by
+  name, each cohort's (FEL: each leaf's and the over-arch's) epsilon, the per-user local-DP epsilon
+  (median and max, basic composition and the protocol's tightest figure) and the overall guarantee.
 
 ``--json`` prints one JSON object as the last line of stdout with at least ``epsilon`` (the
 tightest available), ``accountant`` (which one gave it), ``epsilon_rdp``, ``order``, ``delta`` and
@@ -253,6 +256,7 @@ def _report(args: argparse.Namespace) -> int:
     from dp.errors import LedgerError
     from dp.events import NonPrivate
     from dp.ledger import PrivacyLedger
+    from experiments.privacy_text import describe_spent
 
     try:
         ledger = PrivacyLedger(path)
@@ -268,6 +272,7 @@ def _report(args: argparse.Namespace) -> int:
         cohorts = ledger.spent_by_cohort(delta)
         extra = _protocol_report(ident.get("protocol") if isinstance(ident, dict) else None, ledger, delta)
         clients_ldp = _clients_ldp(run_dir, entries)
+        words = describe_spent(ledger, delta, extra, use_pld=not args.no_pld)
     png = run_dir / "privacy.png"
     _plot(history, rep, delta, png)
     payload = rep.to_dict() | {
@@ -300,6 +305,9 @@ def _report(args: argparse.Namespace) -> int:
                          f"epsilon {worst[1].epsilon:.6g}")
     if clients_ldp is not None:
         human += _clients_ldp_lines(clients_ldp)
+    human.append("in words:")
+    human += [f"  {part[0].upper()}{part[1:]}." for part in words["parts"]]
+    payload["in_words"] = words["parts"]
     human.append(f"wrote {png}")
     return _emit(payload, human, args.json)
 

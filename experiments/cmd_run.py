@@ -196,7 +196,8 @@ def _main(args: argparse.Namespace) -> int:
         print(_format_metrics("rating" if "RMSE" in summary["metrics"] else "sampled", summary["metrics"]))
     if summary["metrics_full"]:
         print(_format_metrics("full", summary["metrics_full"]))
-    print(f"privacy   {summary['privacy']['statement']}")
+    for i, part in enumerate(summary["privacy"].get("parts") or [summary["privacy"]["statement"]]):
+        print(f"{'privacy' if i == 0 else '':<10}{part}")
     print(f"seconds {summary['seconds']:.1f}  bytes/client/round {summary['bytes_per_client_per_round']:.0f}  run dir {summary['run_dir']}")
     if args.json:
         print(jsonio.dumps(summary, sort_keys=True))

@@ -247,29 +247,33 @@ class _Run:
 
     # -- privacy ---------------------------------------------------------------------------------
     def privacy(self) -> dict[str, Any]:
+        """The summary's ``privacy`` block; ``statement`` says in words what every release spent
+        (:func:`experiments.privacy_text.describe_spent`)."""
+        from experiments.privacy_text import describe_spent
+
         entries = self.ledger.entries()
         noisy = [e for e in entries if not isinstance(e.event, (NoOp, NonPrivate))]
-        unprotected = [e for e in entries if isinstance(e.event, NonPrivate)]
+        spec = self.spec
+        # The protocol's own report keys (FEL: each leaf and the over-arch), cheap ones only: FedCL's
+        # per-user PLD figure is left to `secagg privacy report` (one PLD per upload pattern).
+        extra = {}
+        if entries and spec.privacy_report is not None and not any((e.cohort or "").startswith("user:") for e in entries):
+            extra = spec.privacy_report(self.ledger, self.delta)
+        words = describe_spent(self.ledger, self.delta, extra)
         out: dict[str, Any] = {
             "ledger": LEDGER,
             "releases": len(entries),
             "dp_noise": bool(noisy),
             "reproducible_from_seed": not noisy,
             "delta": self.delta,
+            "epsilon": words["epsilon"],
+            "statement": words["statement"],
+            "parts": words["parts"],
         }
-        if not entries:
-            out.update(epsilon=0.0, statement="nothing derived from private data was released (no rounds ran)")
-        elif unprotected:
-            out.update(
-                epsilon=None,
-                unprotected=True,
-                statement=f"epsilon is infinite: the run released {unprotected[0].what} without differential "
-                "privacy (see the ledger)",
-            )
-        else:
-            rep = self.ledger.spent(self.delta)
-            out.update(epsilon=rep.epsilon, accountant=rep.accountant,
-                       statement=f"({rep.epsilon:.4g}, {self.delta:g})-DP by the {rep.accountant} accountant")
+        if words["unprotected"]:
+            out["unprotected"] = True
+        if words["accountant"] is not None:
+            out["accountant"] = words["accountant"]
         return out
 
 

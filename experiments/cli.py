@@ -9,7 +9,10 @@ import-time discovery). Conventions shared by every command:
 * user errors (:class:`experiments.errors.UserError`, or ``ValueError``/``FileNotFoundError`` from a
   lower layer reporting bad input, or :class:`dp.errors.LedgerError` for a damaged or edited
   ``privacy_ledger.sqlite``) print one clear line on stderr and exit 2, without a
-  traceback (``SECAGG_DEBUG=1`` re-raises them with the traceback).
+  traceback (``SECAGG_DEBUG=1`` re-raises them with the traceback);
+* ``--plugin MODULE`` (before or after the sub-command, repeatable) imports a module that registers
+  protocols or attacks before the command runs; installed packages register theirs through entry
+  points (docs/plugins.md).
 
 Help and user errors answer at once: building the parser imports no protocol, torch or scipy (each
 command module imports what it runs inside the function that runs it; a test checks
@@ -47,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Privacy-preserving federated recommendation: secure aggregation, "
         "differential privacy, homomorphic encryption, and the attacks that check them.",
     )
+    parser.add_argument("--plugin", action="append", default=None, metavar="MODULE", dest="plugins_first",
+                        help="import MODULE before the command: it registers protocols or attacks (repeatable; "
+                        "also accepted after the command; docs/plugins.md)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"experiments.{name}")
@@ -60,6 +66,17 @@ def _loaded(module: str, name: str) -> tuple[type, ...]:
     protocols.secure_sum pull in scipy)."""
     mod = sys.modules.get(module)
     return (getattr(mod, name),) if mod is not None else ()
+
+
+def _import_plugins(args: argparse.Namespace) -> None:
+    """Import every ``--plugin`` module (given before or after the sub-command), in order."""
+    modules = list(dict.fromkeys([*(getattr(args, "plugins_first", None) or ()), *(getattr(args, "plugins", None) or ())]))
+    args.plugins = modules
+    if modules:
+        from protocols.registry import import_plugin
+
+        for module in modules:
+            import_plugin(module)
 
 
 def _resume_hint(args: argparse.Namespace, run_dir: object) -> str:
@@ -81,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        _import_plugins(args)
         return int(func(args) or 0)
     except (UserError, ValueError, FileNotFoundError, *_loaded("dp.errors", "LedgerError")) as exc:
         if os.environ.get("SECAGG_DEBUG"):

@@ -36,6 +36,7 @@ PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = (
     "attack_sttfedrec",
     "attack_fedfast",
     "attack_fel",
+    "attack_rundir",  # any protocol's registered, scored attack on a run directory (plugins too)
 )
 
 
@@ -45,7 +46,11 @@ class TrainingFailed(UserError):
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``attack`` and its ``fedmf`` sub-command."""
-    attack = subparsers.add_parser("attack", help="run an attack on a protocol's transcript")
+    attack = subparsers.add_parser(
+        "attack", help="run an attack on a protocol's transcript",
+        description="Attacks on what a protocol's adversary sees. 'secagg attack <protocol>' runs a paper's study "
+        "(train under a defense, attack, score beside random guessing); 'secagg attack run-dir RUN_DIR' runs any "
+        "registered attack with a scorer, a plugin's too, on a run directory's protocol.")
     sub = attack.add_subparsers(dest="attack_target", metavar="TARGET")
     p = sub.add_parser(
         "fedmf",

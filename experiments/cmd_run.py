@@ -20,7 +20,7 @@ from experiments import config as cfgmod
 from experiments import jsonio
 from experiments.errors import UserError
 
-__all__ = ["presets_epilog", "register", "run"]
+__all__ = ["add_plugin_argument", "presets_epilog", "register", "run"]
 
 DEFAULT_PRESET = "fedavg-gmf"
 
@@ -37,6 +37,13 @@ def presets_epilog(width: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def add_plugin_argument(p: argparse.ArgumentParser) -> None:
+    """``--plugin MODULE`` (repeatable) on a sub-command that looks protocols or attacks up."""
+    p.add_argument("--plugin", action="append", default=None, metavar="MODULE", dest="plugins",
+                   help="import MODULE first: it registers protocols or attacks (repeatable; installed "
+                   "packages register theirs through entry points; docs/plugins.md)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from protocols.registry import BUILTIN_PROTOCOLS
 
@@ -47,8 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=fill(
             f"Train and evaluate one configuration. With no preset it runs '{DEFAULT_PRESET}' on the embedded "
-            f"synthetic data. Protocols (run.protocol in a --config file): {', '.join(BUILTIN_PROTOCOLS)}. "
-            "Writes run.json, config.toml, metrics.jsonl, costs.jsonl, "
+            f"synthetic data. Protocols (run.protocol in a --config file): {', '.join(BUILTIN_PROTOCOLS)}, and "
+            "those of plugins. Writes run.json, config.toml, metrics.jsonl, costs.jsonl, "
             "transcript.csv, privacy_ledger.sqlite, checkpoint.safetensors, summary.json and metrics.png "
             "into the run directory."
         ),
@@ -70,7 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-negatives", type=int, metavar="N",
                    help="sampled negatives per held-out item (default 99; 0: full ranking only)")
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/<preset>-<UTC timestamp>)")
-    p.add_argument("--resume", metavar="DIR", help="continue an interrupted run from its last checkpoint")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue an interrupted run from its last checkpoint (its plugins are imported again)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
@@ -81,6 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="torch intra-op threads (default 1: the simulation's many small ops lose more to thread "
         "hand-offs than they gain; measured 0.47 vs 3.7 CPU-s per FedAvg round on a loaded 2-core machine)",
     )
+    add_plugin_argument(p)
     p.set_defaults(func=_main)
 
 
@@ -134,6 +143,7 @@ def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
                 or args.eval_negatives is not None or args.out or getattr(args, "eval_every", None) is not None):
             raise UserError("--resume continues a run with its saved config; only --rounds may be changed")
         rd = RunDir.open_existing(Path(args.resume))
+        _import_run_plugins(rd)
         config = cfgmod.load_config_file(rd.file("config.toml"))
         preset = rd.read_json("run.json").get("preset", "custom")
         if not isinstance(preset, str):
@@ -161,6 +171,23 @@ def _did_you_mean(word: str, choices: Any) -> str:
     return did_you_mean(word, choices)
 
 
+def _import_run_plugins(rd: Any) -> None:
+    """Import the plugin modules a run directory's ``run.json`` records (``--resume``, ``secagg attack
+    run-dir``); refuse in words when one is missing here."""
+    from protocols.registry import PluginError, import_plugin
+
+    plugins = rd.read_json("run.json").get("plugins", [])
+    if not isinstance(plugins, list) or not all(isinstance(m, str) for m in plugins):
+        raise UserError(f"{rd.file('run.json')}: 'plugins' must be a list of module names; found {str(plugins)[:60]}")
+    for module in plugins:
+        try:
+            import_plugin(module, source=f"recorded in {rd.file('run.json')}")
+        except PluginError as exc:
+            raise UserError(f"cannot continue {rd.path}: it was made with a protocol or attack from plugin module "
+                            f"{module!r}, which cannot be imported here ({exc.__cause__}). Install the package that "
+                            "provides it (or put it on PYTHONPATH) and run the command again.") from None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Execute ``secagg run`` and return the summary (also written to summary.json)."""
     if args.threads < 1:
@@ -174,6 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return execute(RunRequest(
         preset=preset, config=config, out=Path(args.out) if args.out else None,
         resume=Path(args.resume) if args.resume else None, quiet=args.quiet,
+        plugins=tuple(getattr(args, "plugins", None) or ()),
     ))
 
 

@@ -63,6 +63,7 @@ class RunRequest:
     out: Path | None = None
     resume: Path | None = None
     quiet: bool = False
+    plugins: tuple[str, ...] = ()
 
 
 def main_metric(config: cfgmod.RunConfig) -> tuple[str, ...]:
@@ -277,6 +278,15 @@ class _Run:
         return out
 
 
+def run_plugins(req: RunRequest) -> list[str]:
+    """The plugin modules run.json records, for ``--resume`` (and ``secagg attack run-dir``) to import
+    again: every ``--plugin`` module, and the entry-point module that registered the run's protocol."""
+    from protocols.registry import plugin_of
+
+    origin = plugin_of(req.config.run.protocol)
+    return list(dict.fromkeys([*req.plugins, *([origin] if origin else [])]))
+
+
 def _build(req: RunRequest, prep: Prepared):
     cfg = req.config
     transport = InProcessTransport(Transcript()) if cfg.spec.federated else None
@@ -300,6 +310,7 @@ def _open(req: RunRequest, prep: Prepared, trainer: Any) -> tuple[RunDir, str, f
         rd.write_json("run.json", {
             "preset": req.preset, "run_id": run_id, "protocol": cfg.run.protocol,
             "config": cfg.to_dict(), "data_files": data_fingerprint(cfg.data.source), "versions": _versions(),
+            "plugins": run_plugins(req),
         })
         rd.write_text("config.toml", cfgmod.to_toml(cfg))
         return rd, run_id, 0.0

@@ -13,6 +13,8 @@ protocol, including a plugin's, in the same sentences:
 * local DP on each user's uploads (``user:<u>`` cohorts): epsilon per upload, uploads per user and
   the per-user epsilon, median and max (basic composition here; the protocol's report, e.g.
   FedCL's ``per_user``, adds the tightest accountant's figure);
+* the premise the protocol's report states, if any (``noise_assumption``: FEL's collusion bound on
+  distributed noise);
 * the overall guarantee: ``(epsilon, delta)``-DP for the worst-off user by the accountant named, or
   infinite with the reason.
 """
@@ -181,6 +183,9 @@ def describe_spent(ledger: Any, delta: float, protocol_extra: dict[str, Any] | N
     ldp = _ldp_part(entries, extra.get("per_user") if isinstance(extra.get("per_user"), dict) else None)
     if ldp:
         parts.append(ldp)
+    assumption = extra.get("noise_assumption")  # a protocol's stated premise (FEL: the collusion bound)
+    if isinstance(assumption, str) and assumption:
+        parts.append(f"this accounting assumes: {assumption}")
     if unprotected:
         epsilon, accountant = None, None
         overall = ("overall: epsilon is infinite (no DP bound covers the "

@@ -145,3 +145,16 @@ def test_secure_sums_without_noise_are_named_as_not_private(tmp_path: Path, caps
     assert privacy["parts"][0].startswith("released WITHOUT differential privacy")
     assert "no DP noise" in privacy["parts"][0]  # the release's own words: summed securely, but not DP
     assert privacy["parts"][-1].startswith("overall: epsilon is infinite")
+
+
+def test_a_protocols_stated_assumption_is_part_of_the_words(tmp_path: Path, capsys) -> None:
+    """A protocol's report may state the premise of its accounting (``noise_assumption``, e.g. FEL's
+    collusion bound on distributed noise): the words carry it, before the overall figure."""
+    from dp.ledger import PrivacyLedger
+    from experiments.privacy_text import describe_spent
+
+    out, report, printed, text = run(tmp_path, capsys, "fel-dp", TINY)
+    with PrivacyLedger(out / "privacy_ledger.sqlite") as ledger:
+        words = describe_spent(ledger, 1e-5, {**report, "noise_assumption": "at most 1 client colludes"})
+    assert words["parts"][-2] == "this accounting assumes: at most 1 client colludes"
+    assert words["parts"][-1].startswith("overall: (")

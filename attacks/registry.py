@@ -15,6 +15,11 @@ private client state. Scoring against ground truth happens afterwards
 (:mod:`attacks.scoring`), and every score sits beside a random-guess baseline. The common result
 shape of ``secagg attack ... --json`` is ``attack.{f1, precision, recall, random_f1, status}``
 plus keys of the attack's own.
+
+Plugins (docs/plugins.md) register attacks the same way from their own module, imported by
+``secagg --plugin MODULE`` or as an entry point of the group :data:`ATTACK_ENTRY_POINTS`
+(``secagg_fedrec.attacks``), which the first lookup imports after :data:`ATTACK_MODULES`. An attack
+with a ``score`` runs on any run directory of its protocol: ``secagg attack run-dir RUN_DIR``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ATTACK_MODULES", "AttackSpec", "all_attacks", "attacks_for", "get_attack", "register_attack"]
+__all__ = ["ATTACK_ENTRY_POINTS", "ATTACK_MODULES", "AttackSpec", "all_attacks", "attacks_for", "get_attack",
+           "register_attack"]
 
 #: Modules that register attacks, imported on the first lookup.
 ATTACK_MODULES: tuple[str, ...] = (
@@ -35,6 +41,9 @@ ATTACK_MODULES: tuple[str, ...] = (
     "attacks.fedfast",
     "attacks.fel",
 )
+
+#: Entry-point group of installed plugins that register attacks (each entry point names a module).
+ATTACK_ENTRY_POINTS = "secagg_fedrec.attacks"
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,10 @@ class AttackSpec:
         view: the adversary whose view it consumes (``"server"``, ``"rs"``, ``"sas"``, ...).
         run: ``run(view, public, **options) -> inferences``.
         summary: one line for help texts and reports.
+        score: optional ``score(inferences, train, public) -> dict`` against the ground truth
+            ``train`` (the run's training :class:`recmodels.data.Interactions`, dense ids), returning
+            at least ``f1``, ``precision``, ``recall``, ``random_f1`` and ``status``; with it the attack
+            runs on any run directory of its protocol (``secagg attack run-dir``).
     """
 
     protocol: str
@@ -54,6 +67,7 @@ class AttackSpec:
     view: str
     run: Callable[..., Any]
     summary: str = ""
+    score: Callable[..., dict[str, Any]] | None = None
 
 
 _REGISTRY: dict[tuple[str, str], AttackSpec] = {}
@@ -74,6 +88,9 @@ def _load() -> None:
         for module in ATTACK_MODULES:
             importlib.import_module(module)
         _loaded = True
+        from protocols.registry import load_entry_points
+
+        load_entry_points(ATTACK_ENTRY_POINTS)
 
 
 def all_attacks() -> list[AttackSpec]:
@@ -92,6 +109,9 @@ def get_attack(protocol: str, name: str) -> AttackSpec:
     _load()
     spec = _REGISTRY.get((protocol, name))
     if spec is None:
-        known = ", ".join(a.name for a in attacks_for(protocol)) or "none"
-        raise ValueError(f"unknown attack {name!r} on {protocol!r}; registered: {known}")
+        from protocols.registry import did_you_mean
+
+        names = [a.name for a in attacks_for(protocol)]
+        raise ValueError(f"unknown attack {name!r} on {protocol!r}{did_you_mean(name, names)}; registered: "
+                         f"{', '.join(names) or 'none'}")
     return spec

@@ -32,17 +32,16 @@ def load_attack_data(
     ``clip(items // items_per_interaction, 3, 20)`` interactions per user, generated from
     ``args.seed`` with ``dim`` latent factors; sizes below ``min_users``/``min_items`` are refused.
     """
-    from recmodels.data import filter_min_interactions
-
     if args.data is None:
-        from recmodels.synthetic import generate_synthetic
-
         if args.users < min_users or args.items < min_items:
             raise UserError(
                 f"--users must be >= {min_users} and --items >= {min_items}; found {args.users}, {args.items}."
             )
+        from recmodels.synthetic import generate_synthetic
+
         return generate_synthetic(n_users=args.users, n_items=args.items, dim=dim, seed=args.seed,
                                   mean_interactions=max(3, min(20, args.items // items_per_interaction)))
+    from recmodels.data import filter_min_interactions
     from recmodels.loaders import load_interactions
 
     return filter_min_interactions(load_interactions(args.data), min_user=2)

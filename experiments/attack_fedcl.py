@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from experiments import jsonio
 from experiments.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
@@ -84,6 +82,7 @@ def _privacy(epsilon: float, count: int) -> dict[str, Any]:
 
 
 def _train(args: argparse.Namespace, split: Any, epsilon: float) -> Any:
+    import numpy as np
     import torch
 
     from protocols.fedcl import FedCL, FedCLConfig
@@ -101,6 +100,7 @@ def _train(args: argparse.Namespace, split: Any, epsilon: float) -> Any:
 
 
 def _attack(model: Any, split: Any, uploads: int, k: int) -> dict[str, Any]:
+    import numpy as np
     import torch
 
     from attacks.fedcl import embedding_topk_attack, score, server_view, topk_items
@@ -148,7 +148,7 @@ def _main(args: argparse.Namespace) -> int:
     print(f"  composed epsilon of those uploads: {pv['epsilon']:.3f} ({pv['accountant']}, delta {LDP_DELTA:g}); "
           f"basic {pv['epsilon_basic']:g}")
     if args.json:
-        print(json.dumps(out))
+        print(jsonio.dumps(out))
     return 0
 
 
@@ -178,12 +178,13 @@ def _sweep(args: argparse.Namespace, split: Any) -> int:
     _plot(rows, uploads, args.k, out_dir / "sweep.png")
     print("\n".join(lines))
     if args.json:
-        print(json.dumps({"rows": rows, "out_dir": str(out_dir)}))
+        print(jsonio.dumps({"rows": rows, "out_dir": str(out_dir)}))
     return 0
 
 
 def _plot(rows: list[dict[str, Any]], uploads: tuple[int, ...], k: int, path: Path) -> None:
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -13,12 +13,10 @@ variant (SecAgg+). ``--json`` prints one object (last line of stdout) with ``"at
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
-import numpy as np
-
+from experiments import jsonio
 from experiments.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
@@ -97,5 +95,5 @@ def _main(args: argparse.Namespace) -> int:
     if a["changed_set_f1"] is not None:
         print(f"  guessing all of I_k: F1 {a['changed_set_f1']:.3f}")
     if args.json:
-        print(json.dumps(out, default=lambda v: float(v) if isinstance(v, np.floating) else str(v)))
+        print(jsonio.dumps(out, default=str))
     return 0

@@ -24,15 +24,16 @@ mechanism's own tight bound) and ``respects_bound`` (the advantage's lower 95% l
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from experiments import jsonio
 from experiments.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
+
+if TYPE_CHECKING:  # numpy is imported where used, so that --help stays fast
+    import numpy as np
 
 __all__ = ["canary_worlds", "register", "run_attack"]
 
@@ -44,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="label inference on FEL's per-leaf aggregates, with and without DP",
         description="Run many short FEL trainings in two worlds (a target user trained on canary set S0 or "
         "S1), attack the server's view of the target's leaf, and report the attack advantage TPR - FPR with "
-        "its 95%% interval beside the bound (e^eps - 1 + 2 delta) / (e^eps + 1) that DP imposes.",
+        "its 95% interval beside the bound (e^eps - 1 + 2 delta) / (e^eps + 1) that DP imposes.",
     )
     p.add_argument("--defense", choices=("none", "dp"), default="none",
                    help="none: FEL without DP; dp: DP-FedAvg per leaf calibrated to --epsilon")
@@ -66,6 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def canary_worlds(base: Any, k: int) -> tuple[Any, Any, int, np.ndarray, np.ndarray]:
     """``(train0, train1, target, S0, S1)``: ``base`` plus 2k canary items and a target user on ``S_b``."""
+    import numpy as np
+
     from recmodels.data import Interactions
 
     n_users, n_items = base.n_users, base.n_items
@@ -119,6 +122,8 @@ def _config(args: argparse.Namespace) -> Any:
 
 def run_attack(args: argparse.Namespace, data: Any) -> dict[str, Any]:
     """Train ``2 x trials`` short FEL runs in alternating worlds and score the attack; a JSON-ready dict."""
+    import numpy as np
+
     from attacks.fel import (
         advantage, dp_advantage_bound, gdp_advantage_bound, label_change_epsilon, label_inference, server_view,
     )
@@ -185,6 +190,7 @@ def _noise_multiplier(events: list[Any]) -> float | None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    _check(args)  # bad flags are refused before torch and the protocols load
     out = run_attack(args, load_attack_data(args, min_users=8, min_items=10, items_per_interaction=20))
     a = out["attack"]
     eps = "inf" if out["epsilon"] is None else f"{out['epsilon']:.3f}"
@@ -195,5 +201,5 @@ def _main(args: argparse.Namespace) -> int:
     print(f"  leaf epsilon {eps}; bound at the label-change epsilon: {out['bound']:.3f} "
           f"(Gaussian's own: {out['gdp_bound']:.3f})")
     if args.json:
-        print(json.dumps(out))
+        print(jsonio.dumps(out))
     return 0

@@ -12,14 +12,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from experiments import jsonio
 from experiments.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
+
+if TYPE_CHECKING:  # numpy is imported where used, so that --help stays fast
+    import numpy as np
 
 __all__ = ["register", "run_attack"]
 
@@ -47,6 +48,8 @@ def _load(args: argparse.Namespace) -> Any:
 
 def run_attack(args: argparse.Namespace, data: Any, defense: str) -> dict[str, Any]:
     """Train one round under ``defense`` and attack it; a JSON-ready dict."""
+    import numpy as np
+
     from attacks.lightfr import code_agreement, exact_up_to_reflection, one_upload_attack, score, server_view
     from protocols.lightfr import LightFR, LightFRConfig
     from protocols.transport import SERVER, InProcessTransport, Transcript
@@ -85,6 +88,8 @@ def run_attack(args: argparse.Namespace, data: Any, defense: str) -> dict[str, A
 
 
 def bc_random(rng: np.random.Generator, f: int) -> np.ndarray:
+    import numpy as np
+
     return np.where(rng.random(f) < 0.5, -1.0, 1.0)
 
 
@@ -100,5 +105,5 @@ def _main(args: argparse.Namespace) -> int:
           f"exact up to the r <-> 1-r reflection {fmt(a['exact_match_up_to_reflection'])}")
     print(f"  code bits up to sign {fmt(a['code_agreement'])} (random {fmt(a['random_code_agreement'])})")
     if args.json:
-        print(json.dumps(out))
+        print(jsonio.dumps(out))
     return 0

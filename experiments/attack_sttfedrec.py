@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from experiments import jsonio
 from experiments.errors import UserError
 
 __all__ = ["register", "run", "run_chain_collusion"]
@@ -105,6 +103,8 @@ def run(args: argparse.Namespace, *, defense: str, rho: float, rounds: int) -> d
 
 def run_many(args: argparse.Namespace, *, defense: str, rho: float, rounds: tuple[int, ...]) -> list[dict[str, Any]]:
     """Train once to ``max(rounds)`` and attack RS's view of the first ``r`` rounds for each ``r``."""
+    import numpy as np
+
     from attacks.registry import get_attack
     from attacks.sttfedrec import requests_by_client
     from attacks.scoring import score_sets
@@ -163,6 +163,8 @@ def run_many(args: argparse.Namespace, *, defense: str, rho: float, rounds: tupl
 def run_chain_collusion(args: argparse.Namespace) -> dict[str, Any]:
     """Train, re-run the last round's chain keeping SAS's view, attack the victim; a JSON-ready dict."""
     import os
+
+    import numpy as np
 
     from attacks.sttfedrec import ChainView, chain_collusion_attack, ring_neighbours
     from protocols.sttfedrec import STTFedRec
@@ -253,7 +255,7 @@ def _main(args: argparse.Namespace) -> int:
             print(f"    {r['colluders']} colluders: exact {r['exact']}, {r['coords_exact']:.3f} of values exact, "
                   f"relative error {r['rel_error']:.3g}")
         if args.json:
-            print(json.dumps(out))
+            print(jsonio.dumps(out))
         return 0
     out = run(args, defense=args.defense, rho=args.rho, rounds=args.rounds)
     a = out["attack"]
@@ -262,7 +264,7 @@ def _main(args: argparse.Namespace) -> int:
     print(f"  F1 {a['f1']:.3f} (random {a['random_f1']:.3f}, every requested id {a['requested_f1']:.3f})  "
           f"precision {a['precision']:.3f}  recall {a['recall']:.3f}  model HR@10 {out['HR@10']:.3f}")
     if args.json:
-        print(json.dumps(out))
+        print(jsonio.dumps(out))
     return 0
 
 
@@ -278,7 +280,7 @@ def _sweep(args: argparse.Namespace) -> int:
                     k: round(out["attack"][k], 4) for k in ("f1", "precision", "recall", "random_f1", "requested_f1")},
                     "HR@10": round(out["HR@10"], 4),
                     "train_bytes_per_client_per_round": round(out["train_bytes_per_client_per_round"])})
-                print(json.dumps(rows[-1]), file=sys.stderr)
+                print(jsonio.dumps(rows[-1]), file=sys.stderr)
     with open(args.sweep / "sweep.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
@@ -306,5 +308,5 @@ def _sweep(args: argparse.Namespace) -> int:
     plt.close(fig)
     print(f"wrote {args.sweep / 'sweep.csv'} and sweep.png")
     if args.json:
-        print(json.dumps({"rows": rows}))
+        print(jsonio.dumps({"rows": rows}))
     return 0

@@ -46,9 +46,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-from secagg.params import DEFAULT_CORRUPT
+from experiments import jsonio
+from secagg.defaults import DEFAULT_CORRUPT
 
 __all__ = ["FLOWER_HARNESS", "bench", "bench_client_masking", "register"]
 
@@ -67,17 +66,20 @@ def _fraction(text: str) -> float:
     return value
 
 
+#: :data:`secagg.runner.PROTOCOLS` (and ``chain``), named here so that ``--help`` need not import the
+#: runner (tests/experiments/test_cli_fast.py checks that they agree).
+BENCH_PROTOCOLS = ("chain", "plain", "secagg", "secagg+")
+
+
 def register(bench_subparsers: argparse._SubParsersAction) -> None:
     """Add ``aggregation`` to ``secagg bench``."""
-    from secagg.runner import PROTOCOLS
-
     p = bench_subparsers.add_parser(
         "aggregation",
         help="time one secure aggregation (client/server seconds, bytes, PRG bound, Flower)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--protocol", choices=sorted(set(PROTOCOLS) | {"chain"}), default="secagg+")
+    p.add_argument("--protocol", choices=BENCH_PROTOCOLS, default="secagg+")
     p.add_argument("--clients", type=_positive_int, default=100, help="number of clients n (default 100)")
     p.add_argument("--dim", type=_positive_int, default=10_000, help="vector length d (default 10000)")
     p.add_argument("--dropout", type=_fraction, default=0.0,
@@ -173,6 +175,8 @@ def bench(
     corrupt: float = DEFAULT_CORRUPT, unsafe_threshold: bool = False,
 ) -> dict:
     """Run the benchmark and return the JSON-able result (see the module docstring)."""
+    import numpy as np
+
     from secagg.encoding import FixedPoint, check_budget
     from secagg.runner import INPUT_STAGE, PROTOCOLS, RunSpec, run
 
@@ -257,6 +261,8 @@ def bench_client_masking(
     dropout: float = 0.0, corrupt: float = DEFAULT_CORRUPT, unsafe_threshold: bool = False,
 ) -> dict:
     """Time one client's masking stage (open shares, self mask, k pairwise masks) at full scale."""
+    import numpy as np
+
     from secagg.bonawitz import MaskingClient, MaskingConfig, MaskingServer, make_pki
 
     if protocol not in ("secagg", "secagg+"):
@@ -327,7 +333,7 @@ def _main(args: argparse.Namespace) -> int:
         for key, val in res.items():
             print(f"{key:<20}  {val:.6g}" if isinstance(val, float) else f"{key:<20}  {val}")
         if args.json:
-            print(json.dumps(res))
+            print(jsonio.dumps(res))
         return 0
     out = bench(args.protocol, args.clients, args.dim, args.dropout, k=args.k, t=args.t, seed=args.seed,
                 corrupt=args.corrupt, unsafe_threshold=args.unsafe_threshold)
@@ -347,7 +353,7 @@ def _main(args: argparse.Namespace) -> int:
         shown = f"{val:.6g}" if isinstance(val, float) else str(val)
         print(f"{key:<{width}}  {shown}")
     if args.json:
-        print(json.dumps(out))
+        print(jsonio.dumps(out))
     return 0 if out["correct"] or out["abort"] else 1
 
 

@@ -9,19 +9,13 @@ the same data (the plaintext, non-federated baseline).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
-import torch
-
+from experiments import jsonio
 from experiments import config as cfgmod
-from experiments.prepare import prepare_data
 from experiments.errors import UserError
-from protocols.fedavg import FedAvgGMF
-from recmodels.metrics import evaluate_full, evaluate_sampled
-from recmodels.train import CentralTrainer
 
 __all__ = ["register", "bench"]
 
@@ -41,6 +35,13 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
 
 
 def bench(data: str, rounds: int, threads: int) -> dict:
+    import torch
+
+    from experiments.prepare import prepare_data
+    from protocols.fedavg import FedAvgGMF
+    from recmodels.metrics import evaluate_full, evaluate_sampled
+    from recmodels.train import CentralTrainer
+
     torch.set_num_threads(threads)
     config = cfgmod.merge(cfgmod.load_preset("fedavg-gmf"), {"data": {"source": data}})
     prep = prepare_data(config)
@@ -91,5 +92,5 @@ def _main(args: argparse.Namespace) -> int:
         f"full {result['eval_full_s']:.3f} s; centralised epoch {result['centralized_epoch_s']:.3f} s"
     )
     if args.json:
-        print(json.dumps(result, sort_keys=True))
+        print(jsonio.dumps(result, sort_keys=True))
     return 0

@@ -56,15 +56,17 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import sys
 import time
+from typing import TYPE_CHECKING
 
-import numpy as np
-
+from experiments import jsonio
 from experiments.bench_aggregation import _fraction, _guarantees, _positive_int
-from secagg.params import DEFAULT_CORRUPT, DEFAULT_DROPOUT
+from secagg.defaults import DEFAULT_CORRUPT, DEFAULT_DROPOUT
+
+if TYPE_CHECKING:  # numpy is imported where used, so that --help stays fast
+    import numpy as np
 
 __all__ = ["bench_flower", "register"]
 
@@ -102,11 +104,15 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
 
 
 def _update(seed: int, nid: int, dim: int) -> np.ndarray:
+    import numpy as np
+
     return np.random.default_rng([seed, nid]).uniform(-1.0, 1.0, dim).astype(np.float32)  # CSPRNG-OK: data
 
 
 def _run_side(side: str, n: int, dim: int, k: int, t: int, dropped: set[int], seed: int, unsafe: bool,
               plan: float) -> dict:
+    import numpy as np
+
     from flwr.client import ClientApp, NumPyClient
     from flwr.client.mod import secaggplus_mod
     from flwr.server.workflow import SecAggPlusWorkflow
@@ -194,6 +200,8 @@ def flower_floor(n: int, dim: int, k: int, t: int, dropped: int, *, reps: int = 
     """
     import os
 
+    import numpy as np
+
     from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
     from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
     from flwr.common.secure_aggregation.ndarrays_arithmetic import parameters_addition
@@ -247,6 +255,8 @@ def bench_flower(
     plan_dropout: float | None = None, floor: bool = False,
 ) -> dict:
     """Run the side-by-side benchmark and return the JSON-able result (see the module docstring)."""
+    import numpy as np
+
     try:
         import flwr
     except ImportError as exc:
@@ -299,5 +309,5 @@ def _main(args: argparse.Namespace) -> int:
     for key, val in out.items():
         print(f"{key:<{width}}  {f'{val:.6g}' if isinstance(val, float) else val}")
     if args.json:
-        print(json.dumps(out))
+        print(jsonio.dumps(out))
     return 0 if all(out.get(f"{s}_correct", True) for s in ("flower", "ours")) else 1

@@ -17,17 +17,18 @@ printed command. ``--json`` prints one JSON object as the last line of stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from experiments import jsonio
 from experiments.errors import UserError
+
+if TYPE_CHECKING:  # numpy is imported where used, so that --help stays fast
+    import numpy as np
 
 __all__ = ["register", "run", "bench_backend"]
 
@@ -81,6 +82,8 @@ def _bench_pool(grad: np.ndarray, sk: Any, spec: Any, count: int, repeats: int) 
 
 
 def _bench_paillier(grad: np.ndarray, matrix: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
     from secagg.he import (
         InsecureKeySizeWarning,
         PackingSpec,
@@ -124,6 +127,8 @@ def _bench_paillier(grad: np.ndarray, matrix: np.ndarray, args: argparse.Namespa
 
 
 def _bench_phe(grad: np.ndarray, matrix: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
     try:
         from phe import paillier
     except ImportError as exc:  # pragma: no cover - phe is in the dev and bench extras
@@ -149,6 +154,8 @@ def _bench_phe(grad: np.ndarray, matrix: np.ndarray, args: argparse.Namespace) -
 
 
 def _bench_ckks(grad: np.ndarray, matrix: np.ndarray, args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
     from secagg.he.ckks import CKKSContext, decrypt_vector, encrypt_vector, sum_error_bound, sum_vectors
 
     start = time.perf_counter()
@@ -182,6 +189,8 @@ _RUNNERS = {"paillier": _bench_paillier, "phe": _bench_phe, "ckks": _bench_ckks}
 
 def bench_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     """Time one FedMF iteration (encrypt upload, server add, decrypt) with ``backend``."""
+    import numpy as np
+
     rng = np.random.default_rng(args.seed)  # CSPRNG-OK: synthetic gradients and items, not secrets
     grad = rng.normal(scale=0.1, size=(args.items, args.dim))
     matrix = rng.normal(scale=0.5, size=(args.items, args.dim))
@@ -259,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{key}: {summary[key]:.2f}")
     print(summary["note"])
     if args.json:
-        print(json.dumps(summary))
+        print(jsonio.dumps(summary))
     return 0
 
 

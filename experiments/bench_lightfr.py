@@ -23,15 +23,15 @@ is measured over ``--cost-rounds`` rounds and their accuracy is the plaintext ru
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from experiments import jsonio
 from experiments.errors import UserError
-from recmodels import binary_codes as bc
+
+if TYPE_CHECKING:  # numpy is imported where used, so that --help stays fast
+    import numpy as np
 
 __all__ = ["ABLATION", "ablation", "bench", "collapse", "register", "sweep", "vs_fedmf"]
 
@@ -77,6 +77,8 @@ def _time(fn, repeats: int) -> float:
 
 
 def _float_topk(p: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
+    import numpy as np
+
     s = q @ p
     part = np.argpartition(-s, k - 1)[:k]
     return part[np.argsort(-s[part])]
@@ -84,6 +86,10 @@ def _float_topk(p: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
 
 def bench(items: int, bits: int, rated: int, repeats: int, seed: int) -> dict[str, Any]:
     """Storage, per-client bytes and top-10 inference seconds (see the module docstring)."""
+    import numpy as np
+
+    from recmodels import binary_codes as bc
+
     rng = np.random.default_rng(seed)
     b, d = bc.random_codes(1, bits, rng), bc.random_codes(items, bits, rng)
     pb, pd = bc.pack(b[0]), bc.pack(d)
@@ -116,6 +122,8 @@ def bench(items: int, bits: int, rated: int, repeats: int, seed: int) -> dict[st
 
 def collapse(lams: tuple[float, ...] = (0.0, 0.2, 0.6, 1.0), rounds: int = 10, seed: int = 0) -> list[dict[str, Any]]:
     """Item-code collapse at the paper's lambda, raw versus scaled (synthetic data, Agg_grad, f = 64)."""
+    import numpy as np
+
     from protocols.lightfr import LightFR, LightFRConfig
     from recmodels.synthetic import generate_synthetic
 
@@ -216,6 +224,8 @@ def vs_fedmf(users: int, items: int, rounds: int, cost_rounds: int, seed: int) -
     """LightFR (plain, SecAgg+) against FedMF (plain, Paillier, CKKS) on one synthetic data set."""
     import dataclasses
 
+    import numpy as np
+
     from protocols.fedmf import FedMF, FedMFConfig
     from protocols.lightfr import LightFR, rank_metrics
 
@@ -305,5 +315,5 @@ def _main(args: argparse.Namespace) -> int:
                   f"{r['client_seconds_per_round']:.4f} s, server {r['server_seconds_per_round']:.4f} s, "
                   f"HR@10 {r['HR@10']:.4f} NDCG@10 {r['NDCG@10']:.4f} (after {r['accuracy_rounds']} plaintext rounds)")
     if args.json:
-        print(json.dumps(out))
+        print(jsonio.dumps(out))
     return 0

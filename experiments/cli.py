@@ -9,7 +9,14 @@ import-time discovery). Conventions shared by every command:
 * user errors (:class:`experiments.errors.UserError`, or ``ValueError``/``FileNotFoundError`` from a
   lower layer reporting bad input, or :class:`dp.errors.LedgerError` for a damaged or edited
   ``privacy_ledger.sqlite``) print one clear line on stderr and exit 2, without a
-  traceback (``SECAGG_DEBUG=1`` re-raises them with the traceback).
+  traceback (``SECAGG_DEBUG=1`` re-raises them with the traceback);
+* ``--plugin MODULE`` (before or after the sub-command, repeatable) imports a module that registers
+  protocols or attacks before the command runs; installed packages register theirs through entry
+  points (docs/plugins.md).
+
+Help and user errors answer at once: building the parser imports no protocol, torch or scipy (each
+command module imports what it runs inside the function that runs it; a test checks
+``sys.modules`` after ``secagg --help``).
 """
 
 from __future__ import annotations
@@ -20,9 +27,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dp.errors import LedgerError
 from experiments.errors import UserError
-from protocols.secure_sum import SecureSumAborted
 
 __all__ = ["COMMAND_MODULES", "UserError", "build_parser", "main"]
 
@@ -45,11 +50,39 @@ def build_parser() -> argparse.ArgumentParser:
         description="Privacy-preserving federated recommendation: secure aggregation, "
         "differential privacy, homomorphic encryption, and the attacks that check them.",
     )
+    parser.add_argument("--plugin", action="append", default=None, metavar="MODULE", dest="plugins_first",
+                        help="import MODULE before the command: it registers protocols or attacks (repeatable; "
+                        "also accepted after the command; docs/plugins.md)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"experiments.{name}")
         module.register(sub)
     return parser
+
+
+def _loaded(module: str, name: str) -> tuple[type, ...]:
+    """``(module.name,)`` if ``module`` is imported already, else ``()``: an exception class of a module
+    nobody imported cannot have been raised, so the handlers below need not import it (dp.errors and
+    protocols.secure_sum pull in scipy)."""
+    mod = sys.modules.get(module)
+    return (getattr(mod, name),) if mod is not None else ()
+
+
+def _import_plugins(args: argparse.Namespace) -> None:
+    """Import every ``--plugin`` module (given before or after the sub-command), in order."""
+    modules = list(dict.fromkeys([*(getattr(args, "plugins_first", None) or ()), *(getattr(args, "plugins", None) or ())]))
+    args.plugins = modules
+    if modules:
+        from protocols.registry import import_plugin
+
+        for module in modules:
+            import_plugin(module)
+
+
+def _resume_hint(args: argparse.Namespace, run_dir: object) -> str:
+    if getattr(args, "command", None) == "flower":
+        return f"secagg flower simulate --resume {run_dir}"
+    return f"secagg run --resume {run_dir}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,21 +98,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        _import_plugins(args)
         return int(func(args) or 0)
-    except (UserError, ValueError, FileNotFoundError, LedgerError) as exc:
+    except (UserError, ValueError, FileNotFoundError, *_loaded("dp.errors", "LedgerError")) as exc:
         if os.environ.get("SECAGG_DEBUG"):
             raise  # a developer asked for the traceback
         print(f"secagg: error: {exc}", file=sys.stderr)
         return 2
-    except SecureSumAborted as exc:  # a round's secure sum produced nothing (dropouts, the clients' own minimum)
+    except _loaded("protocols.secure_sum", "SecureSumAborted") as exc:  # a secure sum produced nothing
         if os.environ.get("SECAGG_DEBUG"):
             raise
         print(f"secagg: error: {exc}. No sum was released; the run directory keeps every completed round "
               "(--resume continues). If the clients refused, check [clients] min_survivors against the "
               "clients per round.", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("secagg: interrupted; resume with --resume RUN_DIR", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        run_dir = getattr(exc, "run_dir", None)
+        if run_dir is not None:
+            print(f"secagg: interrupted; {run_dir} keeps every completed round: continue with "
+                  f"{_resume_hint(args, run_dir)}", file=sys.stderr)
+        else:
+            print("secagg: interrupted", file=sys.stderr)
         return 130
 
 

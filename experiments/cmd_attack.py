@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from experiments import jsonio
 from experiments.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
@@ -38,6 +36,7 @@ PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = (
     "attack_sttfedrec",
     "attack_fedfast",
     "attack_fel",
+    "attack_rundir",  # any protocol's registered, scored attack on a run directory (plugins too)
 )
 
 
@@ -47,7 +46,11 @@ class TrainingFailed(UserError):
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``attack`` and its ``fedmf`` sub-command."""
-    attack = subparsers.add_parser("attack", help="run an attack on a protocol's transcript")
+    attack = subparsers.add_parser(
+        "attack", help="run an attack on a protocol's transcript",
+        description="Attacks on what a protocol's adversary sees. 'secagg attack <protocol>' runs a paper's study "
+        "(train under a defense, attack, score beside random guessing); 'secagg attack run-dir RUN_DIR' runs any "
+        "registered attack with a scorer, a plugin's too, on a run directory's protocol.")
     sub = attack.add_subparsers(dest="attack_target", metavar="TARGET")
     p = sub.add_parser(
         "fedmf",
@@ -86,6 +89,8 @@ LDP_DELTA = 1e-5
 
 def run_attack(args: argparse.Namespace, data: Any, defense: str, epsilon: float) -> dict[str, Any]:
     """Train FedMF under ``defense`` and attack round 0 of the server's view; a JSON-ready dict."""
+    import numpy as np
+
     from attacks.fedmf import get_attack, score, server_view
     from protocols.fedmf import FedMF, FedMFConfig
     from protocols.transport import SERVER, InProcessTransport, Transcript
@@ -170,7 +175,7 @@ def _main(args: argparse.Namespace) -> int:
     print(f"  F1 {a['f1']:.3f} (random {a['random_f1']:.3f})  precision {a['precision']:.3f}  recall {a['recall']:.3f}")
     print(f"  rating RMSE {rr} (random {a['random_rating_rmse']:.3f})")
     if args.json:
-        print(json.dumps(out))
+        print(jsonio.dumps(out))
     return 0
 
 
@@ -215,12 +220,13 @@ def _sweep(args: argparse.Namespace, data: Any) -> int:
     _plot(rows, out_dir / "sweep.png")
     print("\n".join(lines))
     if args.json:
-        print(json.dumps({"rows": rows, "out_dir": str(out_dir)}))
+        print(jsonio.dumps({"rows": rows, "out_dir": str(out_dir)}))
     return 0
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

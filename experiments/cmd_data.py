@@ -14,9 +14,9 @@ Sub-commands:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from experiments import jsonio
 from experiments.errors import UserError
 
 __all__ = ["register"]
@@ -109,7 +109,7 @@ def _cmd_download(args: argparse.Namespace) -> int:
     except DownloadError as exc:
         raise UserError(str(exc)) from exc
     if args.json:
-        print(json.dumps(result.as_dict(), sort_keys=True))
+        print(jsonio.dumps(result.as_dict(), sort_keys=True))
     else:
         print(result.message())
     return 0
@@ -126,7 +126,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     stats = interaction_stats(data)
     stats["format"] = layout.as_dict()
     if args.json:
-        print(json.dumps(stats, sort_keys=True))
+        print(jsonio.dumps(stats, sort_keys=True))
     else:
         print(data.describe())
         print(f"  read as: {layout.describe()}")
@@ -188,7 +188,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "note": "wall-clock seconds on this machine; noisy under shared load",
     }
     if args.json:
-        print(json.dumps(result, sort_keys=True))
+        print(jsonio.dumps(result, sort_keys=True))
     else:
         print(result["data"])
         print(f"  ItemPop sampled (99 neg): HR@10 {sampled['HR@10']:.4f}  NDCG@10 {sampled['NDCG@10']:.4f}")

@@ -2,7 +2,8 @@
 
 * ``secagg flower simulate PRESET --clients N [--rounds R] [--json]``: Flower's simulation engine
   (Ray backend), one virtual SuperNode per user, reporting like ``secagg run`` (run directory,
-  metrics, costs, ledger, summary.json with a ``runtime`` section);
+  metrics, costs, ledger, summary.json with a ``runtime`` section); ``--resume RUN_DIR`` continues a
+  killed simulation;
 * ``secagg flower partition PRESET --out DIR``: write each client's partition file for a real
   deployment (one SuperNode per ``partition-id``; docs/flower.md has the commands).
 
@@ -14,20 +15,27 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from experiments import jsonio
 from experiments.errors import UserError
 
 __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("flower", help="run a preset on Flower: simulation engine or a SuperLink deployment",
-                              description="Run FedAvg-GMF and FEL (GMF leaves) presets as Flower apps (needs the flower extra: "
-                              "pip install -e '.[flower]'). See docs/flower.md.")
+    p = subparsers.add_parser(
+        "flower", help="run a preset on Flower: simulation engine or a SuperLink deployment",
+        description="Run a preset as Flower apps, each client a SuperNode holding only its own data (needs the "
+        "flower extra: pip install -e '.[flower]'). Every protocol whose parties separate onto devices runs: "
+        "FedAvg-GMF (plaintext, SecAgg, SecAgg+), FEL (GMF or NCF leaves; per-leaf secure aggregation and DP; the "
+        "FL over-arch), and LightFR, FedMF, FedCL, FedFast, STTFedRec and FL-DSSM/CLSM as named exchanges (their "
+        "secure steps through SecAgg, SecAgg+ or the chain inside Flower). A configuration that does not separate is "
+        "refused in words before anything starts. 'simulate' runs Flower's simulation engine (Ray) into a run "
+        "directory like secagg run, resumable with --resume; 'partition' writes the per-client files of a "
+        "SuperLink/SuperNode deployment. See docs/flower.md.")
     sub = p.add_subparsers(dest="flower_command", metavar="COMMAND")
     sim = sub.add_parser("simulate", help="a preset through Flower's simulation engine (Ray), one virtual node per user",
                          description="Run a preset through Flower's simulation engine (Ray backend) with one virtual "
@@ -63,7 +71,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset", nargs="?", help="preset name (e.g. fedavg-gmf, fel-mean; see docs/flower.md for what runs on Flower)")
+    p.add_argument("preset", nargs="?", help="preset name (e.g. fedavg-gmf, fedavg-gmf-secagg, fel-dp, lightfr, fedmf; "
+                   "secagg run --help lists them; one whose configuration does not separate onto devices is refused)")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file overriding the preset's keys")
     p.add_argument("--data", metavar="PATH", help="MovieLens file or folder, or CSV (default: the preset's data)")
     p.add_argument("--seed", type=int, metavar="S", help="seed of every simulation choice")
@@ -110,14 +119,14 @@ def _config(args: argparse.Namespace):
 
 def _simulate(args: argparse.Namespace) -> int:
     _need_flower()
+    if args.cpus < 1 or args.timeout <= 0:
+        raise UserError(f"--cpus must be >= 1 and --timeout > 0; found {args.cpus}, {args.timeout}")
+    preset, config = _config(args)
     import torch
 
     from experiments.flower_run import simulate_run
     from experiments.training import RunRequest
 
-    preset, config = _config(args)
-    if args.cpus < 1 or args.timeout <= 0:
-        raise UserError(f"--cpus must be >= 1 and --timeout > 0; found {args.cpus}, {args.timeout}")
     torch.set_num_threads(1)
     summary = simulate_run(RunRequest(preset=preset, config=config, out=Path(args.out) if args.out else None,
                                       resume=Path(args.resume) if args.resume else None, quiet=args.quiet),
@@ -130,15 +139,14 @@ def _simulate(args: argparse.Namespace) -> int:
     print(f"privacy   {summary['privacy']['statement']}")
     print(f"seconds {summary['seconds']:.1f}  per round {summary['seconds_per_round']:.2f}  run dir {summary['run_dir']}")
     if args.json:
-        print(json.dumps(summary, sort_keys=True))
+        print(jsonio.dumps(summary, sort_keys=True))
     return 0
 
 
 def _partition(args: argparse.Namespace) -> int:
-    from experiments.prepare import prepare_data
-
     preset, config = _config(args)
     from experiments.flower_run import check_protocol
+    from experiments.prepare import prepare_data
 
     check_protocol(config)
     from experiments.flower_run import write_run_partitions  # no flwr import: partitions are plain numpy files
@@ -149,5 +157,5 @@ def _partition(args: argparse.Namespace) -> int:
            "n_items": meta.n_items, **({} if meta.units is None else {"units": len(set(meta.units) - {-1})})}
     print(f"wrote {meta.clients} partitions ({meta.n_users} users, {meta.n_items} items) to {out['out']}", file=sys.stderr)
     if args.json:
-        print(json.dumps(out, sort_keys=True))
+        print(jsonio.dumps(out, sort_keys=True))
     return 0

@@ -12,7 +12,10 @@
   entries of cohort ``user:<u>``, e.g. FedCL's embeddings) it also states each user's epsilon as
   the ledger composes it and as the clients counted it themselves (``clients_ldp``: median and
   max of each; the clients' counts come from the checkpoint of an in-process run, whose trainer
-  plays every client; on Flower they stay on the nodes), and where the two may differ.
+  plays every client; on Flower they stay on the nodes), and where the two may differ. Every report
+  ends with what was spent "in words" (:mod:`experiments.privacy_text`): the releases without DP by
+  name, each cohort's (FEL: each leaf's and the over-arch's) epsilon, the per-user local-DP epsilon
+  (median and max, basic composition and the protocol's tightest figure) and the overall guarantee.
 
 ``--json`` prints one JSON object as the last line of stdout with at least ``epsilon`` (the
 tightest available), ``accountant`` (which one gave it), ``epsilon_rdp``, ``order``, ``delta`` and
@@ -28,11 +31,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 from pathlib import Path
 
+from experiments import jsonio
 from experiments.errors import UserError
 from protocols.state import loads_json
 
@@ -76,7 +79,7 @@ def _emit(payload: dict, human: list[str], as_json: bool) -> int:
     for note in payload.get("notes", []):
         print(f"note: {note}", file=sys.stderr)
     if as_json:
-        print(json.dumps(payload, sort_keys=True))
+        print(jsonio.dumps(payload, sort_keys=True))
     return 0
 
 
@@ -123,14 +126,20 @@ def _report_lines(rep, reason: str | None = None) -> list[str]:  # noqa: ANN001 
     return lines
 
 
+#: The options each mechanism needs (checked before dp and scipy load, so a missing one answers at once).
+_ACCOUNT_NEEDS = {"gaussian": ("q", "sigma", "steps", "delta"), "laplace": ("epsilon0", "count"), "fel": ("sigma", "delta")}
+_CALIBRATE_NEEDS = {"gaussian": ("epsilon", "delta", "q", "steps"), "laplace": ("epsilon", "count")}
+
+
 def _account(args: argparse.Namespace) -> int:
+    _check_delta(args.delta, allow_zero=args.mechanism == "laplace")
+    _need(args, *_ACCOUNT_NEEDS[args.mechanism])
     from dp.accountant import best_epsilon
     from dp.calibration import gaussian_training_event
     from dp.events import FelTotal, Laplace, SelfComposed
 
     relation = "add_remove"
     params: dict[str, object] = {"mechanism": args.mechanism}
-    _check_delta(args.delta, allow_zero=args.mechanism == "laplace")
     causes: list[str] = []
     if args.mechanism == "gaussian":
         _need(args, "q", "sigma", "steps", "delta")
@@ -185,11 +194,12 @@ def _need(args: argparse.Namespace, *names: str) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    _check_delta(args.delta, allow_zero=args.mechanism == "laplace")
+    _need(args, *_CALIBRATE_NEEDS[args.mechanism])
     from dp.accountant import best_epsilon
     from dp.calibration import calibrate_gaussian_noise_multiplier, calibrate_laplace_epsilon0, gaussian_training_event
     from dp.events import Laplace, SelfComposed
 
-    _check_delta(args.delta, allow_zero=args.mechanism == "laplace")
     use_pld = not args.no_pld
     if args.mechanism == "gaussian":
         _need(args, "epsilon", "delta", "q", "steps")
@@ -218,10 +228,6 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from dp.errors import LedgerError
-    from dp.events import NonPrivate
-    from dp.ledger import PrivacyLedger
-
     _check_delta(args.delta, allow_zero=True)
     run_dir = Path(args.run_dir)
     path = run_dir / "privacy_ledger.sqlite"
@@ -247,6 +253,11 @@ def _report(args: argparse.Namespace) -> int:
         if delta is not None and (type(delta) not in (int, float) or not 0 < delta < 1):
             raise UserError(f"{run_dir / 'run.json'}: config.privacy.delta must be a number in (0, 1); "
                             f"found {str(delta)[:40]} (pass --delta to report at another delta)")
+    from dp.errors import LedgerError
+    from dp.events import NonPrivate
+    from dp.ledger import PrivacyLedger
+    from experiments.privacy_text import describe_spent
+
     try:
         ledger = PrivacyLedger(path)
     except LedgerError as exc:
@@ -261,6 +272,7 @@ def _report(args: argparse.Namespace) -> int:
         cohorts = ledger.spent_by_cohort(delta)
         extra = _protocol_report(ident.get("protocol") if isinstance(ident, dict) else None, ledger, delta)
         clients_ldp = _clients_ldp(run_dir, entries)
+        words = describe_spent(ledger, delta, extra, use_pld=not args.no_pld)
     png = run_dir / "privacy.png"
     _plot(history, rep, delta, png)
     payload = rep.to_dict() | {
@@ -295,6 +307,9 @@ def _report(args: argparse.Namespace) -> int:
         human.append(f"  assumes: {extra['noise_assumption']}")
     if clients_ldp is not None:
         human += _clients_ldp_lines(clients_ldp)
+    human.append("in words:")
+    human += [f"  {part[0].upper()}{part[1:]}." for part in words["parts"]]
+    payload["in_words"] = words["parts"]
     human.append(f"wrote {png}")
     return _emit(payload, human, args.json)
 

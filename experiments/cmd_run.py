@@ -1,42 +1,67 @@
 """``secagg run``: train and evaluate one configuration into a run directory.
 
 With no arguments it runs the ``fedavg-gmf`` preset on the embedded synthetic data.
+
+Building the parser imports neither torch nor any protocol (``secagg run --help`` and every user
+error answer at once): the presets are listed from their files (each one's first comment sentence),
+the protocols from :data:`protocols.registry.BUILTIN_PROTOCOLS`; the run itself imports the rest.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from experiments import config as cfgmod
+from experiments import jsonio
 from experiments.errors import UserError
-from experiments.rundir import RunDir
-from experiments.training import RunRequest, execute
-from protocols.registry import all_protocols
 
-__all__ = ["register", "run"]
+__all__ = ["add_plugin_argument", "presets_epilog", "register", "run"]
 
 DEFAULT_PRESET = "fedavg-gmf"
 
 
+def presets_epilog(width: int | None = None) -> str:
+    """The presets, one per line with its description (from the preset file), wrapped to ``width``."""
+    width = width or min(shutil.get_terminal_size().columns, 120) - 2
+    names = cfgmod.preset_descriptions()
+    col = max(map(len, names)) + 4
+    lines = ["presets (secagg run PRESET; each is a TOML file in experiments/presets/):"]
+    for name, text in names.items():
+        lines += textwrap.wrap(text or "(no description)", width=max(width, col + 30), initial_indent=f"  {name:<{col - 2}}",
+                               subsequent_indent=" " * col)
+    return "\n".join(lines)
+
+
+def add_plugin_argument(p: argparse.ArgumentParser) -> None:
+    """``--plugin MODULE`` (repeatable) on a sub-command that looks protocols or attacks up."""
+    p.add_argument("--plugin", action="append", default=None, metavar="MODULE", dest="plugins",
+                   help="import MODULE first: it registers protocols or attacks (repeatable; installed "
+                   "packages register theirs through entry points; docs/plugins.md)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from protocols.registry import BUILTIN_PROTOCOLS
+
+    fill = lambda text: textwrap.fill(text, width=min(shutil.get_terminal_size().columns, 120) - 2)  # noqa: E731
     p = subparsers.add_parser(
         "run",
         help="train and evaluate a preset or config into a run directory",
-        description=(
-            "Train and evaluate one configuration. With no preset it runs 'fedavg-gmf' on the embedded "
-            f"synthetic data. Presets: {', '.join(cfgmod.PRESETS)}. Protocols (run.protocol): "
-            f"{', '.join(all_protocols())}. Writes run.json, config.toml, metrics.jsonl, costs.jsonl, "
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=fill(
+            f"Train and evaluate one configuration. With no preset it runs '{DEFAULT_PRESET}' on the embedded "
+            f"synthetic data. Protocols (run.protocol in a --config file): {', '.join(BUILTIN_PROTOCOLS)}, and "
+            "those of plugins. Writes run.json, config.toml, metrics.jsonl, costs.jsonl, "
             "transcript.csv, privacy_ledger.sqlite, checkpoint.safetensors, summary.json and metrics.png "
             "into the run directory."
         ),
+        epilog=presets_epilog(),
     )
-    p.add_argument("preset", nargs="?", help=f"preset name (default {DEFAULT_PRESET}): {', '.join(cfgmod.PRESETS)}")
+    p.add_argument("preset", nargs="?", help=f"preset name (default {DEFAULT_PRESET}; listed below)")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file overriding the preset's keys")
     p.add_argument("--data", metavar="PATH", help="MovieLens u.data / ratings.dat / ratings.csv (file or folder) or CSV")
     p.add_argument("--format", metavar="FMT", help="data format when it cannot be inferred: ml-100k, ml-1m, ml-csv, csv")
@@ -46,10 +71,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sep", metavar="S", help="a CSV's delimiter, one character or '::' (default: inferred)")
     p.add_argument("--rounds", type=int, metavar="N", help="rounds (federated) or epochs (centralised)")
     p.add_argument("--seed", type=int, metavar="S", help="seed of every simulation choice")
+    p.add_argument("--eval-every", type=int, metavar="N",
+                   help="evaluate every N rounds (run.eval_every; default: the preset's, 5 unless it says; 0: "
+                   "only at the end); the last round is always evaluated")
     p.add_argument("--eval-negatives", type=int, metavar="N",
                    help="sampled negatives per held-out item (default 99; 0: full ranking only)")
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/<preset>-<UTC timestamp>)")
-    p.add_argument("--resume", metavar="DIR", help="continue an interrupted run from its last checkpoint")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue an interrupted run from its last checkpoint (its plugins are imported again)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
@@ -60,23 +89,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="torch intra-op threads (default 1: the simulation's many small ops lose more to thread "
         "hand-offs than they gain; measured 0.47 vs 3.7 CPU-s per FedAvg round on a loaded 2-core machine)",
     )
+    add_plugin_argument(p)
     p.set_defaults(func=_main)
 
 
-def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
-    if args.resume:
-        if args.preset or args.config or args.data or args.format or args.columns or args.sep or args.seed is not None or args.eval_negatives is not None or args.out:
-            raise UserError("--resume continues a run with its saved config; only --rounds may be changed")
-        rd = RunDir.open_existing(Path(args.resume))
-        config = cfgmod.load_config_file(rd.file("config.toml"))
-        preset = rd.read_json("run.json").get("preset", "custom")
-        if not isinstance(preset, str):
-            raise UserError(f"{rd.file('run.json')}: 'preset' must be a preset name; found {type(preset).__name__}")
-    else:
-        preset = args.preset or DEFAULT_PRESET
-        config = cfgmod.load_preset(preset)
-        if args.config:
-            config = cfgmod.load_config_file(args.config, base=config)
+def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The command line's overrides, each checked before any preset or protocol loads (so a bad flag is
+    refused at once; the sections validate the values again when they are merged)."""
     overrides: dict[str, dict[str, Any]] = {}
     if args.data:
         overrides.setdefault("data", {})["source"] = args.data
@@ -105,7 +124,40 @@ def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
             raise UserError(f"--seed must be an integer in 0..2^63-1; found {args.seed}")
         overrides.setdefault("run", {})["seed"] = args.seed
     if args.eval_negatives is not None:
+        if args.eval_negatives < 0:
+            raise UserError(f"--eval-negatives must be >= 0 (0: full ranking only); found {args.eval_negatives}")
         overrides.setdefault("eval", {})["negatives"] = args.eval_negatives
+    if getattr(args, "eval_every", None) is not None:
+        if args.eval_every < 0:
+            raise UserError(f"--eval-every must be >= 0 (0: only at the end); found {args.eval_every}")
+        overrides.setdefault("run", {})["eval_every"] = args.eval_every
+    return overrides
+
+
+def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
+    from experiments.rundir import RunDir
+
+    overrides = _flag_overrides(args)
+    if args.resume:
+        if (args.preset or args.config or args.data or args.format or args.columns or args.sep or args.seed is not None
+                or args.eval_negatives is not None or args.out or getattr(args, "eval_every", None) is not None):
+            raise UserError("--resume continues a run with its saved config; only --rounds may be changed")
+        rd = RunDir.open_existing(Path(args.resume))
+        _import_run_plugins(rd)
+        config = cfgmod.load_config_file(rd.file("config.toml"))
+        preset = rd.read_json("run.json").get("preset", "custom")
+        if not isinstance(preset, str):
+            raise UserError(f"{rd.file('run.json')}: 'preset' must be a preset name; found {type(preset).__name__}")
+    else:
+        preset = args.preset or DEFAULT_PRESET
+        if args.config and not Path(args.config).is_file():
+            raise FileNotFoundError(f"config file not found: {args.config}")
+        if preset not in cfgmod.PRESETS:  # before the protocols load: a typo answers at once
+            raise UserError(f"unknown preset {preset!r}{_did_you_mean(preset, cfgmod.PRESETS)}; available presets: "
+                            f"{', '.join(cfgmod.PRESETS)} (secagg run --help describes each)")
+        config = cfgmod.load_preset(preset)
+        if args.config:
+            config = cfgmod.load_config_file(args.config, base=config)
     config = cfgmod.merge(config, overrides)
     if not args.resume and config.data.source != "synthetic":
         # config.toml must name the data wherever --resume is later run from, not relative to today's cwd
@@ -113,15 +165,43 @@ def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
     return preset, config
 
 
+def _did_you_mean(word: str, choices: Any) -> str:
+    from protocols.registry import did_you_mean
+
+    return did_you_mean(word, choices)
+
+
+def _import_run_plugins(rd: Any) -> None:
+    """Import the plugin modules a run directory's ``run.json`` records (``--resume``, ``secagg attack
+    run-dir``); refuse in words when one is missing here."""
+    from protocols.registry import PluginError, import_plugin
+
+    plugins = rd.read_json("run.json").get("plugins", [])
+    if not isinstance(plugins, list) or not all(isinstance(m, str) for m in plugins):
+        raise UserError(f"{rd.file('run.json')}: 'plugins' must be a list of module names; found {str(plugins)[:60]}")
+    for module in plugins:
+        try:
+            import_plugin(module, source=f"recorded in {rd.file('run.json')}")
+        except PluginError as exc:
+            raise UserError(f"cannot continue {rd.path}: it was made with a protocol or attack from plugin module "
+                            f"{module!r}, which cannot be imported here ({exc.__cause__}). Install the package that "
+                            "provides it (or put it on PYTHONPATH) and run the command again.") from None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Execute ``secagg run`` and return the summary (also written to summary.json)."""
-    preset, config = _resolve(args)
     if args.threads < 1:
         raise UserError(f"--threads must be >= 1; found {args.threads}")
+    preset, config = _resolve(args)  # a mistyped preset or flag is refused before torch loads
+    import torch
+
+    from experiments.training import RunRequest, execute
+
     torch.set_num_threads(args.threads)
     return execute(RunRequest(
         preset=preset, config=config, out=Path(args.out) if args.out else None,
         resume=Path(args.resume) if args.resume else None, quiet=args.quiet,
+        plugins=tuple(getattr(args, "plugins", None) or ()),
     ))
 
 
@@ -129,7 +209,7 @@ def _format_metrics(name: str, m: dict[str, float] | None) -> str:
     if not m:
         return ""
     keys = [k for k in m if k.startswith(("HR@", "NDCG@")) or k in ("MRR", "AUC", "RMSE", "MAE")]
-    return f"{name:<8}" + "  ".join(f"{k} {m[k]:.4f}" for k in keys)
+    return f"{name:<8}" + "  ".join(f"{k} {m[k]:.4f}" if m[k] is not None else f"{k} n/a" for k in keys)
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -144,8 +224,9 @@ def _main(args: argparse.Namespace) -> int:
         print(_format_metrics("rating" if "RMSE" in summary["metrics"] else "sampled", summary["metrics"]))
     if summary["metrics_full"]:
         print(_format_metrics("full", summary["metrics_full"]))
-    print(f"privacy   {summary['privacy']['statement']}")
+    for i, part in enumerate(summary["privacy"].get("parts") or [summary["privacy"]["statement"]]):
+        print(f"{'privacy' if i == 0 else '':<10}{part}")
     print(f"seconds {summary['seconds']:.1f}  bytes/client/round {summary['bytes_per_client_per_round']:.0f}  run dir {summary['run_dir']}")
     if args.json:
-        print(json.dumps(summary, sort_keys=True))
+        print(jsonio.dumps(summary, sort_keys=True))
     return 0

@@ -30,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from protocols.registry import all_protocols, get_protocol, sections as protocol_sections
+from protocols.registry import all_protocols, did_you_mean, get_protocol, sections as protocol_sections
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -46,6 +46,7 @@ __all__ = [
     "all_sections",
     "load_preset",
     "load_config_file",
+    "preset_descriptions",
     "merge",
     "to_toml",
 ]
@@ -71,7 +72,8 @@ class RunSection:
 
     def __post_init__(self) -> None:
         if self.protocol not in all_protocols():
-            raise ValueError(f"run.protocol must be one of {tuple(all_protocols())}; found {self.protocol!r}")
+            raise ValueError(f"run.protocol must be one of {tuple(all_protocols())}; found {self.protocol!r}"
+                             f"{did_you_mean(self.protocol, all_protocols())}")
         if self.rounds < 0 or self.eval_every < 0 or self.checkpoint_every < 1:
             raise ValueError(
                 "run.rounds and run.eval_every must be >= 0 and run.checkpoint_every >= 1; "
@@ -329,7 +331,8 @@ def _check_type(where: str, value: Any, annotation: Any) -> Any:
         out = {}
         for key, v in value.items():
             if key not in types_:
-                raise ValueError(f"unknown key '{where.split(' ')[0]}.{key}'; known keys: {', '.join(sorted(types_))}")
+                raise ValueError(f"unknown key '{where.split(' ')[0]}.{key}'{did_you_mean(key, types_)}; known keys: "
+                                 f"{', '.join(sorted(types_))}")
             out[key] = _check_type(f"{where.split(' ')[0]}.{key}", v, types_[key])
         return out
     if origin is list:
@@ -351,14 +354,16 @@ def parse_sections(raw: dict[str, Any], origin: str) -> dict[str, dict[str, Any]
     known = all_sections()
     for section, values in raw.items():
         if section not in known:
-            raise ValueError(f"unknown section [{section}] in {origin}; known sections: {', '.join(known)}")
+            raise ValueError(f"unknown section [{section}] in {origin}{did_you_mean(section, known)}; known sections: "
+                             f"{', '.join(known)}")
         if not isinstance(values, dict):
             raise ValueError(f"[{section}] in {origin} must be a table of keys")
         types_ = _section_types(known[section])
         for key, value in values.items():
             if key not in types_:
                 raise ValueError(
-                    f"unknown key '{section}.{key}' in {origin}; known keys: {', '.join(sorted(types_))}"
+                    f"unknown key '{section}.{key}' in {origin}{did_you_mean(key, types_)}; known keys: "
+                    f"{', '.join(sorted(types_))}"
                 )
             out.setdefault(section, {})[key] = _check_type(f"{section}.{key} (in {origin})", value, types_[key])
     return out
@@ -504,11 +509,45 @@ def _preset_names() -> list[str]:
 
 PRESETS: tuple[str, ...] = tuple(_preset_names())
 
+#: A sentence ends at ". ", "! " or "? " before a letter or a quote; not after these abbreviations.
+_SENTENCE_END = re.compile(r"[.!?]\s+(?=[A-Za-z\"'])")
+_ABBREVIATIONS = ("al.", "e.g.", "i.e.", "cf.", "vs.", "Eq.", "Fig.", "Sec.")
+#: Longest description ``secagg run --help`` prints for a preset.
+DESCRIPTION_CHARS = 100
+
+
+def preset_description(text: str) -> str:
+    """The one-line description of a preset file's ``text``: the first sentence of its leading comment
+    (the comment lines before the first table, joined), cut at a word to :data:`DESCRIPTION_CHARS`."""
+    lines = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("#"):
+            break
+        lines.append(stripped.lstrip("#").strip())
+    words = " ".join(x for x in lines if x)
+    first = words
+    for match in _SENTENCE_END.finditer(words):
+        if not words[: match.start() + 1].endswith(_ABBREVIATIONS):
+            first = words[: match.start() + 1]
+            break
+    if len(first) > DESCRIPTION_CHARS:
+        first = first[: DESCRIPTION_CHARS - 3].rsplit(" ", 1)[0].rstrip(",;:(.") + "..."
+    return first
+
+
+def preset_descriptions() -> dict[str, str]:
+    """Every preset's one-line description (:func:`preset_description`), by name; reads the preset files
+    only (no protocol is imported)."""
+    root = resources.files("experiments.presets")
+    return {name: preset_description(root.joinpath(f"{name}.toml").read_text(encoding="utf-8")) for name in PRESETS}
+
 
 def load_preset(name: str) -> RunConfig:
     """The resolved configuration of a named preset (``secagg run --help`` lists them)."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; available presets: {', '.join(PRESETS)}")
+        raise ValueError(f"unknown preset {name!r}{did_you_mean(name, PRESETS)}; available presets: "
+                         f"{', '.join(PRESETS)} (secagg run --help describes each)")
     text = resources.files("experiments.presets").joinpath(f"{name}.toml").read_bytes()
     raw = tomllib.loads(text.decode())
     return merge(RunConfig(), parse_sections(raw, f"preset {name}"))

@@ -39,6 +39,7 @@ from scipy import stats
 
 from dp.events import Laplace
 from dp.ldp import ldp_repeated_uploads
+from experiments import jsonio
 from experiments import config as cfgmod
 from experiments.prepare import prepare_data
 from protocols.registry import BuildContext
@@ -339,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = parse_variant(f"snr=fedcl:{args.set}")[2]
         for eps in args.epsilon:
             ov = {"lr": 0.01, **extra, "epsilon": eps}
-            print(json.dumps(signal_to_noise(args.data, args.rounds, overrides=ov)), flush=True)
+            print(jsonio.dumps(signal_to_noise(args.data, args.rounds, overrides=ov)), flush=True)
         return 0
     if args.cmd == "cluster-cost":
         print("| cached embeddings | method | seconds (with tracemalloc) | peak memory of the call (MB) "
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 row = {"variant": name, **run_variant(args.data, preset, ov, seed, args.rounds)}
                 with out.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+                    f.write(jsonio.dumps(row) + "\n")
                 print(f"{name} seed {seed}: HR@10 {row['HR@10']:.4f} NDCG@10 {row['NDCG@10']:.4f} "
                       f"({row['seconds_train']} s) {row.get('privacy', '')}", flush=True)
         return 0
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                 priv[name] = float(np.mean(ps))
         plot_epsilon_sweep(table, eps_of, args.lines, args.eps_png, priv)
     if args.json:
-        print(json.dumps({n: {k: v for k, v in t.items()} for n, t in table.items()}))
+        print(jsonio.dumps({n: {k: v for k, v in t.items()} for n, t in table.items()}))
     return 0
 
 

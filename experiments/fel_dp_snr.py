@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 from typing import Any
 
 import numpy as np
+
+from experiments import jsonio
 
 __all__ = ["leaf_snr", "main"]
 
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"z={row['z']:.3f}: |sum| {row['clipped_sum_norm']:.2f} vs |noise| {row['noise_norm']:.1f}, "
                   f"SNR {row['snr']:.4f}, rows above noise {row['rows_signal_above_noise']:.4f}", flush=True)
     if args.json:
-        print(json.dumps(rows))
+        print(jsonio.dumps(rows))
     return 0
 
 

@@ -22,6 +22,9 @@ are written to a temporary name and renamed into place. A crash can leave the ap
 ahead of the checkpoint or with a torn last line: :meth:`RunDir.truncate_after` repairs both on
 resume, so the files always match the checkpoint they continue from.
 
+Every JSON file is strict JSON (:mod:`experiments.jsonio`: ``null`` where a value is NaN or
+infinite); files written before that, with bare ``NaN``, are still read.
+
 Everything read back is user-editable, so it is parsed as hostile: JSON nested deeper than
 :data:`protocols.state.MAX_DEPTH` (64) levels is refused before parsing, and a file or line the run
 never wrote stops ``--resume`` with a :class:`~experiments.errors.UserError` that names it.
@@ -32,13 +35,13 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import fcntl
-import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from experiments import jsonio
 from experiments.errors import UserError
 from protocols.state import StateError, loads_json, state_from_bytes, state_to_bytes
 
@@ -139,7 +142,7 @@ class RunDir:
         atomic_write_text(self.file(name), text)
 
     def write_json(self, name: str, obj: Any) -> None:
-        self.write_text(name, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        self.write_text(name, jsonio.dumps(obj, indent=2, sort_keys=True) + "\n")
 
     def read_json(self, name: str) -> dict[str, Any]:
         """The JSON object in ``name``; anything else (not JSON, not an object, nested deeper than
@@ -161,7 +164,7 @@ class RunDir:
             os.fsync(fh.fileno())
 
     def append_jsonl(self, name: str, row: dict[str, Any]) -> None:
-        self.append(name, json.dumps(row, sort_keys=True) + "\n")
+        self.append(name, jsonio.dumps(row, sort_keys=True) + "\n")
 
     def read_jsonl(self, name: str) -> list[dict[str, Any]]:
         """The complete rows of ``name`` (a torn last line is ignored; see :meth:`truncate_after`)."""

@@ -28,12 +28,13 @@ Prints one JSON line per point and (``--json``) one object with every row last.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+
+from experiments import jsonio
 
 __all__ = ["main"]
 
@@ -71,7 +72,7 @@ def content_rows(prep: Any, source: str, base: Any) -> list[dict[str, Any]]:
             m = evaluate_sampled(score, prep.candidates, ks=(10,))
             out.append({"scorer": "content", "user_features": rule, "beta": beta,
                         "HR@10": round(m["HR@10"], 4), "NDCG@10": round(m["NDCG@10"], 4)})
-            print(json.dumps(out[-1]), flush=True)
+            print(jsonio.dumps(out[-1]), flush=True)
     return out
 
 
@@ -85,7 +86,7 @@ def knn_row(prep: Any) -> dict[str, Any]:
     sim = sp.csr_matrix(items @ items.T)
     m = evaluate_sampled(lambda u, i: _pairwise(clicks, sim, u, i), prep.candidates, ks=(10,))
     row = {"scorer": "item-knn", "HR@10": round(m["HR@10"], 4), "NDCG@10": round(m["NDCG@10"], 4)}
-    print(json.dumps(row), flush=True)
+    print(jsonio.dumps(row), flush=True)
     return row
 
 
@@ -124,7 +125,7 @@ def blend_rows(run_dir: str) -> list[dict[str, Any]]:
         m = evaluate_sampled(score, prep.candidates, ks=(10,))
         out.append({"scorer": "model+click-embedding-mean", "run": run_dir, "lambda": lam,
                     "HR@10": round(m["HR@10"], 4), "NDCG@10": round(m["NDCG@10"], 4)})
-        print(json.dumps(out[-1]), flush=True)
+        print(jsonio.dumps(out[-1]), flush=True)
     return out
 
 
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     for run_dir in args.run:
         rows += blend_rows(run_dir)
     if args.json:
-        print(json.dumps({"rows": rows}))
+        print(jsonio.dumps({"rows": rows}))
     return 0
 
 

@@ -18,10 +18,11 @@ fraction of members with at least one sole-held bucket. The hash is
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 import scipy.sparse as sp
+
+from experiments import jsonio
 
 __all__ = ["main", "cohort_exposure"]
 
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"dim": args.dim, "cohort": args.cohort, "cohorts": args.cohorts,
            "items_per_bucket": train.n_items / args.dim,
            **cohort_exposure(train.users, b[train.items], train.n_users, args.dim, args.cohort, args.cohorts)}
-    print(json.dumps(out) if args.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
+    print(jsonio.dumps(out) if args.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
     return 0
 
 

@@ -23,6 +23,8 @@ from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
+from experiments import jsonio
+
 __all__ = ["main", "run_point"]
 
 
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             name = "base" if v == getattr(base, key) else f"{key}-{v}"
             s = run_point(args.preset, args.data, args.out / name, {} if name == "base" else {key: v}, args.rounds)
             rows.append(_row(kind, v, s))
-            print(json.dumps(rows[-1]), flush=True)
+            print(jsonio.dumps(rows[-1]), flush=True)
     with open(args.out / "sweep.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()

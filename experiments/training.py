@@ -35,7 +35,8 @@ from dp.errors import BudgetExceededError
 from dp.events import NoOp, NonPrivate
 from dp.ledger import PrivacyLedger
 from experiments import config as cfgmod
-from experiments.errors import UserError
+from experiments import jsonio
+from experiments.errors import RunInterrupted, UserError
 from experiments.prepare import Prepared, data_fingerprint, prepare_data
 from experiments.rundir import CHECKPOINT, RunDir, default_run_dir
 from protocols.guard import set_device_policy
@@ -62,6 +63,7 @@ class RunRequest:
     out: Path | None = None
     resume: Path | None = None
     quiet: bool = False
+    plugins: tuple[str, ...] = ()
 
 
 def main_metric(config: cfgmod.RunConfig) -> tuple[str, ...]:
@@ -98,6 +100,11 @@ def _same(a: Any, b: Any) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
+def _as_written(config: cfgmod.RunConfig) -> dict[str, Any]:
+    """``config`` as run.json holds it (strict JSON: NaN and infinities as ``None``)."""
+    return jsonio.strict(config.to_dict())
+
+
 def verify_resume(rd: RunDir, config: cfgmod.RunConfig) -> dict[str, Any]:
     """Refuse to continue if the configuration or the data differ from the run's creation."""
     ident = rd.read_json("run.json")
@@ -106,10 +113,12 @@ def verify_resume(rd: RunDir, config: cfgmod.RunConfig) -> dict[str, Any]:
     if not isinstance(ident.setdefault("data_files", {}), dict):
         raise UserError(f"{rd.file('run.json')}: data_files must be a table of file -> SHA-256; found "
                         f"{_short(ident['data_files'])}")
-    stored, now = _flatten(ident["config"]), _flatten(json.loads(json.dumps(config.to_dict())))
+    # run.json is strict JSON (null for NaN/inf); one written before that holds bare NaN/Infinity: both
+    # read the same once strict() maps them to None.
+    stored, now = _flatten(jsonio.strict(ident["config"])), _flatten(_as_written(config))
     # A key added to the framework after the run was created is absent from run.json; at its
     # default it changes nothing (the run was made under that default), so it is not a change.
-    defaults = _flatten(json.loads(json.dumps(cfgmod.merge(cfgmod.RunConfig(), {"run": {"protocol": config.run.protocol}}).to_dict())))
+    defaults = _flatten(_as_written(cfgmod.merge(cfgmod.RunConfig(), {"run": {"protocol": config.run.protocol}})))
     for key in sorted(set(stored) | set(now)):
         if key == "run.rounds" or (key not in stored and key in now and key in defaults and _same(now[key], defaults[key])):
             continue
@@ -138,6 +147,11 @@ def _is_number(value: Any) -> bool:
     return type(value) in (int, float)
 
 
+def _is_number_or_null(value: Any) -> bool:
+    """A number, or ``null``: strict JSON's NaN/inf (a diverged loss, an undefined metric)."""
+    return value is None or _is_number(value)
+
+
 #: The keys of a costs.jsonl row that the summary averages.
 _COST_KEYS = ("bytes_per_client", "bytes_up", "bytes_down", "messages", "clients")
 
@@ -156,15 +170,15 @@ def _row_round(line: str, name: str) -> int:
     if type(row.get("round")) is not int:
         raise ValueError(f"'round' must be an integer; found {_short(row.get('round'))}")
     if name == "metrics.jsonl":
-        bad = next((k for k, v in row.items() if not _is_number(v)), None)
+        bad = next((k for k, v in row.items() if not _is_number_or_null(v)), None)
         if bad is not None:
-            raise ValueError(f"{bad!r} must be a number; found {_short(row[bad])}")
+            raise ValueError(f"{bad!r} must be a number (or null); found {_short(row[bad])}")
         return row["round"]
-    bad = next((k for k in _COST_KEYS if k in row and not _is_number(row[k])), None)
+    bad = next((k for k in _COST_KEYS if k in row and not _is_number_or_null(row[k])), None)
     if bad is not None:
-        raise ValueError(f"{bad!r} must be a number; found {_short(row[bad])}")
+        raise ValueError(f"{bad!r} must be a number (or null); found {_short(row[bad])}")
     seconds = row.get("seconds", {})
-    if not isinstance(seconds, dict) or not all(_is_number(v) for v in seconds.values()):
+    if not isinstance(seconds, dict) or not all(_is_number_or_null(v) for v in seconds.values()):
         raise ValueError(f"'seconds' must be a table of party -> seconds; found {_short(seconds)}")
     return row["round"]
 
@@ -234,30 +248,43 @@ class _Run:
 
     # -- privacy ---------------------------------------------------------------------------------
     def privacy(self) -> dict[str, Any]:
+        """The summary's ``privacy`` block; ``statement`` says in words what every release spent
+        (:func:`experiments.privacy_text.describe_spent`)."""
+        from experiments.privacy_text import describe_spent
+
         entries = self.ledger.entries()
         noisy = [e for e in entries if not isinstance(e.event, (NoOp, NonPrivate))]
-        unprotected = [e for e in entries if isinstance(e.event, NonPrivate)]
+        spec = self.spec
+        # The protocol's own report keys (FEL: each leaf and the over-arch), cheap ones only: FedCL's
+        # per-user PLD figure is left to `secagg privacy report` (one PLD per upload pattern).
+        extra = {}
+        if entries and spec.privacy_report is not None and not any((e.cohort or "").startswith("user:") for e in entries):
+            extra = spec.privacy_report(self.ledger, self.delta)
+        words = describe_spent(self.ledger, self.delta, extra)
         out: dict[str, Any] = {
             "ledger": LEDGER,
             "releases": len(entries),
             "dp_noise": bool(noisy),
             "reproducible_from_seed": not noisy,
             "delta": self.delta,
+            "epsilon": words["epsilon"],
+            "statement": words["statement"],
+            "parts": words["parts"],
         }
-        if not entries:
-            out.update(epsilon=0.0, statement="nothing derived from private data was released (no rounds ran)")
-        elif unprotected:
-            out.update(
-                epsilon=None,
-                unprotected=True,
-                statement=f"epsilon is infinite: the run released {unprotected[0].what} without differential "
-                "privacy (see the ledger)",
-            )
-        else:
-            rep = self.ledger.spent(self.delta)
-            out.update(epsilon=rep.epsilon, accountant=rep.accountant,
-                       statement=f"({rep.epsilon:.4g}, {self.delta:g})-DP by the {rep.accountant} accountant")
+        if words["unprotected"]:
+            out["unprotected"] = True
+        if words["accountant"] is not None:
+            out["accountant"] = words["accountant"]
         return out
+
+
+def run_plugins(req: RunRequest) -> list[str]:
+    """The plugin modules run.json records, for ``--resume`` (and ``secagg attack run-dir``) to import
+    again: every ``--plugin`` module, and the entry-point module that registered the run's protocol."""
+    from protocols.registry import plugin_of
+
+    origin = plugin_of(req.config.run.protocol)
+    return list(dict.fromkeys([*req.plugins, *([origin] if origin else [])]))
 
 
 def _build(req: RunRequest, prep: Prepared):
@@ -283,6 +310,7 @@ def _open(req: RunRequest, prep: Prepared, trainer: Any) -> tuple[RunDir, str, f
         rd.write_json("run.json", {
             "preset": req.preset, "run_id": run_id, "protocol": cfg.run.protocol,
             "config": cfg.to_dict(), "data_files": data_fingerprint(cfg.data.source), "versions": _versions(),
+            "plugins": run_plugins(req),
         })
         rd.write_text("config.toml", cfgmod.to_toml(cfg))
         return rd, run_id, 0.0
@@ -344,6 +372,51 @@ def execute(req: RunRequest) -> dict[str, Any]:
 
 
 def _loop(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: str, elapsed: float) -> dict[str, Any]:
+    """Run the rounds and write the summary; Ctrl-C becomes :class:`RunInterrupted` naming ``rd``."""
+    try:
+        return _rounds(req, rd, prep, trainer, run_id, elapsed)
+    except RunInterrupted:
+        raise
+    except KeyboardInterrupt:
+        raise RunInterrupted(rd.path) from None
+
+
+#: A first round slower than this (seconds) prints the time the remaining rounds will take.
+SLOW_ROUND_SECONDS = 30.0
+
+
+def pace_note(round_seconds: float, done: int, rounds: int, now: float | None = None) -> str | None:
+    """The line printed after the first round of this process when it took more than
+    :data:`SLOW_ROUND_SECONDS`: its time, and the remaining rounds' time at that pace (``None`` if it was
+    faster or no round remains).
+
+    Why measured and not predicted: a round's cost depends on the protocol (how many secure sums,
+    over how many clients, how wide, with which neighbourhood k), the runtime (in process or Flower)
+    and the machine's load; only the protocol knows the first two, so a cost model in the run loop
+    would be wrong for most of them. The first round is measured under the real conditions, and the
+    progress bar keeps the estimate current from there.
+    """
+    left = rounds - done
+    if round_seconds <= SLOW_ROUND_SECONDS or left <= 0:
+        return None
+    import datetime as _dt
+
+    now = time.time() if now is None else now
+    eta = _dt.datetime.fromtimestamp(now + left * round_seconds, _dt.timezone.utc).strftime("%H:%M UTC")
+    return (f"round {done} took {_duration(round_seconds)}; the {left} remaining round{'s' * (left != 1)} will take "
+            f"about {_duration(left * round_seconds)} at that pace (until about {eta}). Ctrl-C stops safely; "
+            "--resume continues.")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: str, elapsed: float) -> dict[str, Any]:
     run = _Run(req, rd, prep, trainer, run_id)
     cfg, rounds = req.config, run.rounds
     if trainer.transport is not None and not rd.file("transcript.csv").exists():
@@ -356,13 +429,17 @@ def _loop(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: str
     stopped = None
     try:
         for r in range(start, rounds):
+            tr = time.perf_counter()
             try:
                 row = run.round(r, t0)
             except BudgetExceededError as exc:
                 stopped = f"stopped before round {r + 1}: {exc}"
                 break
-            bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k in ("loss", *follow)})
+            bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k in ("loss", *follow) and v is not None})
             bar.update(1)
+            note = pace_note(time.perf_counter() - tr, r + 1, rounds) if r == start else None
+            if note is not None:
+                bar.write(f"note: {note}", file=sys.stderr)
     finally:
         bar.close()
     train_seconds = time.perf_counter() - t0
@@ -456,7 +533,8 @@ def _plot(rd: RunDir, history: list[dict[str, Any]], title: str, keys: tuple[str
     rows = [h for h in history if keys[0] in h]
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in keys:
-        ax.plot([h["round"] for h in rows], [h[key] for h in rows], marker="o", label=key)
+        pts = [(h["round"], h[key]) for h in rows if isinstance(h.get(key), (int, float))]
+        ax.plot([r for r, _ in pts], [v for _, v in pts], marker="o", label=key)
     ax.set_xlabel("round")
     ax.set_ylabel("metric")
     ax.set_title(title)

@@ -12,27 +12,47 @@ A protocol module registers itself when imported::
 and its module path is listed in :data:`PROTOCOL_MODULES` (explicit, no import-time discovery).
 ``secagg run``, ``--resume``, the reports and the attacks look protocols up here; nothing in
 ``experiments/`` dispatches on a protocol's name.
+
+Plugins (docs/plugins.md): a module outside this package registers its protocols the same way.
+It is imported either because ``secagg --plugin MODULE`` names it (:func:`import_plugin`) or because
+an installed distribution declares it as an entry point of the group :data:`PROTOCOL_ENTRY_POINTS`
+(``secagg_fedrec.protocols``), which the first lookup imports after :data:`PROTOCOL_MODULES`. The
+registry remembers which plugin module registered each protocol (:func:`plugin_of`), so that a run
+directory can name the module ``--resume`` must import again.
+
+Importing this module is cheap (no torch, numpy or protocol module): ``secagg --help`` lists
+:data:`BUILTIN_PROTOCOLS` without importing them.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from protocols.transport import InProcessTransport
-from recmodels.data import Interactions
-from recmodels.splits import Split
+if TYPE_CHECKING:  # annotations only: importing them would load numpy for every help text
+    from protocols.transport import InProcessTransport
+    from recmodels.data import Interactions
+    from recmodels.splits import Split
 
 __all__ = [
+    "BUILTIN_PROTOCOLS",
+    "PROTOCOL_ENTRY_POINTS",
     "PROTOCOL_MODULES",
     "BuildContext",
     "DeviceSplit",
     "Exchanges",
+    "PluginError",
     "ProtocolSpec",
     "all_protocols",
+    "did_you_mean",
     "get_protocol",
+    "import_plugin",
+    "load_entry_points",
+    "plugin_of",
+    "protocol_names",
     "register",
     "sections",
 ]
@@ -49,7 +69,21 @@ PROTOCOL_MODULES: tuple[str, ...] = (
     "protocols.fedfast",
 )
 
+#: The names the modules of :data:`PROTOCOL_MODULES` register, in registration order, for help texts
+#: that must not import them (tests/experiments/test_plugins.py checks it against the registry).
+BUILTIN_PROTOCOLS: tuple[str, ...] = (
+    "itempop", "random", "centralized", "fedavg", "fedmf", "lightfr", "fedcl", "fedcl-central", "fel",
+    "sttfedrec", "fl-twotower", "centralized-twotower", "fedfast",
+)
+
+#: Entry-point group of installed plugins that register protocols (each entry point names a module).
+PROTOCOL_ENTRY_POINTS = "secagg_fedrec.protocols"
+
 TASKS = ("ranking", "rating")
+
+
+class PluginError(ValueError):
+    """A plugin module could not be imported; the message names it and where it came from."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +222,12 @@ class ProtocolSpec:
 
 _REGISTRY: dict[str, ProtocolSpec] = {}
 _loaded = False
+#: protocol name -> the plugin module whose import registered it (absent: a built-in protocol).
+_ORIGIN: dict[str, str] = {}
+#: The plugin module being imported (register() attributes what it registers to it).
+_importing: list[str] = []
+#: Plugin modules already imported, in order.
+_PLUGINS: list[str] = []
 
 
 def register(spec: ProtocolSpec) -> ProtocolSpec:
@@ -199,7 +239,52 @@ def register(spec: ProtocolSpec) -> ProtocolSpec:
             if other.config_cls is not spec.config_cls:
                 raise ValueError(f"section [{spec.section}] is owned by {other.name!r} with another config class")
     _REGISTRY[spec.name] = spec
+    if _importing:
+        _ORIGIN.setdefault(spec.name, _importing[0])
     return spec
+
+
+def import_plugin(module: str, *, source: str = "--plugin") -> None:
+    """Import the plugin ``module`` (it registers protocols and/or attacks when imported).
+
+    Args:
+        module: a dotted module name importable from ``sys.path``.
+        source: where the name came from, for the error message (``--plugin``, an entry point, a
+            run directory).
+
+    Raises:
+        PluginError: the module cannot be imported (the message names it, the cause and ``source``).
+    """
+    if module in _PLUGINS:
+        return
+    _load()  # built-ins first: a plugin that reuses a built-in name is refused, not silently shadowed
+    _importing.append(module)
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise PluginError(f"plugin module {module!r} ({source}) cannot be imported: {exc}; install the package "
+                          "that provides it or put it on PYTHONPATH (docs/plugins.md)") from exc
+    finally:
+        _importing.pop()
+    _PLUGINS.append(module)
+
+
+def load_entry_points(group: str) -> list[str]:
+    """Import the module of every installed entry point of ``group``; returns the modules, in order.
+
+    Raises:
+        PluginError: an entry point's module cannot be imported (named with its distribution).
+    """
+    from importlib import metadata
+
+    modules = []
+    for ep in sorted(metadata.entry_points(group=group), key=lambda e: e.name):
+        module = ep.value.split(":")[0].strip()
+        dist = getattr(ep, "dist", None)
+        where = f"entry point {ep.name!r} of group {group}" + (f" in distribution {dist.name}" if dist else "")
+        import_plugin(module, source=where)
+        modules.append(module)
+    return modules
 
 
 def _load() -> None:
@@ -208,6 +293,7 @@ def _load() -> None:
         for module in PROTOCOL_MODULES:
             importlib.import_module(module)
         _loaded = True
+        load_entry_points(PROTOCOL_ENTRY_POINTS)
 
 
 def all_protocols() -> dict[str, ProtocolSpec]:
@@ -216,11 +302,30 @@ def all_protocols() -> dict[str, ProtocolSpec]:
     return dict(_REGISTRY)
 
 
+def protocol_names() -> tuple[str, ...]:
+    """The protocol names known without importing any protocol module: the built-ins, then whatever
+    is registered already (plugins imported so far)."""
+    return BUILTIN_PROTOCOLS + tuple(n for n in _REGISTRY if n not in BUILTIN_PROTOCOLS)
+
+
+def plugin_of(name: str) -> str | None:
+    """The plugin module that registered protocol ``name`` (``None`` for a built-in one)."""
+    return _ORIGIN.get(name)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` (difflib), or ``""`` if none is close."""
+    by_lower = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+
+
 def get_protocol(name: str) -> ProtocolSpec:
     """The spec registered as ``name``; an unknown name lists the known ones."""
     protocols = all_protocols()
     if name not in protocols:
-        raise ValueError(f"unknown protocol {name!r}; registered protocols: {', '.join(protocols)}")
+        raise ValueError(f"unknown protocol {name!r}{did_you_mean(name, protocols)}; registered protocols: "
+                         f"{', '.join(protocols)} (a plugin's: secagg --plugin MODULE, docs/plugins.md)")
     return protocols[name]
 
 

@@ -13,7 +13,8 @@ and tuples (the root table is level 1; protocol states use 3 to 6). :func:`state
 refuses a deeper tree with a ``ValueError``, so every checkpoint written can be read back, and
 :func:`state_from_bytes` refuses deeper JSON before parsing it (Python's ``json`` recurses once
 per level: 100,000 nested lists used to escape as ``RecursionError``). :func:`loads_json` is the
-same bounded parser for the other JSON files of a run directory.
+same bounded parser for the other JSON files of a run directory; importing this module loads neither
+numpy nor torch (the serialisers import them), so reading those files stays cheap.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
+if TYPE_CHECKING:  # imported where used: loads_json serves help texts and reports that need neither
+    import torch
 
 __all__ = ["MAX_DEPTH", "StateError", "load_state", "loads_json", "state_from_bytes", "state_to_bytes"]
 
@@ -73,6 +74,9 @@ def loads_json(text: str, max_depth: int = MAX_DEPTH) -> Any:
 
 
 def _split(node: Any, path: str, arrays: dict[str, torch.Tensor], depth: int = 1) -> Any:
+    import numpy as np
+    import torch
+
     if isinstance(node, (dict, list, tuple)) and depth > MAX_DEPTH:
         raise ValueError(
             f"state {path}: nested deeper than {MAX_DEPTH} levels of dicts, lists and tuples; "

@@ -57,8 +57,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import gammaln
-from scipy.stats import binom
+
+from secagg.defaults import DEFAULT_CORRUPT, DEFAULT_DROPOUT
+
+# scipy (gammaln, binom) is imported where used: secure-aggregation setups that never plan k and t
+# (and every module that imports this one for a constant) need not load it.
 
 __all__ = [
     "ABORT_EXPONENT",
@@ -78,8 +81,6 @@ __all__ = [
 
 ABORT_EXPONENT = 20  #: default correctness target: P(abort) <= 2^-20 at the configured dropout
 SECURITY_EXPONENT = 40  #: default security target: P(some honest client exposed) <= 2^-40
-DEFAULT_DROPOUT = 0.1  #: planned dropout fraction when the caller gives none
-DEFAULT_CORRUPT = 0.05  #: tolerated fraction of clients colluding with the server by default
 _LN2 = math.log(2.0)
 
 
@@ -91,6 +92,8 @@ def dropout_quantile(n: int, rate: float, *, exponent: int = ABORT_EXPONENT + 1)
     independent dropouts below ``2^-exponent + 2^-ABORT_EXPONENT`` (at most ``2^-20 + 2^-21``
     by default: given the number of dropouts, who drops is uniform, and more dropouts only hurt).
     """
+    from scipy.stats import binom
+
     rate = check_fraction("rate", rate)
     dropped = int(binom.isf(2.0**-exponent, n, rate)) if rate > 0 else 0
     while dropped < n and binom.sf(dropped, n, rate) > 2.0**-exponent:
@@ -184,6 +187,8 @@ def _fmt(p: float) -> str:
 
 
 def _lcomb(n: float, k: np.ndarray | float) -> np.ndarray:
+    from scipy.special import gammaln
+
     return gammaln(n + 1) - gammaln(np.asarray(k) + 1) - gammaln(n - np.asarray(k) + 1)
 
 
@@ -206,6 +211,8 @@ def _at(logsf: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def _log_bounds(n: int, k: int, dropped: int, colluders: int, dropout: float) -> dict[str, np.ndarray]:
     """Natural-log bounds of every event, vectorised over ``t = 0..k+1``."""
+    from scipy.stats import binom
+
     t = np.arange(k + 2)
     sf_d = _hg_logsf(n - 1, dropped, k)
     responder = np.log(n - dropped) + _at(sf_d, k - t + 2) if n > dropped else np.full(k + 2, -np.inf)

@@ -228,9 +228,14 @@ def round_robin_sample(assign: np.ndarray, m: int, rng: np.random.Generator,
 
     Clusters are visited in a random order; each visit draws one not-yet-drawn member uniformly
     (or, given ``load``, a least-loaded one, random among ties) until ``m`` are drawn, so every
-    cluster gets ``floor(m/p)`` or ``ceil(m/p)`` when it is large enough. Returned sorted.
+    cluster gets ``floor(m/p)`` or ``ceil(m/p)`` when it is large enough. Clients without a cluster
+    (``-1``: none reported, e.g. every client refused the step that assigns them) are drawn as one
+    more cluster. Returned sorted.
     """
     n = len(assign)
+    assign = np.asarray(assign, np.int64)
+    if n and (assign < 0).any():
+        assign = np.where(assign < 0, int(assign.max()) + 1 if (assign >= 0).any() else 0, assign)
     p = int(assign.max()) + 1 if n else 0
     cluster_rank = rng.permutation(p)
     shuffle = rng.permutation(n)

@@ -357,3 +357,14 @@ def test_kmeans_every_skips_the_reclustering_rounds():
     m = FedFastGMF(data(users=30, seed=2), small(clusters=3, kmeans_init_iters=2, kmeans_every=3), seed=1)
     steps = [m.run_round().extra["kmeans_steps"] for _ in range(4)]
     assert steps[1:] == [0, 0, 1] and steps[0] >= 2  # round 0: initial steps + 1; then every third round
+
+
+def test_round_robin_sampling_draws_clients_without_a_cluster_as_one_more_cluster():
+    """Clients that never reported a cluster (-1) are drawn, as one group, instead of crashing the
+    server (a round where every client refused the assigning step)."""
+    rng = np.random.default_rng(0)
+    pick = round_robin_sample(np.full(5, -1), 3, rng)
+    assert len(pick) == 3 and len(set(pick.tolist())) == 3 and pick.max() < 5
+    pick = round_robin_sample(np.array([0, 0, -1, -1, 1, 1]), 3, rng)
+    groups = {int(np.array([0, 0, -1, -1, 1, 1])[i]) for i in pick}
+    assert len(pick) == 3 and groups == {0, -1, 1}  # one from each of the three groups

@@ -12,7 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from secagg import dpf
+from secagg.cuckoo import CuckooLayout
 from secagg.dpf import DpfError, Forest, KeySet
+from secagg.dpf_sum import DpfSumClient, DpfSumConfig, DpfSumServer
+from secagg.errors import MessageError
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FOREST = Forest.of(np.array([5, 8, 3]))
@@ -116,3 +119,22 @@ def test_a_receiver_refuses_keys_of_another_shape():
         with pytest.raises(DpfError, match="expects"):
             KeySet.from_bytes(blob, **kwargs)
     assert KeySet.from_bytes(blob, party=0, depth=FOREST.depth, points=3, width=2, check=True).points == 3
+
+
+_CFG = DpfSumConfig(2, CuckooLayout.for_points(40, 2, seed=b"u" * 32), 2, 2, b"i" * 16)
+_UPLOAD = DpfSumClient(_CFG, 1).upload(np.array([3]), np.ones((1, 2), np.uint64))[1]
+
+
+@FUZZ
+@given(st.data())
+def test_a_server_refuses_mutated_uploads_with_message_error_only(data):
+    blob = bytearray(_UPLOAD)
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(blob) - 1))
+        blob[i] ^= 1 << data.draw(st.integers(0, 7))
+    server = DpfSumServer(_CFG, 1)
+    try:
+        server.receive(bytes(blob))
+    except MessageError:
+        return
+    assert server.keys[1].to_bytes() in bytes(blob)  # accepted: a well-formed key of the right shape

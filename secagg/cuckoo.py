@@ -242,7 +242,7 @@ class CuckooLayout:
             raise ValueError(f"values must be uint64 [points, d]; found {values.dtype} {values.shape}")
         bucket, position = self.assign(xs)
         sizes = self.sizes
-        alpha = np.array([secrets.randbelow(int(s)) for s in sizes], dtype=np.int64)
+        alpha = np.array([secrets.randbelow(int(s)) if s else 0 for s in sizes], dtype=np.int64)
         beta = np.zeros((self.buckets, values.shape[1]), np.uint64)
         alpha[bucket] = position
         beta[bucket] = values

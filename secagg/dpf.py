@@ -430,7 +430,8 @@ class Forest:
     """The public shape of a key set: tree ``j`` is evaluated on positions ``[0, sizes[j])``.
 
     Attributes:
-        sizes: ``int64 [m]`` positions per tree (a cuckoo layout's bucket sizes).
+        sizes: ``int64 [m]`` positions per tree (a cuckoo layout's bucket sizes; an empty bucket's
+            tree is never evaluated).
         depth: ``D`` with ``2^D >= max(sizes)``.
     """
 
@@ -440,8 +441,8 @@ class Forest:
 
     def __post_init__(self) -> None:
         sizes = np.asarray(self.sizes, dtype=np.int64)
-        if sizes.ndim != 1 or not 1 <= sizes.size <= MAX_POINTS or sizes.min() < 1:
-            raise ValueError(f"sizes must be 1..{MAX_POINTS} positive ints; found {self.sizes!r}")
+        if sizes.ndim != 1 or not 1 <= sizes.size <= MAX_POINTS or sizes.min() < 0 or sizes.sum() < 1:
+            raise ValueError(f"sizes must be 1..{MAX_POINTS} ints >= 0, not all 0; found {self.sizes!r}")
         if type(self.depth) is not int or not 1 <= self.depth <= MAX_DEPTH or sizes.max() > 2**self.depth:
             raise ValueError(f"depth {self.depth!r} does not cover the largest tree ({sizes.max()} positions)")
         object.__setattr__(self, "sizes", sizes)
@@ -525,8 +526,9 @@ def expand_forest(key: KeySet, forest: Forest) -> tuple[np.ndarray, np.ndarray]:
     if key.depth != forest.depth or key.points != forest.points:
         raise DpfError(f"DPF key: depth {key.depth} and {key.points} trees do not match the forest "
                        f"(depth {forest.depth}, {forest.points} trees)")
-    seeds = key.roots.copy()
-    t = np.full(key.points, key.party, np.uint8)
+    live = forest.sizes > 0
+    seeds = key.roots[live]
+    t = np.full(int(live.sum()), key.party, np.uint8)
     for level in range(key.depth):
         counts = forest.level_counts(level)
         left, t_left, right, t_right = _expand(seeds)

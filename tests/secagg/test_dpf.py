@@ -258,3 +258,18 @@ def test_key_generation_refuses_bad_points_and_values():
         dpf.gen(np.array([0]), 0)
     with pytest.raises(ValueError, match="betas"):
         dpf.gen(np.array([0, 1]), 3, np.ones((2, 2), np.int64))
+
+
+def test_a_forest_with_empty_trees_skips_them():
+    forest = Forest.of(np.array([3, 0, 5, 0]))
+    alphas = np.array([2, 0, 4, 0])
+    betas = np.arange(8, dtype=np.uint64).reshape(4, 2) + np.uint64(1)
+    k0, k1, _ = dpf.gen(alphas, forest.depth, betas)
+    assert forest.leaves == 8
+    total = dpf.eval_full(k0, forest) + dpf.eval_full(k1, forest)
+    want = np.zeros((8, 2), np.uint64)
+    want[[2, 3 + 4]] = betas[[0, 2]]
+    assert np.array_equal(total, want)
+    accs = [Accumulator(forest, 2, b, challenge=b"e" * 16) for b in (0, 1)]
+    assert accs[0].add(k0) == accs[1].add(k1)
+    assert np.array_equal(accs[0].total() + accs[1].total(), want)

@@ -262,9 +262,10 @@ class CuckooLayout:
         if flat.dtype != np.uint64 or flat.ndim != 2 or flat.shape[0] != self.leaves:
             raise ValueError(f"expected uint64 [{self.leaves}, d]; found {flat.dtype} {flat.shape}")
         slot = self._slots()[2]
-        out = flat[slot[:, 0]]
+        out = np.take(flat, slot[:, 0], axis=0)
+        part = np.empty_like(out)
         for i in range(1, CHOICES):
-            out += flat[slot[:, i]]
+            np.add(out, np.take(flat, slot[:, i], axis=0, out=part), out=out)
         return out
 
     def from_domain(self, table: np.ndarray) -> np.ndarray:

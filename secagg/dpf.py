@@ -24,8 +24,9 @@ subtree meets ``[0, n_j)``, so a forest costs ``sum_j n_j`` leaves (``3 N`` for 
 **PRG** (fixed-key AES as a public random permutation, Guo, Katz, Wang, Yu 2020, the instantiation
 of Google's ``distributed_point_functions``): ``H_k(x) = AES_k(sigma(x)) XOR sigma(x)`` with
 ``sigma(x_L || x_R) = (x_L XOR x_R) || x_L`` (a correlation-robust hash), one public AES-128 key per
-use (left child, right child, each 128-bit block of the value, each block of the check hash),
-derived from SHA-256 of its name. A whole tree level, or a chunk of leaves, is one ``cryptography``
+use (the tree, each 128-bit block of the value, each block of the check hash), derived from
+SHA-256 of its name; the two children of a seed ``s`` are ``H(s)`` and ``H(s XOR c)`` for a public
+constant ``c`` (correlation robustness at known offsets, Guo et al. 2020). A whole tree level, or a chunk of leaves, is one ``cryptography``
 ECB call into a preallocated buffer. Seeds are 127 bits (the low bit carries the control bit).
 
 **Verification** (de Castro, Polychroniadou 2022, "Lightweight, Maliciously Secure Verifiable
@@ -152,16 +153,33 @@ def _mmo(enc, sig: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:  # 
     return y
 
 
+_RIGHT = np.uint64(0x5DEECE66D)  #: the right child's tweak: H(s) and H(s XOR (tweak, 0)), sigma-ed
+
+
+def _children(seeds: np.ndarray) -> np.ndarray:
+    """Both children of every seed, interleaved (left, right): ``uint64 [2n, 2]`` before correction.
+
+    One fixed-key MMO call over ``sigma(s)`` and ``sigma(s) XOR (tweak, 0)`` (a correlation-robust
+    hash at two known offsets); the caller reads each child's control bit from its low bit.
+    """
+    n = seeds.shape[0]
+    inp = np.empty((2 * n, 2), np.uint64)
+    c = inp.view(np.complex128).reshape(-1)
+    sig = _rows(_sigma(seeds))
+    c[0::2] = sig
+    c[1::2] = sig
+    inp[1::2, 0] ^= _RIGHT
+    out = _aes(_encryptor(b"tree"), inp)
+    np.bitwise_xor(out, inp, out=out)
+    return out
+
+
 def _expand(seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Children of ``seeds`` (``uint64 [n, 2]``): ``(left, t_left, right, t_right)``."""
-    sig = _sigma(seeds)
-    left = _mmo(_encryptor(b"left"), sig)
-    right = _mmo(_encryptor(b"right"), sig)
-    t_left = (left[:, 0] & _LOW).astype(np.uint8)
-    t_right = (right[:, 0] & _LOW).astype(np.uint8)
-    left[:, 0] &= _CLEAR
-    right[:, 0] &= _CLEAR
-    return left, t_left, right, t_right
+    """Children of ``seeds`` (``uint64 [n, 2]``): ``(left, t_left, right, t_right)`` (low bits cleared)."""
+    both = _children(seeds)
+    t = (both[:, 0] & _LOW).astype(np.uint8)
+    both[:, 0] &= _CLEAR
+    return both[0::2], t[0::2], both[1::2], t[1::2]
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -501,54 +519,67 @@ class Forest:
             self._cache[key] = make()
         return self._cache[key]
 
-    def segments(self, chunk: int) -> list[tuple[int, int, int]]:
-        """``(tree, lo, hi)`` leaf ranges of at most ``chunk`` leaves, each inside one tree."""
-        def make() -> list[tuple[int, int, int]]:
-            out = []
+    def groups(self, leaves: int = 1 << 16) -> list[tuple[int, int, Forest]]:
+        """Consecutive trees ``(j0, j1, their forest)`` of about ``leaves`` leaves each."""
+        def make() -> list[tuple[int, int, Forest]]:
+            out, j0, acc = [], 0, 0
             for j in range(self.points):
-                lo, end = int(self.offsets[j]), int(self.offsets[j + 1])
-                for a in range(lo, end, chunk):
-                    out.append((j, a, min(a + chunk, end)))
+                acc += int(self.sizes[j])
+                if acc >= leaves or j == self.points - 1:
+                    if self.sizes[j0:j + 1].sum():
+                        out.append((j0, j + 1, Forest(self.sizes[j0:j + 1], self.depth)))
+                    j0, acc = j + 1, 0
             return out
-        return self._get(f"segments/{chunk}", make)
+        return self._get(f"groups/{leaves}", make)
 
     def tweaks(self) -> list[np.ndarray]:
         """The check hash's per-leaf tweaks (public; computed once per forest)."""
         return self._get("tweaks", lambda: _tweaks(self.owner, self.position))
 
 
-def expand_forest(key: KeySet, forest: Forest) -> tuple[np.ndarray, np.ndarray]:
-    """Every leaf's seed and control bit: ``(uint64 [leaves, 2], uint8 [leaves])``, trees concatenated.
-
-    Level by level over all trees at once (two AES calls per level); only nodes whose subtree meets
-    a tree's positions are expanded.
-    """
+def _check_shape(key: KeySet, forest: Forest) -> None:
     if key.depth != forest.depth or key.points != forest.points:
         raise DpfError(f"DPF key: depth {key.depth} and {key.points} trees do not match the forest "
                        f"(depth {forest.depth}, {forest.points} trees)")
+
+
+def _expand_trees(key: KeySet, j0: int, j1: int, forest: Forest) -> tuple[np.ndarray, np.ndarray]:
+    """Leaf seeds and control bits of trees ``j0 .. j1-1`` of ``key`` (``forest``: their shape).
+
+    Level by level over those trees at once (two AES calls per level); only nodes whose subtree
+    meets a tree's positions are expanded.
+    """
     live = forest.sizes > 0
-    seeds = key.roots[live]
+    seed_cw, t_cw = key.seed_cw[j0:j1], key.t_cw[j0:j1]
+    seeds = key.roots[j0:j1][live]
     t = np.full(int(live.sum()), key.party, np.uint8)
     for level in range(key.depth):
         counts = forest.level_counts(level)
-        left, t_left, right, t_right = _expand(seeds)
-        mask = np.repeat(np.uint64(0) - t.astype(np.uint64), 2)
-        cw = np.repeat(_rows(key.seed_cw[:, level]), counts).view(np.uint64)
+        both = _children(seeds)  # [2n, 2], children interleaved
+        bits = (both[:, 0] & _LOW).astype(np.uint8)
+        both[:, 0] &= _CLEAR
+        # a child whose parent has t = 1 takes the level's corrections (seed, and its side's bit)
+        mask = np.repeat(np.uint64(0) - t.astype(np.uint64), 4)
+        cw = np.repeat(_rows(seed_cw[:, level]), 2 * counts).view(np.uint64)
         cw &= mask
-        left.reshape(-1)[:] ^= cw
-        right.reshape(-1)[:] ^= cw
-        t_left ^= t & np.repeat(key.t_cw[:, level, 0], counts)
-        t_right ^= t & np.repeat(key.t_cw[:, level, 1], counts)
-        n = seeds.shape[0]
-        both = np.empty(2 * n, np.complex128)
-        both[0::2], both[1::2] = _rows(left), _rows(right)
-        bits = np.empty(2 * n, np.uint8)
-        bits[0::2], bits[1::2] = t_left, t_right
+        both.reshape(-1)[:] ^= cw
+        bits ^= np.repeat(t, 2) & np.repeat(np.ascontiguousarray(t_cw[:, level]).view(np.uint16), counts).view(np.uint8)
         keep = forest.children_kept(level)
         if keep is not None:
-            both, bits = both[keep], bits[keep]
-        seeds, t = _blocks(both), bits
+            both, bits = _blocks(_rows(both)[keep]), bits[keep]
+        seeds, t = both, bits
     return seeds, t
+
+
+def expand_forest(key: KeySet, forest: Forest) -> tuple[np.ndarray, np.ndarray]:
+    """Every leaf's seed and control bit: ``(uint64 [leaves, 2], uint8 [leaves])``, trees concatenated.
+
+    A few trees at a time (:meth:`Forest.groups`, about 64K leaves each), so the working set of a
+    level stays in cache.
+    """
+    _check_shape(key, forest)
+    parts = [_expand_trees(key, j0, j1, sub) for j0, j1, sub in forest.groups()]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
 def eval_full(key: KeySet, forest: Forest) -> np.ndarray:
@@ -642,11 +673,11 @@ class Accumulator:
         self._expect(key)
         if sign not in (1, -1):
             raise ValueError(f"sign must be 1 or -1; found {sign!r}")
-        seeds, t = expand_forest(key, self.forest)
+        _check_shape(key, self.forest)
         negate = (self.party == 1) != (sign == -1)
         op = np.subtract if negate else np.add
         mac = self._mac
-        digest = np.zeros(2, np.uint64)
+        folded = np.zeros((self._chunk, 2), np.uint64)  # XOR of the leaves' MACs, row by row
         buf = np.empty((self._chunk + 1, 2), np.uint64)
         buf2 = np.empty((self._chunk + 1, 2), np.uint64)
         out, out2 = memoryview(buf).cast("B"), memoryview(buf2).cast("B")
@@ -656,27 +687,38 @@ class Accumulator:
             tweaks, first = self.forest.tweaks(), self._positions()
             checks = [_encryptor(b"check/%d" % c) for c in range(CHECK_BLOCKS)]
         acc = self._acc
-        for j, lo, hi in self.forest.segments(self._chunk):
-            n = hi - lo
-            sig = _sigma(seeds[lo:hi])
-            src = memoryview(sig).cast("B")
-            y = buf[:n]
-            for i, enc in enumerate(values):
-                enc.update_into(src, out)
-                np.bitwise_xor(y, sig, out=y)
-                op(acc[i, lo:hi], y, out=acc[i, lo:hi])
-            if mac is not None:
-                mask = np.repeat(np.uint64(0) - t[lo:hi].astype(np.uint64), 2)
-                state = first[lo:hi]
-                for c, enc in enumerate(checks):
-                    x = sig ^ tweaks[c][lo:hi]
-                    enc.update_into(memoryview(x).cast("B"), out)
-                    np.bitwise_xor(y, x, out=y)
-                    y.reshape(-1)[:] ^= np.tile(key.check_cw[j, c], n) & mask
-                    np.bitwise_xor(state, y, out=x)
-                    mac.update_into(memoryview(x).cast("B"), out2)
-                    state = buf2[:n]
-                digest ^= np.bitwise_xor.reduce(state, axis=0)
+        t_all = np.empty(self.forest.leaves, np.uint8)
+        offsets = self.forest.offsets
+        for j0, j1, sub in self.forest.groups():
+            seeds, t = _expand_trees(key, j0, j1, sub)
+            base = int(offsets[j0])
+            t_all[base:base + t.size] = t
+            for j in range(j0, j1):
+                end = int(offsets[j + 1])
+                for lo in range(int(offsets[j]), end, self._chunk):
+                    hi = min(lo + self._chunk, end)
+                    n = hi - lo
+                    sig = _sigma(seeds[lo - base:hi - base])
+                    src = memoryview(sig).cast("B")
+                    y = buf[:n]
+                    for i, enc in enumerate(values):
+                        enc.update_into(src, out)
+                        np.bitwise_xor(y, sig, out=y)
+                        op(acc[i, lo:hi], y, out=acc[i, lo:hi])
+                    if mac is not None:
+                        mask = np.repeat(np.uint64(0) - t[lo - base:hi - base].astype(np.uint64), 2)
+                        state = first[lo:hi]
+                        for c, enc in enumerate(checks):
+                            x = sig ^ tweaks[c][lo:hi]
+                            enc.update_into(memoryview(x).cast("B"), out)
+                            np.bitwise_xor(y, x, out=y)
+                            y.reshape(-1)[:] ^= np.tile(key.check_cw[j, c], n) & mask
+                            np.bitwise_xor(state, y, out=x)
+                            mac.update_into(memoryview(x).cast("B"), out2)
+                            state = buf2[:n]
+                        np.bitwise_xor(folded[:n], state, out=folded[:n])
+        t = t_all
+        digest = np.bitwise_xor.reduce(folded, axis=0)
         cw = key.value_cw if not negate else np.uint64(0) - key.value_cw
         self._pending.append((np.packbits(t), cw))
         if len(self._pending) >= self._batch:

@@ -214,7 +214,7 @@ class DpfDigests(Message):
 @register
 @dataclass(frozen=True)
 class DpfShare(Message):
-    """B -> A: the survivors B summed and B's share of their sum (bucket space, row-major)."""
+    """B -> A: the survivors B summed and B's share of their sum (``N x d`` words, row-major)."""
 
     KIND = int(Stage.SHARE)
     STAGE = int(Stage.SHARE)
@@ -401,8 +401,9 @@ class DpfSumServer:
         self._release_ok()
         self.shared = True
         assert self.acc is not None
+        share = self.cfg.layout.to_domain(self.acc.total())  # the map is public: send N rows, not 3N
         return DpfShare(self.cfg.instance, self.cfg.round, self.me, self.peer, survivors=tuple(self.survivors or ()),
-                        share=self.acc.total().reshape(-1)).to_bytes()
+                        share=share.reshape(-1)).to_bytes()
 
     def combine(self, blob: bytes) -> np.ndarray:
         """A only: its share plus B's: the sum over the survivors, ``uint64 [N, d]``."""
@@ -416,12 +417,13 @@ class DpfSumServer:
             raise AbortError("stage SHARE: the servers' survivor sets differ; no sum")
         self._release_ok()
         assert self.acc is not None
-        leaves = self.cfg.forest.leaves
-        if msg.share.shape != (leaves * self.cfg.width,):
-            raise MessageError(f"stage SHARE: a share of {msg.share.size} words; expected {leaves * self.cfg.width}")
+        rows = self.cfg.layout.domain
+        if msg.share.shape != (rows * self.cfg.width,):
+            raise MessageError(f"stage SHARE: a share of {msg.share.size} words; expected {rows * self.cfg.width}")
         self.shared = True
-        total = self.acc.total() + msg.share.reshape(leaves, self.cfg.width)
-        return self.cfg.layout.to_domain(total)
+        total = self.cfg.layout.to_domain(self.acc.total())
+        total += msg.share.reshape(rows, self.cfg.width)
+        return total
 
 
 # -- in-process runner -------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def test_known_answer_with_fixed_root_seeds():
                           _point_functions(forest, np.array([5, 0, 7]), betas))
 
 
-GOLDEN_KEYS = "70062a4690636c0291e186c25a57ea1569e1a516587126decdff780cdee68616"
+GOLDEN_KEYS = "b89cb23dd27802b27fe85ef6fc61b52d63936ec85f94b249c8d6c0fd6daf9b7f"
 
 
 # -- one key alone ------------------------------------------------------------------------------------

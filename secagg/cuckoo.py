@@ -268,6 +268,11 @@ class CuckooLayout:
             np.add(out, np.take(flat, slot[:, i], axis=0, out=part), out=out)
         return out
 
+    @property
+    def slots(self) -> np.ndarray:
+        """``int64 [N, 3]``: the index of each element's three copies in the concatenated buckets."""
+        return self._slots()[2]
+
     def from_domain(self, table: np.ndarray) -> np.ndarray:
         """The rows of a domain table in bucket order (``out[slot(x, i)] = table[x]``), for PIR."""
         table = np.asarray(table)

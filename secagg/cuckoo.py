@@ -168,6 +168,7 @@ class CuckooLayout:
             slot = np.empty(flat.size, np.int64)
             slot[order] = np.arange(flat.size, dtype=np.int64)
             got = self._tables["slots"] = (sizes, offsets, slot.reshape(-1, CHOICES))
+            self._tables["elements"] = order // CHOICES
         return got
 
     @property
@@ -267,6 +268,12 @@ class CuckooLayout:
         for i in range(1, CHOICES):
             np.add(out, np.take(flat, slot[:, i], axis=0, out=part), out=out)
         return out
+
+    @property
+    def elements(self) -> np.ndarray:
+        """``int64 [3N]``: the element at each position of the concatenated buckets."""
+        self._slots()
+        return self._tables["elements"]
 
     @property
     def slots(self) -> np.ndarray:

@@ -759,22 +759,24 @@ class Accumulator:
                 view = self._acc[:, lo:hi, :]
                 np.add(view, picked.view(np.uint64).reshape(self.blocks, hi - lo, 2), out=view)
 
-    def gather(self, slots: np.ndarray) -> np.ndarray:
-        """This server's share mapped out of bucket space: ``out[x] = sum_i acc[slots[x, i]]``
-        (``slots``: ``int64 [N, k]`` leaf indices, e.g. a cuckoo layout's), ``uint64 [N, width]``.
-        Gathers straight from the block-major sum (no ``leaves x width`` copy)."""
+    def scatter(self, elements: np.ndarray, rows: int) -> np.ndarray:
+        """This server's share mapped out of bucket space: ``out[elements[leaf]] += acc[leaf]``,
+        ``uint64 [rows, width]`` (``elements``: the row of each leaf, e.g. a cuckoo layout's; distinct
+        within a tree). Tree by tree from the block-major sum, so no ``leaves x width`` copy is made."""
         self._flush()
-        slots = np.asarray(slots, dtype=np.int64)
-        if slots.ndim != 2 or (slots.size and (slots.min() < 0 or slots.max() >= self.forest.leaves)):
-            raise ValueError(f"slots must be [N, k] leaf indices below {self.forest.leaves}")
-        rows = self._acc.view(np.complex128).reshape(self.blocks, self.forest.leaves)
-        out = np.take(rows, slots[:, 0], axis=1).view(np.uint64)
-        part = np.empty_like(rows, shape=(self.blocks, slots.shape[0]))
-        for i in range(1, slots.shape[1]):
-            np.take(rows, slots[:, i], axis=1, out=part)
-            np.add(out, part.view(np.uint64), out=out)
-        return np.ascontiguousarray(out.reshape(self.blocks, slots.shape[0], 2).transpose(1, 0, 2)
-                                    .reshape(slots.shape[0], 2 * self.blocks)[:, :self.width])
+        elements = np.asarray(elements, dtype=np.int64)
+        if elements.shape != (self.forest.leaves,) or (elements.size and (elements.min() < 0 or elements.max() >= rows)):
+            raise ValueError(f"elements must be {self.forest.leaves} row indices below {rows}")
+        out = np.zeros((rows, self.width), np.uint64)
+        offsets = self.forest.offsets
+        for j in range(self.forest.points):
+            lo, hi = int(offsets[j]), int(offsets[j + 1])
+            if lo == hi:
+                continue
+            part = self._acc[:, lo:hi, :].transpose(1, 0, 2).reshape(hi - lo, 2 * self.blocks)[:, :self.width]
+            idx = elements[lo:hi]
+            out[idx] += part
+        return out
 
     def total(self) -> np.ndarray:
         """This server's share of the sum: ``uint64 [leaves, width]`` in bucket space."""

@@ -401,7 +401,7 @@ class DpfSumServer:
         self._release_ok()
         self.shared = True
         assert self.acc is not None
-        share = self.acc.gather(self.cfg.layout.slots)  # the map is public: send N rows, not 3N
+        share = self.acc.scatter(self.cfg.layout.elements, self.cfg.layout.domain)  # public map: N rows, not 3N
         return DpfShare(self.cfg.instance, self.cfg.round, self.me, self.peer, survivors=tuple(self.survivors or ()),
                         share=share.reshape(-1)).to_bytes()
 
@@ -421,7 +421,7 @@ class DpfSumServer:
         if msg.share.shape != (rows * self.cfg.width,):
             raise MessageError(f"stage SHARE: a share of {msg.share.size} words; expected {rows * self.cfg.width}")
         self.shared = True
-        total = self.acc.gather(self.cfg.layout.slots)
+        total = self.acc.scatter(self.cfg.layout.elements, self.cfg.layout.domain)
         total += msg.share.reshape(rows, self.cfg.width)
         return total
 

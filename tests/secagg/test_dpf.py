@@ -275,14 +275,15 @@ def test_a_forest_with_empty_trees_skips_them():
     assert np.array_equal(accs[0].total() + accs[1].total(), want)
 
 
-def test_gathering_out_of_bucket_space_equals_mapping_the_total():
+def test_scattering_out_of_bucket_space_equals_mapping_the_total():
     forest = Forest.of(np.array([6, 5, 7]))
     k0, _, _ = dpf.gen(np.array([1, 2, 3]), forest.depth, np.arange(9, dtype=np.uint64).reshape(3, 3))
     acc = Accumulator(forest, 3, 0)
     acc.add(k0)
     rng = np.random.default_rng(2)
-    slots = rng.integers(0, forest.leaves, (10, 3))
-    total = acc.total()
-    assert np.array_equal(acc.gather(slots), total[slots[:, 0]] + total[slots[:, 1]] + total[slots[:, 2]])
-    with pytest.raises(ValueError, match="leaf indices"):
-        acc.gather(np.array([[forest.leaves]]))
+    elements = np.concatenate([rng.permutation(10)[:s] for s in forest.sizes])  # distinct within a tree
+    want = np.zeros((10, 3), np.uint64)
+    np.add.at(want, elements, acc.total())
+    assert np.array_equal(acc.scatter(elements, 10), want)
+    with pytest.raises(ValueError, match="row indices"):
+        acc.scatter(elements, 5)

@@ -113,7 +113,8 @@ class SecureSum:
     """Ask for the replies summed through secure aggregation; the server learns only the sum.
 
     Attributes:
-        protocol: ``"secagg"`` or ``"secagg+"`` (``"chain"``/``"plain"`` in process only).
+        protocol: ``"secagg"`` or ``"secagg+"`` (``"chain"``/``"plain"``, and ``"dpf"`` with two
+            servers, in process only).
         width: the length of every client's ``"vector"``.
         frac_bits, value_clip: the fixed-point encoding and the largest ``|value|`` allowed
             (a client whose vector exceeds it is refused in words, in process the run stops).

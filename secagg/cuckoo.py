@@ -242,12 +242,16 @@ class CuckooLayout:
         if values.dtype != np.uint64 or values.ndim != 2 or values.shape[0] != np.size(xs):
             raise ValueError(f"values must be uint64 [points, d]; found {values.dtype} {values.shape}")
         bucket, position = self.assign(xs)
-        sizes = self.sizes
-        alpha = np.array([secrets.randbelow(int(s)) if s else 0 for s in sizes], dtype=np.int64)
+        alpha = self.decoys()
         beta = np.zeros((self.buckets, values.shape[1]), np.uint64)
         alpha[bucket] = position
         beta[bucket] = values
         return alpha, beta
+
+    def decoys(self) -> np.ndarray:
+        """A position per bucket drawn from the OS CSPRNG (0 for a bucket of no positions): where
+        a bucket without a point puts its zero value."""
+        return np.array([secrets.randbelow(int(s)) if s else 0 for s in self.sizes], dtype=np.int64)
 
     # -- server: back to the domain ----------------------------------------------------------------
     def to_domain(self, flat: np.ndarray) -> np.ndarray:

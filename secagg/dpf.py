@@ -257,15 +257,18 @@ class KeySet:
     def _flags(self) -> int:
         return (_FLAG_CHECK if self.check_cw is not None else 0) | (_FLAG_VALUE if self.value_cw is not None else 0)
 
-    def public_bytes(self) -> bytes:
-        """Everything both parties' keys must share: depth, flags, shapes and correction words."""
-        parts = [struct.pack(">BBII", self.depth, self._flags(), self.width, self.points), _words(self.seed_cw),
-                 np.packbits(self.t_cw.ravel(), bitorder="little").tobytes()]
+    def _public_parts(self) -> list[bytes]:
+        parts = [_words(self.seed_cw), np.packbits(self.t_cw.ravel(), bitorder="little").tobytes()]
         if self.check_cw is not None:
             parts.append(_words(self.check_cw))
         if self.value_cw is not None:
             parts.append(_words(self.value_cw))
-        return b"".join(parts)
+        return parts
+
+    def public_bytes(self) -> bytes:
+        """Everything both parties' keys must share: depth, flags, shapes and correction words."""
+        head = struct.pack(">BBII", self.depth, self._flags(), self.width, self.points)
+        return b"".join([head, *self._public_parts()])
 
     def public_digest(self) -> bytes:
         """SHA-256 of :meth:`public_bytes` (the servers compare it: one client, one function)."""
@@ -273,7 +276,7 @@ class KeySet:
 
     def to_bytes(self) -> bytes:
         head = _HEADER.pack(MAGIC, VERSION, self.party, self.depth, self._flags(), self.width, self.points, 0)
-        return head + _words(self.roots) + self.public_bytes()[10:]
+        return b"".join([head, _words(self.roots), *self._public_parts()])
 
     @staticmethod
     def size(*, depth: int, points: int, width: int, check: bool = True) -> int:

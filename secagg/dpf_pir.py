@@ -48,7 +48,7 @@ def query(layout: CuckooLayout, rows: np.ndarray) -> tuple[bytes, bytes, PirQuer
     """
     rows = np.asarray(rows, dtype=np.int64)
     bucket, position = layout.assign(rows)
-    alpha, _ = layout.spread(rows, np.zeros((rows.size, 1), np.uint64))
+    alpha = layout.decoys()
     alpha[bucket] = position
     k0, k1, secret = gen(alpha, layout.depth, None, check=False)
     return k0.to_bytes(), k1.to_bytes(), PirQuery(rows, bucket, secret)

@@ -106,6 +106,7 @@ _HEADER = struct.Struct(">4sBBBBIII")
 _LOW = np.uint64(1)
 _CLEAR = np.uint64(0xFFFFFFFFFFFFFFFE)
 _GROUP = 8  #: keys whose deferred corrections share one subset-sum table
+_GROUP_LEAVES = 1 << 16  #: leaves per group of trees expanded together (cache-sized levels)
 
 
 class DpfError(MessageError):
@@ -522,8 +523,10 @@ class Forest:
             self._cache[key] = make()
         return self._cache[key]
 
-    def groups(self, leaves: int = 1 << 16) -> list[tuple[int, int, Forest]]:
+    def groups(self, leaves: int | None = None) -> list[tuple[int, int, Forest]]:
         """Consecutive trees ``(j0, j1, their forest)`` of about ``leaves`` leaves each."""
+        leaves = _GROUP_LEAVES if leaves is None else leaves
+
         def make() -> list[tuple[int, int, Forest]]:
             out, j0, acc = [], 0, 0
             for j in range(self.points):

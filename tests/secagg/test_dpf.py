@@ -287,3 +287,25 @@ def test_scattering_out_of_bucket_space_equals_mapping_the_total():
     assert np.array_equal(acc.scatter(elements, 10), want)
     with pytest.raises(ValueError, match="row indices"):
         acc.scatter(elements, 5)
+
+
+def test_evaluation_in_many_groups_of_trees_equals_one_group(monkeypatch):
+    """Trees are expanded a group at a time; with tiny groups (and empty trees between them) the
+    leaves, the sums and the digests are those of one group."""
+    forest = Forest.of(np.array([7, 0, 12, 3, 9, 0, 16, 1]))
+    rng = np.random.default_rng(5)
+    alphas = np.array([rng.integers(0, max(int(s), 1)) for s in forest.sizes])
+    betas = rng.integers(0, 2**64, (8, 3), dtype=np.uint64)
+    k0, k1, _ = dpf.gen(alphas, forest.depth, betas)
+    whole = dpf.expand_forest(k0, forest)
+    sums = [Accumulator(forest, 3, b, challenge=b"g" * 16) for b in (0, 1)]
+    digests = [sums[b].add(k) for b, k in ((0, k0), (1, k1))]
+    monkeypatch.setattr(dpf, "_GROUP_LEAVES", 5)
+    small = Forest(forest.sizes, forest.depth)
+    assert len(small.groups()) > 3
+    parts = dpf.expand_forest(k0, small)
+    assert np.array_equal(parts[0], whole[0]) and np.array_equal(parts[1], whole[1])
+    split = [Accumulator(small, 3, b, challenge=b"g" * 16) for b in (0, 1)]
+    assert [split[b].add(k) for b, k in ((0, k0), (1, k1))] == digests
+    assert np.array_equal(split[0].total() + split[1].total(), sums[0].total() + sums[1].total())
+    assert np.array_equal(split[0].total() + split[1].total(), dpf.eval_full(k0, forest) + dpf.eval_full(k1, forest))

@@ -46,8 +46,6 @@ import os
 import sys
 import time
 
-import numpy as np
-
 __all__ = ["aes_throughput", "bench", "register"]
 
 TARGET_UPLOAD_BYTES = 150_000
@@ -103,7 +101,10 @@ def _prg_bytes(forest, width: int, check: bool) -> int:  # noqa: ANN001
 
 def bench(items: int, dim: int, points: int, clients: int, *, check: bool = True, seed: int = 0,
           secagg_dim: int | None = None) -> dict:
-    """Run the benchmark; the JSON-able result (see the module docstring)."""
+    """Run the benchmark; the JSON-able result (see the module docstring). Heavy imports happen here,
+    not at module import, so ``secagg bench dpf --help`` stays cheap."""
+    import numpy as np
+
     from secagg.cuckoo import CuckooLayout
     from secagg.dpf_sum import DpfSumClient, DpfSumConfig, DpfSumServer
 
@@ -184,6 +185,8 @@ def bench(items: int, dim: int, points: int, clients: int, *, check: bool = True
 
 def _secagg_plus(n: int, words: int, dim: int | None, seed: int) -> dict:
     """Dense SecAgg+ at the same n and vector length: bytes exactly, seconds scaled from a smaller run."""
+    import numpy as np
+
     from secagg import params
     from secagg.encoding import FixedPoint
     from secagg.runner import RunSpec, run

@@ -25,7 +25,8 @@ releases its share.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,8 +38,8 @@ from secagg.dpf_sum import DpfSpec, run_dpf
 from secagg.encoding import FixedPoint, check_budget
 from secagg.runner import PROTOCOLS, RunSpec
 
-__all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "secure_sum",
-           "small_cohort_protocol"]
+__all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "observe",
+           "secure_sum", "small_cohort_protocol"]
 
 #: Names accepted by :func:`secure_sum` (``"none"`` is the caller's plaintext path).
 SECURE_PROTOCOLS = ("secagg", "secagg+", "chain", "plain")
@@ -46,6 +47,35 @@ SECURE_PROTOCOLS = ("secagg", "secagg+", "chain", "plain")
 TWO_SERVER_PROTOCOLS = ("dpf",)
 #: The second server's default party name for a two-server sum.
 SERVER2 = "server2"
+
+_OBSERVERS: list[Callable[[dict], None]] = []
+
+
+@contextlib.contextmanager
+def observe(callback: Callable[[dict], None]) -> Iterator[None]:
+    """Call ``callback(instance)`` after every masking or chain instance :func:`secure_sum` runs inside
+    the block (``secagg bench secure`` uses it to price each instance against its cryptographic
+    bound). ``instance`` holds public parameters and costs only: ``protocol``, ``n``, ``dim``, ``k``
+    (neighbours; the chain's successors), ``t``, ``survivors``, ``senders`` (party names),
+    ``client_seconds`` (list), ``server_seconds``, ``masks_expanded``, ``key_agreements`` and
+    ``signatures_verified`` (the server's), ``aborted``."""
+    _OBSERVERS.append(callback)
+    try:
+        yield
+    finally:
+        _OBSERVERS.remove(callback)
+
+
+def _notify(protocol: str, senders: Sequence[str], dim: int, res) -> None:  # noqa: ANN001 (RunResult)
+    if not _OBSERVERS:
+        return
+    info = {"protocol": protocol, "n": len(senders), "dim": int(dim), "k": res.k, "t": res.t,
+            "survivors": len(res.survivors), "senders": list(senders),
+            "client_seconds": [float(x) for x in res.client_s], "server_seconds": float(res.server_s),
+            "masks_expanded": int(res.masks_expanded), "key_agreements": int(res.key_agreements),
+            "signatures_verified": int(res.signatures_verified), "aborted": res.total is None}
+    for callback in list(_OBSERVERS):
+        callback(info)
 
 
 class SecureSumAborted(RuntimeError):
@@ -177,6 +207,7 @@ def secure_sum(
     runner = PROTOCOLS[protocol]
     encoded = codec.encode(vals, rounding="nearest")
     res = runner(encoded, spec, record=record) if protocol in ("secagg", "secagg+") else runner(encoded, spec)
+    _notify(protocol, senders, vals.shape[1], res)
     keep = bool(transport.transcript.keep_payloads)
     if record:
         for stage, sender, blob in record:

@@ -17,7 +17,11 @@ Ed25519, Shamir, SHA-256, uint64 adds). Per round it reports:
 * ``round_s``: the wall-clock round, and with ``--plaintext`` the same preset with
   ``secure_aggregation = "none"`` (``plain_round_s``): ``round_over_bound`` = round / (plaintext
   round + simulation bound), the figure issue 27's 1.5x target is about;
-* ``peak_rss_mb``: the process's peak resident memory after the round.
+* ``peak_rss_mb``: the process's peak resident memory after the round;
+* with ``--no-shared-work``, ``unshared_round_s``: the same round with every simulated client doing
+  all its own verifications and agreements (:mod:`secagg.simshare` off), the simulation's cost
+  before that optimisation. The bounds are per device either way: sharing changes only how long
+  the one process simulating every device takes.
 
 ``--json`` prints one object on the last line: ``{"units": ..., "presets": {name: {...}}}``.
 Timings are only as good as the machine is quiet: run nothing else beside it.
@@ -53,6 +57,9 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=1, help="timed rounds per preset (default 1)")
     p.add_argument("--plaintext", action="store_true",
                    help="also time the preset with secure_aggregation = 'none' (the round's non-crypto work)")
+    p.add_argument("--no-shared-work", action="store_true",
+                   help="also time each preset with every simulated client doing all its own verifications and "
+                   "agreements (secagg.simshare off): the simulation's cost before that optimisation")
     p.add_argument("--json", action="store_true", help="one JSON object on the last line of stdout")
     p.set_defaults(func=_main)
 
@@ -119,8 +126,11 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _time_rounds(cfg, rounds: int, units, label: str) -> list[dict[str, Any]]:  # noqa: ANN001
+def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> list[dict[str, Any]]:  # noqa: ANN001
+    import contextlib
+
     from protocols.secure_sum import observe
+    from secagg import simshare
     from secagg.costmodel import instance_cost
 
     trainer = _build(cfg)
@@ -128,7 +138,7 @@ def _time_rounds(cfg, rounds: int, units, label: str) -> list[dict[str, Any]]:  
     for r in range(rounds):
         seen: list[dict] = []
         t0 = time.perf_counter()
-        with observe(seen.append):
+        with observe(seen.append), (contextlib.nullcontext() if shared else simshare.disabled()):
             trainer.run_round()
         wall = time.perf_counter() - t0
         per_client: dict[str, float] = defaultdict(float)
@@ -166,7 +176,7 @@ def _time_rounds(cfg, rounds: int, units, label: str) -> list[dict[str, Any]]:  
 
 
 def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users: int | None = None,
-          items: int | None = None) -> dict[str, Any]:
+          items: int | None = None, unshared: bool = False) -> dict[str, Any]:
     from secagg.costmodel import UnitCosts
 
     if rounds < 1:
@@ -197,21 +207,27 @@ def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users:
                 res["plain_round_s"] = plain[-1]["round_s"]
                 denom = res["plain_round_s"] + last["simulation_bound_s"]
                 res["round_over_bound"] = last["round_s"] / denom if denom > 0 else None
+        if unshared:
+            alone = _time_rounds(configs[name], rounds, units, f"{name} (no shared work)", shared=False)
+            res["unshared_round_s"] = alone[-1]["round_s"]
+            res["unshared_secure_measured_s"] = alone[-1]["secure_measured_s"]
         out["presets"][name] = res
     return out
 
 
 def _main(args: argparse.Namespace) -> int:
-    out = bench(list(args.presets), args.data, args.rounds, args.plaintext, users=args.users, items=args.items)
+    out = bench(list(args.presets), args.data, args.rounds, args.plaintext, users=args.users, items=args.items,
+                unshared=args.no_shared_work)
     u = out["units"]
     print(f"units: AES-256-CTR {u['aes256_ctr_gbps']:.2f} GB/s, X25519+HKDF {u['x25519_hkdf_agree_us']:.0f} us, "
           f"Ed25519 sign {u['ed25519_sign_us']:.0f} us / verify {u['ed25519_verify_us']:.0f} us")
-    print(f"{'preset':<26}{'round s':>9}{'plain s':>9}{'bound s':>9}{'device s':>10}{'secure s':>10}"
+    print(f"{'preset':<26}{'round s':>9}{'unshared':>9}{'plain s':>9}{'bound s':>9}{'device s':>10}{'secure s':>10}"
           f"{'sec/bnd':>9}{'rnd/bnd':>9}{'RSS MB':>8}")
     for name, r in out["presets"].items():
         def f(x: Any, spec: str) -> str:
             return "-" if x is None else format(x, spec)
-        print(f"{name:<26}{f(r['round_s'], '9.2f')}{f(r.get('plain_round_s'), '9.2f')}"
+        print(f"{name:<26}{f(r['round_s'], '9.2f')}{f(r.get('unshared_round_s'), '9.2f')}"
+              f"{f(r.get('plain_round_s'), '9.2f')}"
               f"{f(r['simulation_bound_s'], '9.2f')}{f(r['device_bound_s'], '10.3f')}"
               f"{f(r['secure_measured_s'], '10.2f')}{f(r['secure_over_bound'], '9.2f')}"
               f"{f(r.get('round_over_bound'), '9.2f')}{f(r['peak_rss_mb'], '8.0f')}")

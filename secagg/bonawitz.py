@@ -95,7 +95,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from secagg import params, prg, shamir
+from secagg import params, prg, shamir, simshare
 from secagg.bonawitz_wire import (  # the wire format, re-exported here
     _KIND_B, _KIND_S, _SHARE_PT,
     CLIENT_TRANSITIONS, COMMIT_BYTES, SEED_BYTES, SERVER_TRANSITIONS, SHARE_BYTES,
@@ -320,12 +320,24 @@ def make_pki(n: int) -> tuple[list[SigningKey], dict[int, bytes]]:
     return keys, {i: k.public_bytes for i, k in enumerate(keys)}
 
 
-def _verify(pki: Mapping[int, bytes], who: int, sig: bytes, data: bytes) -> bool:
+def _verify_now(public: bytes, sig: bytes, data: bytes) -> bool:
     try:
-        Ed25519PublicKey.from_public_bytes(pki[who]).verify(sig, data)
+        Ed25519PublicKey.from_public_bytes(public).verify(sig, data)
         return True
-    except (InvalidSignature, KeyError, ValueError):
+    except (InvalidSignature, ValueError, TypeError):
         return False
+
+
+def _verify(pki: Mapping[int, bytes], who: int, sig: bytes, data: bytes) -> bool:
+    """Ed25519 check of ``sig`` on ``data`` under ``who``'s directory key; inside a simulation's
+    :func:`secagg.simshare.shared_work` memoised by the exact (key, signature, message) triple."""
+    public = pki.get(who)
+    if public is None:
+        return False
+    memo = simshare.active()
+    if memo is None or not isinstance(sig, (bytes, bytearray)) or not isinstance(data, (bytes, bytearray)):
+        return _verify_now(public, sig, data)
+    return memo.verify(public, sig, data, lambda: _verify_now(public, sig, data))
 
 
 def _commit_seed(cfg: MaskingConfig, who: int, b: bytes) -> bytes:
@@ -842,7 +854,7 @@ class MaskingServer:
                 raise AbortError(f"stage UNMASK: reconstructed mask key of client {v} does not match its advertised key")
             for u in cfg.graph[v]:
                 if u in self.u3:
-                    seed = sk.agree(self.adverts[u][KEY_BYTES : 2 * KEY_BYTES], info=info)
+                    seed = sk.agree(self.adverts[u][KEY_BYTES : 2 * KEY_BYTES], info=info, shared=False)
                     # u added sign(u, v) * PRG(s_uv): remove it.
                     strip.append((seed, b"pair", u < v))
                     self.key_agreements += 1

@@ -42,6 +42,7 @@ from secagg.errors import AbortError
 from secagg.messages import INSTANCE_BYTES
 from secagg.params import DEFAULT_CORRUPT
 from secagg.plain import PlainClient, PlainConfig, PlainServer
+from secagg import simshare
 
 __all__ = [
     "INPUT_STAGE",
@@ -80,6 +81,9 @@ class RunSpec:
         min_survivors: every simulated client's own minimum (:class:`secagg.bonawitz.ClientPolicy`;
             the chain's ``min_survivors``): a client takes part only in an aggregation of at least
             this many clients and never helps unmask a sum over fewer.
+        shared_work: SecAgg/SecAgg+: the simulated clients verify each signed broadcast and compute
+            each pair's agreement once between them (:mod:`secagg.simshare`; the server's work stays
+            its own). ``False`` times every client as its own device (``secagg bench aggregation``).
     """
 
     k: int | None = None
@@ -90,6 +94,7 @@ class RunSpec:
     corrupt: float = DEFAULT_CORRUPT
     unsafe_threshold: bool = False
     min_survivors: int = 2
+    shared_work: bool = True
 
     def planned_dropout(self, n: int) -> float:
         """``dropout``, or the fraction of the ``n`` clients that ``dropouts`` lists."""
@@ -178,6 +183,13 @@ def run_plain(inputs: np.ndarray, spec: RunSpec) -> RunResult:
 
 def _run_masking(
     name: str, cfg: MaskingConfig, inputs: np.ndarray, spec: RunSpec, record: list | None = None
+) -> RunResult:
+    with simshare.shared_work(spec.shared_work):
+        return _run_masking_in(name, cfg, inputs, spec, record)
+
+
+def _run_masking_in(
+    name: str, cfg: MaskingConfig, inputs: np.ndarray, spec: RunSpec, record: list | None
 ) -> RunResult:
     n = cfg.n
     identities, pki = make_pki(n)

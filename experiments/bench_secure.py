@@ -225,7 +225,7 @@ def _main(args: argparse.Namespace) -> int:
           f"{'sec/bnd':>9}{'rnd/bnd':>9}{'RSS MB':>8}")
     for name, r in out["presets"].items():
         def f(x: Any, spec: str) -> str:
-            return "-" if x is None else format(x, spec)
+            return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0]))
         print(f"{name:<26}{f(r['round_s'], '9.2f')}{f(r.get('unshared_round_s'), '9.2f')}"
               f"{f(r.get('plain_round_s'), '9.2f')}"
               f"{f(r['simulation_bound_s'], '9.2f')}{f(r['device_bound_s'], '10.3f')}"

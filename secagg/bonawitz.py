@@ -623,10 +623,15 @@ class MaskingClient:
         self._check_header(msg, "UNMASK")
         st: _Signed = self._state  # type: ignore[assignment]
         digest = self.cfg.survivors_digest(sorted(st.u3))
-        valid = {
-            who for who, sig in msg.signatures
-            if who in st.u3 and (who in self._nbrs or who == self.id) and _verify(self._pki, who, sig, digest)
-        }
+        # the decision is "at least t valid signatures from holders in U3": checking stops at the t-th
+        # valid one (the same decision as checking them all, for t instead of k + 1 verifications)
+        valid: set[int] = set()
+        for who, sig in msg.signatures:
+            if len(valid) >= self.cfg.t:
+                break
+            if (who not in valid and who in st.u3 and (who in self._nbrs or who == self.id)
+                    and _verify(self._pki, who, sig, digest)):
+                valid.add(who)
         if len(valid) < self.cfg.t:
             raise AbortError(
                 f"stage UNMASK: only {len(valid)} valid consistency signatures from holders, fewer than t = {self.cfg.t}"

@@ -18,7 +18,8 @@ threshold ``t`` over ``d`` words (:mod:`secagg.bonawitz`):
   two 32-byte seeds into ``k + 1`` shares at threshold ``t``, ``k`` agreements (share encryption);
 * MASKED_INPUT: ``k`` agreements (mask seeds), ``k + 1`` keystreams of ``8 d`` bytes and as many
   ``d``-word adds, SHA-256 over ``8 d`` bytes and 1 signature;
-* CONSISTENCY: 1 signature; UNMASK: ``k + 1`` verifications at most (the holders' signatures).
+* CONSISTENCY: 1 signature; UNMASK: ``t`` verifications (it stops at the ``t``-th valid holder
+  signature, the decision the protocol needs).
 
 The server's counts come from the run (:class:`secagg.runner.RunResult`: ``masks_expanded``,
 ``key_agreements``, ``signatures_verified``, exact for that instance's dropouts), plus SHA-256 over
@@ -164,7 +165,7 @@ def instance_cost(protocol: str, *, n: int, dim: int, k: int | None, t: int | No
         t = 1 if t is None else t
         c = {
             "public_key": 2 * units.keygen_s + 2 * k * units.agree_s,
-            "signatures": 3 * units.sign_s + 2 * (k + 1) * units.verify_s,
+            "signatures": 3 * units.sign_s + (k + 1 + t) * units.verify_s,
             "shamir": units.shamir_split_s(k + 1, t),
             "prg": (k + 1) * word / units.aes_ctr_bps,
             "adds_hash": (k + 1) * dim / units.add_wps + word / units.sha256_bps,

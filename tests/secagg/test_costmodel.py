@@ -60,8 +60,8 @@ def test_the_counts_match_what_the_code_does_without_dropouts(n, dim, plus) -> N
     assert seen["agree"] == n * 2 * k + res.key_agreements
     assert c["public_key"] == 2 + 2 * k and s["public_key"] == res.key_agreements == 0
     assert seen["sign"] == n * 3
-    assert seen["verify"] == n * 2 * (k + 1) + res.signatures_verified
-    assert c["signatures"] == 3 + 2 * (k + 1) and s["signatures"] == res.signatures_verified
+    assert seen["verify"] == n * (k + 1 + t) + res.signatures_verified
+    assert c["signatures"] == 3 + (k + 1 + t) and s["signatures"] == res.signatures_verified
     assert seen["split"] == n
     assert seen["accumulate"] == n + 1
     assert seen["masks"] == n * (k + 1) + res.masks_expanded

@@ -201,9 +201,14 @@ def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users:
         res.update({k: last[k] for k in ("round_s", "simulation_bound_s", "device_bound_s", "secure_measured_s",
                                           "secure_over_bound", "peak_rss_mb", "instances")})
         if plaintext:
-            twin = _config(name, data, rounds, True, shape)
-            if twin is not None:
-                plain = _time_rounds(twin, rounds, units, f"{name} (plaintext)")
+            try:
+                twin = _config(name, data, rounds, True, shape)
+                plain = None if twin is None else _time_rounds(twin, rounds, units, f"{name} (plaintext)")
+            except ValueError as exc:  # e.g. fel-dp: distributed noise is refused without secure aggregation
+                res["plain_error"] = str(exc)
+                print(f"{name}: no plaintext twin ({exc})", file=sys.stderr)
+                plain = None
+            if plain is not None:
                 res["plain_round_s"] = plain[-1]["round_s"]
                 denom = res["plain_round_s"] + last["simulation_bound_s"]
                 res["round_over_bound"] = last["round_s"] / denom if denom > 0 else None

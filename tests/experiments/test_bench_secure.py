@@ -44,5 +44,5 @@ def test_bad_requests_are_refused_in_words() -> None:
 def test_a_preset_without_a_plaintext_twin_is_still_timed() -> None:
     out = bench(["fel-dp"], "synthetic", 1, True, users=60, items=50)
     r = out["presets"]["fel-dp"]
-    assert "plain_round_s" not in r and "secure aggregation" in r["plain_error"]
+    assert "plain_round_s" not in r and "secure_aggregation" in r["plain_error"]
     assert r["rounds"][0]["instances"] >= 1 and r["simulation_bound_s"] > 0

@@ -35,9 +35,11 @@ def test_a_run_with_shared_work_equals_one_where_every_client_works_alone(n, dim
         expect = inputs[keep].sum(axis=0, dtype=np.uint64)
         assert np.array_equal(alone.total, expect) and np.array_equal(shared.total, expect)
         assert shared.survivors == alone.survivors
-        # the server's own work is never shared
-        assert shared.key_agreements == alone.key_agreements
+        # the server's own work is never shared (SecAgg+ draws a fresh graph per run, so only the
+        # complete graph fixes which neighbours of the dropped clients survive)
         assert shared.signatures_verified == alone.signatures_verified
+        if not plus:
+            assert shared.key_agreements == alone.key_agreements
 
 
 def test_every_pair_agrees_once_and_every_broadcast_is_verified_once() -> None:

@@ -212,6 +212,24 @@ def _format_metrics(name: str, m: dict[str, float] | None) -> str:
     return f"{name:<8}" + "  ".join(f"{k} {m[k]:.4f}" if m[k] is not None else f"{k} n/a" for k in keys)
 
 
+def main_metric_names(summary: dict[str, Any]) -> tuple[str, ...]:
+    """The HR and NDCG cut-off nearest 10 among the summary's sampled or full metrics."""
+    m = summary.get("metrics") or summary.get("metrics_full") or {}
+    ks = sorted({int(k.split("@")[1]) for k in m if k.startswith("HR@")}, key=lambda c: (abs(c - 10), c))
+    return (f"HR@{ks[0]}", f"NDCG@{ks[0]}") if ks else ()
+
+
+def _format_ties(ties: dict[str, dict[str, dict[str, float]]] | None, names: tuple[str, ...]) -> list[str]:
+    """One line per evaluation: the main metrics under each tie rule (pessimistic is the recorded figure)."""
+    lines = []
+    for kind, by_rule in (ties or {}).items():
+        parts = [f"{k} " + " / ".join(f"{by_rule[r][k]:.4f} {r}" for r in ("pessimistic", "random", "optimistic"))
+                 for k in names if k in by_rule.get("pessimistic", {})]
+        if parts:
+            lines.append(f"{'ties':<8}({kind}) " + "; ".join(parts))
+    return lines
+
+
 def _main(args: argparse.Namespace) -> int:
     summary = run(args)
     ev = summary["evaluation"]
@@ -224,6 +242,8 @@ def _main(args: argparse.Namespace) -> int:
         print(_format_metrics("rating" if "RMSE" in summary["metrics"] else "sampled", summary["metrics"]))
     if summary["metrics_full"]:
         print(_format_metrics("full", summary["metrics_full"]))
+    for line in _format_ties(summary.get("ties"), main_metric_names(summary)):
+        print(line)
     for i, part in enumerate(summary["privacy"].get("parts") or [summary["privacy"]["statement"]]):
         print(f"{'privacy' if i == 0 else '':<10}{part}")
     print(f"seconds {summary['seconds']:.1f}  bytes/client/round {summary['bytes_per_client_per_round']:.0f}  run dir {summary['run_dir']}")

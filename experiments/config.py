@@ -116,9 +116,18 @@ class DataSection:
     """``[data]``: where interactions come from and how they are preprocessed.
 
     Attributes:
-        source: ``"synthetic"`` (the embedded default) or a path to a MovieLens file/folder or CSV.
+        source: ``"synthetic"`` (the embedded default) or a path to a MovieLens file/folder or CSV,
+            or a folder (or prefix) holding a paper's split files (``X.train.rating`` +
+            ``X.test.rating`` [+ ``X.test.negative``], or ``X_train.csv`` + ``X_test.csv`` [+
+            ``X_val.csv``]; :mod:`recmodels.splitfiles`): the run then uses that split as it is.
         format: ``""`` infers from the file name and content; else ``ml-100k`` | ``ml-1m`` |
-            ``ml-csv`` | ``csv``.
+            ``ml-csv`` | ``csv``, or a split format ``ncf`` | ``lightfr-csv``.
+        train, valid, test: explicit split files (a paper's released split): the training file,
+            the validation file (optional) and the test file, one held-out item per user.
+            Relative paths are taken inside ``source`` (its folder when it is a file; the current
+            directory when ``source = "synthetic"``). Set: no re-split, no filters
+            (``min_*_interactions`` do not apply: the files fix the users), ``threshold`` keeps the
+            training rows rated at least it. Empty (default): leave-one-out on ``source``.
         sep: a CSV's delimiter (one character or ``"::"``); ``""`` infers it from the content.
         columns: ``[data.columns]``, which CSV column holds the user, item, rating and timestamp
             (:class:`ColumnsSection`; inferred from the header names by default).
@@ -141,8 +150,16 @@ class DataSection:
     synthetic_items: int = 500
     synthetic_dim: int = 8
     synthetic_mean_interactions: int = 40
+    train: str = ""
+    valid: str = ""
+    test: str = ""
 
     def __post_init__(self) -> None:
+        if bool(self.train) != bool(self.test):
+            raise ValueError("data.train and data.test go together (an explicit split needs both); found "
+                             f"train={self.train!r}, test={self.test!r}")
+        if self.valid and not self.train:
+            raise ValueError(f"data.valid needs data.train and data.test; found valid={self.valid!r} alone")
         if self.min_user_interactions < 2:
             raise ValueError(
                 "data.min_user_interactions must be >= 2 (a user needs one interaction to train on and one "
@@ -178,11 +195,22 @@ class EvalSection:
             the sampled metrics off (full ranking only).
         ks: cut-offs for HR/NDCG/Precision/Recall.
         full_ranking: also rank the held-out item among all items the user has not trained on.
+        candidates: a file of per-user candidate lists for the test items (NCF's ``.test.negative``:
+            ``(user,item)<TAB>neg<TAB>neg...``); the sampled metrics then rank each test item among
+            exactly these, nothing sampled (``negatives`` unused). Needs ``[data] train/test``
+            (relative paths as theirs). An NCF test file ``X.test.rating`` finds ``X.test.negative``
+            beside it without this key; LightFR's test CSV holds its own candidate blocks.
+        valid_candidates: the same for the validation items (``[data] valid``).
+
+    Every ranking evaluation is computed under three tie rules (``summary.json``'s ``ties``):
+    ``pessimistic`` (the recorded figures), ``optimistic`` (the authors' code) and ``random``.
     """
 
     negatives: int = 99
     ks: list[int] = field(default_factory=lambda: [5, 10, 20])
     full_ranking: bool = True
+    candidates: str = ""
+    valid_candidates: str = ""
 
     def __post_init__(self) -> None:
         if self.negatives < 0:

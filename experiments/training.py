@@ -37,17 +37,24 @@ from dp.ledger import PrivacyLedger
 from experiments import config as cfgmod
 from experiments import jsonio
 from experiments.errors import RunInterrupted, UserError
-from experiments.prepare import Prepared, data_fingerprint, prepare_data
+from experiments.prepare import Prepared, prepare_data, run_data_files
 from experiments.rundir import CHECKPOINT, RunDir, default_run_dir
 from protocols.guard import set_device_policy
 from protocols.registry import BuildContext
 from protocols.state import loads_json
 from protocols.transport import InProcessTransport, Transcript
-from recmodels.metrics import evaluate_full, evaluate_sampled
+from recmodels.metrics import TIE_RULES, evaluate_full_by_rule, evaluate_sampled, evaluate_sampled_by_rule
 
-__all__ = ["MAX_ROUNDS", "TIE_RULE", "RunRequest", "execute", "main_metric"]
+__all__ = ["MAX_ROUNDS", "TIE_RULE", "TIE_RULES_TEXT", "RunRequest", "execute", "main_metric"]
 
 TIE_RULE = "ties count against the held-out item (rank = 1 + #candidates scoring >= it)"
+#: What summary.json's ``ties`` holds (every rule of :data:`recmodels.metrics.TIE_RULES`).
+TIE_RULES_TEXT = {
+    "pessimistic": TIE_RULE + "; the figures of metrics.jsonl and 'metrics'",
+    "optimistic": "ties in the held-out item's favour (rank = 1 + #candidates scoring > it), as the authors' code "
+                  "ranks with pandas rank(method='first') and the positive listed first",
+    "random": "the expectation over a uniformly random order of the tied candidates (exact, not sampled)",
+}
 #: Upper bound on run.rounds (a typo such as 10^20 is refused in words rather than accepted).
 MAX_ROUNDS = 1_000_000
 LEDGER = "privacy_ledger.sqlite"
@@ -127,7 +134,7 @@ def verify_resume(rd: RunDir, config: cfgmod.RunConfig) -> dict[str, Any]:
                 f"config.toml in {rd.path} changed {key} from {stored.get(key, '(unset)')!r} to "
                 f"{now.get(key, '(unset)')!r} since the run was created; only run.rounds may change on --resume"
             )
-    files = data_fingerprint(config.data.source)
+    files = run_data_files(config)
     for path in sorted(set(files) | set(ident["data_files"])):
         old, new = ident["data_files"].get(path), files.get(path)
         if old != new:
@@ -205,7 +212,17 @@ class _Run:
             return {"RMSE": float(m["rmse"]), "MAE": float(m["mae"])}
         if self.prep.candidates is not None:
             return evaluate_sampled(self.trainer.score, self.prep.candidates, ks=self.ks)
-        return evaluate_full(self.trainer.score_all, self.prep.split, ks=self.ks)
+        return evaluate_full_by_rule(self.trainer.score_all, self.prep.split, ks=self.ks)["pessimistic"]
+
+    def evaluate_ties(self) -> dict[str, dict[str, dict[str, float]]]:
+        """``{"sampled"|"full": {rule: metrics}}``: the final evaluation under every tie rule (ranking only;
+        ``full`` when ``eval.full_ranking``, ``sampled`` when there are candidates)."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        if self.prep.candidates is not None:
+            out["sampled"] = evaluate_sampled_by_rule(self.trainer.score, self.prep.candidates, ks=self.ks)
+        if self.config.eval.full_ranking or self.prep.candidates is None:
+            out["full"] = evaluate_full_by_rule(self.trainer.score_all, self.prep.split, ks=self.ks)
+        return out
 
     # -- one round -------------------------------------------------------------------------------
     def round(self, r: int, t0: float) -> dict[str, Any]:
@@ -309,7 +326,7 @@ def _open(req: RunRequest, prep: Prepared, trainer: Any) -> tuple[RunDir, str, f
         run_id = uuid.uuid4().hex
         rd.write_json("run.json", {
             "preset": req.preset, "run_id": run_id, "protocol": cfg.run.protocol,
-            "config": cfg.to_dict(), "data_files": data_fingerprint(cfg.data.source), "versions": _versions(),
+            "config": cfg.to_dict(), "data_files": run_data_files(cfg), "versions": _versions(),
             "plugins": run_plugins(req),
         })
         rd.write_text("config.toml", cfgmod.to_toml(cfg))
@@ -456,11 +473,12 @@ def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: s
         rd.append_jsonl("metrics.jsonl", {"round": done, **metrics, "seconds": round(train_seconds, 3)})
         history.append({"round": done, **metrics})
     eval_s = time.perf_counter() - te
-    metrics_full, full_s = None, 0.0
-    if cfg.spec.task == "ranking" and cfg.eval.full_ranking:
+    metrics_full, full_s, ties = None, 0.0, None
+    if cfg.spec.task == "ranking":
         te = time.perf_counter()
-        metrics_full = (metrics if run.prep.candidates is None
-                        else evaluate_full(trainer.score_all, prep.split, ks=run.ks))
+        ties = run.evaluate_ties()
+        if cfg.eval.full_ranking:
+            metrics_full = ties["full"]["pessimistic"]
         full_s = time.perf_counter() - te
     costs = rd.read_jsonl("costs.jsonl")
     summary = {
@@ -470,6 +488,7 @@ def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: s
         "seed": cfg.run.seed,
         "metrics": metrics if (cfg.spec.task == "rating" or run.prep.candidates is not None) else None,
         "metrics_full": metrics_full,
+        "ties": ties,
         "evaluation": _evaluation_protocol(cfg, prep),
         "data": prep.description,
         "bytes_per_client_per_round": float(np.mean([c.get("bytes_per_client", 0) for c in costs])) if costs and "bytes_per_client" in costs[0] else 0.0,
@@ -512,15 +531,24 @@ def _jsonable(obj: Any) -> Any:
 def _evaluation_protocol(config: cfgmod.RunConfig, prep: Prepared) -> dict[str, Any]:
     if config.spec.task == "rating":
         return {"split": prep.split.protocol, "metrics": "RMSE and MAE of predicted ratings on the held-out 20%"}
+    cands = prep.candidates
+    if cands is not None and cands.source != "sampled":
+        n = cands.n_candidates()
+        sampled = (f"held-out item + the candidates listed in {cands.source} ({int(n.min()) - 1}.."
+                   f"{int(n.max()) - 1} per user; nothing sampled)")
+    elif cands is not None:
+        sampled = f"held-out item + {cands.n_negatives} sampled items the user never interacted with"
+    else:
+        sampled = "off (eval.negatives = 0): full ranking only"
     return {
         "split": prep.split.protocol,
-        "sampled": (f"held-out item + {config.eval.negatives} sampled items the user never interacted with"
-                    if config.eval.negatives else "off (eval.negatives = 0): full ranking only"),
+        "sampled": sampled,
         "full": ("held-out item ranked among all items not in the user's training data"
-                 + (" (validation item excluded)" if config.split.validation else "")) if config.eval.full_ranking else "off",
+                 + (" (validation item excluded)" if prep.split.valid_items is not None else "")) if config.eval.full_ranking else "off",
         "ks": list(config.eval.ks),
         "ties": TIE_RULE,
-        "users_evaluated": int(len(prep.split.test_users)),
+        "tie_rules": {rule: TIE_RULES_TEXT[rule] for rule in TIE_RULES},
+        "users_evaluated": int(len(cands) if cands is not None else len(prep.split.test_users)),
     }
 
 

@@ -36,7 +36,7 @@ from dp.events import NoOp, NonPrivate
 from dp.ledger import PrivacyLedger
 from experiments import config as cfgmod
 from experiments import jsonio
-from experiments.errors import RunInterrupted, UserError
+from experiments.errors import RunInterrupted, TrainingDiverged, UserError
 from experiments.prepare import Prepared, prepare_data, run_data_files
 from experiments.rundir import CHECKPOINT, RunDir, default_run_dir
 from protocols.guard import set_device_policy
@@ -251,6 +251,10 @@ class _Run:
         cost.update({k: v for k, v in stats.extra.items() if k not in cost})
         self.rd.append_jsonl("costs.jsonl", cost)
         row: dict[str, Any] = {"round": r + 1, "loss": round(float(stats.loss), 6)}
+        if self.diverged(stats.loss):
+            row["seconds"] = round(time.perf_counter() - t0, 3)
+            self.rd.append_jsonl("metrics.jsonl", jsonio.strict(row))
+            raise self._diverged_error(r + 1, stats.loss)
         every = self.config.run.eval_every
         if r + 1 == self.rounds or (every and (r + 1) % every == 0):
             row.update(self.evaluate())
@@ -259,6 +263,34 @@ class _Run:
         if (r + 1) % self.config.run.checkpoint_every == 0 or r + 1 == self.rounds:
             self.checkpoint(time.perf_counter() - t0)
         return row
+
+    def diverged(self, loss: float) -> bool:
+        """Whether a round's loss says training diverged: an infinite loss, or NaN with a non-finite
+        number in the model state (a NaN loss alone can mean "no client reported one")."""
+        if math.isinf(loss):
+            return True
+        return math.isnan(loss) and _has_non_finite(self.trainer.state_dict())
+
+    def _diverged_error(self, rnd: int, loss: float) -> TrainingDiverged:
+        state = self.rd.load_checkpoint()
+        ck = int(state["trainer"].get("round", 0)) if isinstance(state, dict) and isinstance(state.get("trainer"), dict) else 0
+        section = self.spec.section or "run"  # the protocol's own keys
+        kept = (f"the checkpoint holds round {ck}: `secagg run --resume {self.rd.path} --rounds {ck}` finishes "
+                "there with a summary" if ck else "no round was checkpointed: start a new run")
+        message = (f"round {rnd}: the training loss is {loss} and the model holds non-finite values, so training "
+                   f"diverged; the run stopped. {self.rd.path} stays valid ({kept}; metrics.jsonl records the "
+                   f"round's loss as null). Lower the learning rate ("
+                   + ("fedmf.mf.lr: the fedmf presets use 0.0005, docs/fedmf.md" if self.spec.name == "fedmf"
+                      else f"the lr key of [{section}]")
+                   + ") or pick a preset that converges on this data.")
+        self.rd.write_json("summary.json", jsonio.strict({
+            "preset": self.req.preset, "protocol": self.config.run.protocol, "rounds": ck, "seed": self.config.run.seed,
+            "metrics": None, "metrics_full": None, "ties": None,
+            "stopped": message, "diverged": {"round": rnd, "loss": loss, "checkpoint_round": ck},
+            "versions": _versions(), "run_dir": str(self.rd.path), "run_id": self.run_id,
+        }))
+        self.ledger.close()
+        return TrainingDiverged(message, self.rd.path, rnd, ck)
 
     def checkpoint(self, elapsed: float) -> None:
         self.rd.save_checkpoint({"run_id": self.run_id, "seconds": elapsed, "trainer": self.trainer.state_dict()})
@@ -293,6 +325,21 @@ class _Run:
         if words["accountant"] is not None:
             out["accountant"] = words["accountant"]
         return out
+
+
+def _has_non_finite(obj: Any) -> bool:
+    """Whether a state (nested dicts/lists of arrays, tensors and numbers) holds a NaN or infinity."""
+    if isinstance(obj, dict):
+        return any(_has_non_finite(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_has_non_finite(v) for v in obj)
+    if isinstance(obj, torch.Tensor):
+        return bool(obj.is_floating_point() and not torch.isfinite(obj).all())
+    if isinstance(obj, np.ndarray):
+        return bool(obj.dtype.kind in "fc" and not np.isfinite(obj).all())
+    if isinstance(obj, float):
+        return not math.isfinite(obj)
+    return False
 
 
 def run_plugins(req: RunRequest) -> list[str]:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dp.errors import BudgetExceededError
+from dp.errors import BudgetExceededError, NonFiniteInputError
 from dp.events import NoOp, NonPrivate
 from dp.ledger import PrivacyLedger
 from experiments import config as cfgmod
@@ -228,7 +228,14 @@ class _Run:
     def round(self, r: int, t0: float) -> dict[str, Any]:
         # With a budget, a round whose releases would exceed it is undone: nothing from it is kept.
         snapshot = self.trainer.state_dict() if self.ledger.budget is not None else None
-        stats = self.trainer.run_round()
+        try:
+            stats = self.trainer.run_round()
+        except (ValueError, ArithmeticError) as exc:  # a mechanism refused a non-finite value (FedMF's LDP clip)
+            if not (isinstance(exc, NonFiniteInputError) or _has_non_finite(self.trainer.state_dict())):
+                raise
+            self.rd.append_jsonl("metrics.jsonl", {"round": r + 1, "loss": None,
+                                                   "seconds": round(time.perf_counter() - t0, 3)})
+            raise self._diverged_error(r + 1, math.nan, f"a value of the round was not finite ({exc})") from exc
         try:
             with self.ledger.round(self.ledger.next_round()) as rnd:
                 for rel in stats.releases:
@@ -254,7 +261,8 @@ class _Run:
         if self.diverged(stats.loss):
             row["seconds"] = round(time.perf_counter() - t0, 3)
             self.rd.append_jsonl("metrics.jsonl", jsonio.strict(row))
-            raise self._diverged_error(r + 1, stats.loss)
+            raise self._diverged_error(r + 1, stats.loss, f"the training loss is {stats.loss} and the model holds "
+                                       "non-finite values")
         every = self.config.run.eval_every
         if r + 1 == self.rounds or (every and (r + 1) % every == 0):
             row.update(self.evaluate())
@@ -271,13 +279,13 @@ class _Run:
             return True
         return math.isnan(loss) and _has_non_finite(self.trainer.state_dict())
 
-    def _diverged_error(self, rnd: int, loss: float) -> TrainingDiverged:
+    def _diverged_error(self, rnd: int, loss: float, what: str) -> TrainingDiverged:
         state = self.rd.load_checkpoint()
         ck = int(state["trainer"].get("round", 0)) if isinstance(state, dict) and isinstance(state.get("trainer"), dict) else 0
         section = self.spec.section or "run"  # the protocol's own keys
         kept = (f"the checkpoint holds round {ck}: `secagg run --resume {self.rd.path} --rounds {ck}` finishes "
                 "there with a summary" if ck else "no round was checkpointed: start a new run")
-        message = (f"round {rnd}: the training loss is {loss} and the model holds non-finite values, so training "
+        message = (f"round {rnd}: {what}, so training "
                    f"diverged; the run stopped. {self.rd.path} stays valid ({kept}; metrics.jsonl records the "
                    f"round's loss as null). Lower the learning rate ("
                    + ("fedmf.mf.lr: the fedmf presets use 0.0005, docs/fedmf.md" if self.spec.name == "fedmf"

@@ -70,6 +70,28 @@ def test_fedmf_divergence_stops_with_exit_3_and_a_valid_run_directory(tmp_path, 
     assert [json.loads(x)["round"] for x in (rd / "metrics.jsonl").read_text().splitlines()] == list(range(1, ck + 1))
 
 
+def test_fedmf_ldp_divergence_inside_the_round_stops_the_same_way(tmp_path, capsys):
+    # the client's own update overflows before its LDP clip: the round raises, the loop stops the run
+    text = FEDMF.format(lr=0.5) + '[fedmf]\ndefense = "ldp"\n'
+    code, err, rd = run(tmp_path, capsys, text, "ldp")
+    assert code == 3, err
+    assert "was not finite (clip_l1" in err and "training diverged" in err
+    rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["loss"] is None
+    assert json.loads((rd / "summary.json").read_text())["diverged"]["round"] == rows[-1]["round"]
+
+
+def test_a_finite_value_error_is_not_taken_for_divergence(tmp_path, capsys, monkeypatch):
+    from protocols import fedmf
+
+    def broken(self):
+        raise ValueError("a bug, not a divergence")
+
+    monkeypatch.setattr(fedmf.FedMF, "run_round", broken)
+    code, err, _ = run(tmp_path, capsys, FEDMF.format(lr=0.005), "bug")
+    assert code == 2 and "a bug, not a divergence" in err
+
+
 def test_fedmf_at_a_small_rate_is_not_stopped(tmp_path, capsys):
     code, err, rd = run(tmp_path, capsys, FEDMF.format(lr=0.005), "ok")
     assert code == 0, err

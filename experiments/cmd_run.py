@@ -64,7 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("preset", nargs="?", help=f"preset name (default {DEFAULT_PRESET}; listed below)")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file overriding the preset's keys")
     p.add_argument("--data", metavar="PATH", help="MovieLens u.data / ratings.dat / ratings.csv (file or folder) or CSV")
-    p.add_argument("--format", metavar="FMT", help="data format when it cannot be inferred: ml-100k, ml-1m, ml-csv, csv")
+    p.add_argument("--format", metavar="FMT", help="data format when it cannot be inferred: ml-100k, ml-1m, ml-csv, csv; filmtrust, ciao, yelp, "
+                   "douban, recbole (published formats); ncf, lightfr-csv (a paper's split folder)")
     p.add_argument("--columns", metavar="SPEC",
                    help="a CSV's columns, user=NAME,item=NAME[,rating=NAME][,timestamp=NAME] (header names or "
                    "0-based indices; 'none' for absent); default: inferred from the header ([data.columns])")

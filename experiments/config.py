@@ -121,7 +121,9 @@ class DataSection:
             ``X.test.rating`` [+ ``X.test.negative``], or ``X_train.csv`` + ``X_test.csv`` [+
             ``X_val.csv``]; :mod:`recmodels.splitfiles`): the run then uses that split as it is.
         format: ``""`` infers from the file name and content; else ``ml-100k`` | ``ml-1m`` |
-            ``ml-csv`` | ``csv``, or a split format ``ncf`` | ``lightfr-csv``.
+            ``ml-csv`` | ``csv``, a public dataset's published format ``filmtrust`` | ``ciao`` |
+            ``yelp`` | ``douban`` | ``recbole`` (:mod:`recmodels.public_data`), or a split format
+            ``ncf`` | ``lightfr-csv``.
         train, valid, test: explicit split files (a paper's released split): the training file,
             the validation file (optional) and the test file, one held-out item per user.
             Relative paths are taken inside ``source`` (its folder when it is a file; the current

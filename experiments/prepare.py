@@ -14,6 +14,7 @@ import numpy as np
 from experiments.config import RunConfig
 from recmodels.data import Interactions, align_interactions, binarize, filter_min_interactions, subset
 from recmodels.loaders import load_with_format, resolve_data_path
+from recmodels.public_data import public_file, public_format_of
 from recmodels.sampling import EvalCandidates, sample_eval_candidates
 from recmodels.splitfiles import SPLIT_FORMATS, SplitFiles, find_split_files, load_split, split_files
 from recmodels.splits import leave_one_out, ratio_split
@@ -54,14 +55,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def data_fingerprint(source: str) -> dict[str, str]:
+def data_fingerprint(source: str, fmt: str = "") -> dict[str, str]:
     """``{absolute path: sha256}`` of the interaction file and the side files beside it.
 
-    Synthetic data has no files (it is a function of the configuration and the seed).
+    Synthetic data has no files (it is a function of the configuration and the seed). ``fmt`` is
+    ``data.format`` (a public format's file is found by its published name).
     """
     if source == "synthetic":
         return {}
-    main = resolve_data_path(source).resolve()
+    public = public_format_of(source, fmt or None)
+    main = (public_file(source, public) if public is not None else resolve_data_path(source)).resolve()
     out = {str(main): _sha256(main)}
     for name in SIDE_FILES:
         side = main.parent / name
@@ -108,7 +111,7 @@ def run_data_files(config: RunConfig) -> dict[str, str]:
     ``run.json`` records it; ``--resume`` refuses a changed file."""
     files = split_files_of(config)
     if files is None:
-        return data_fingerprint(config.data.source)
+        return data_fingerprint(config.data.source, config.data.format)
     return {str(p.resolve()): _sha256(p) for p in files.paths()}
 
 

@@ -213,6 +213,10 @@ def _format_metrics(name: str, m: dict[str, float] | None) -> str:
     return f"{name:<8}" + "  ".join(f"{k} {m[k]:.4f}" if m[k] is not None else f"{k} n/a" for k in keys)
 
 
+def _num(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "n/a"
+
+
 def main_metric_names(summary: dict[str, Any]) -> tuple[str, ...]:
     """The HR and NDCG cut-off nearest 10 among the summary's sampled or full metrics."""
     m = summary.get("metrics") or summary.get("metrics_full") or {}
@@ -245,6 +249,12 @@ def _main(args: argparse.Namespace) -> int:
         print(_format_metrics("full", summary["metrics_full"]))
     for line in _format_ties(summary.get("ties"), main_metric_names(summary)):
         print(line)
+    best = summary.get("best_validation")
+    if best:
+        names = main_metric_names(summary)
+        print(f"{'best':<8}round {best['round']} by validation ("
+              + ", ".join(f"valid {k} {_num(best['valid'][k])}" for k in names if k in best["valid"]) + "): test "
+              + "  ".join(f"{k} {_num(best['metrics'][k])}" for k in names if k in best["metrics"]))
     for i, part in enumerate(summary["privacy"].get("parts") or [summary["privacy"]["statement"]]):
         print(f"{'privacy' if i == 0 else '':<10}{part}")
     print(f"seconds {summary['seconds']:.1f}  bytes/client/round {summary['bytes_per_client_per_round']:.0f}  run dir {summary['run_dir']}")

@@ -43,7 +43,8 @@ class Prepared:
     #: never drawn as a training negative (a rated item is not an unseen one). ``None`` when
     #: every rating is a positive.
     exclude: Interactions | None = None
-    #: the validation items' candidates (explicit split files with a validation candidate list).
+    #: the validation items' candidates: sampled like ``candidates`` (other draws), or a split file's lists;
+    #: ``None`` without validation items or sampled negatives (validation then ranks among all items).
     valid_candidates: EvalCandidates | None = None
 
 
@@ -153,7 +154,7 @@ def prepare_data(config: RunConfig) -> Prepared:
     exclude = None
     if threshold is not None and not spec.keeps_ratings:
         exclude = subset(rated, np.flatnonzero(rated.ratings < np.float32(threshold)))
-    candidates = None
+    candidates = valid_candidates = None
     if spec.task == "rating":
         split = ratio_split(data, test_ratio=RATING_TEST_RATIO, seed=seed)
     else:
@@ -162,6 +163,11 @@ def prepare_data(config: RunConfig) -> Prepared:
             candidates = sample_eval_candidates(
                 split, n_negatives=config.eval.negatives, rng=np.random.default_rng([seed, 1]), exclude=rated
             )
+            if split.valid_items is not None:  # model selection ranks the validation items the same way
+                valid_candidates = sample_eval_candidates(
+                    split, n_negatives=config.eval.negatives, rng=np.random.default_rng([seed, 2]), exclude=rated,
+                    target="valid",
+                )
     description = {
         "source": raw.source,
         "raw": raw.describe(),
@@ -174,7 +180,7 @@ def prepare_data(config: RunConfig) -> Prepared:
         "min_user_interactions": d.min_user_interactions,
         "min_item_interactions": d.min_item_interactions,
     }
-    return Prepared(data, split, candidates, description, exclude)
+    return Prepared(data, split, candidates, description, exclude, valid_candidates)
 
 
 def _at_least(data: Interactions, threshold: float) -> Interactions:
@@ -204,10 +210,13 @@ def _prepare_explicit(config: RunConfig, files: SplitFiles) -> Prepared:
     if threshold is not None and not spec.keeps_ratings:
         exclude = subset(raw, np.flatnonzero(raw.ratings < np.float32(threshold)))
     split = dataclasses.replace(ex.split, train=train)
-    candidates = ex.candidates
+    candidates, valid_candidates = ex.candidates, ex.valid_candidates
     if candidates is None and config.eval.negatives:
         candidates = sample_eval_candidates(split, n_negatives=config.eval.negatives,
                                             rng=np.random.default_rng([seed, 1]), exclude=raw)
+    if valid_candidates is None and split.valid_items is not None and config.eval.negatives:
+        valid_candidates = sample_eval_candidates(split, n_negatives=config.eval.negatives,
+                                                  rng=np.random.default_rng([seed, 2]), exclude=raw, target="valid")
     description = {
         "source": files.describe(),
         "split_files": files.as_dict(),
@@ -220,4 +229,4 @@ def _prepare_explicit(config: RunConfig, files: SplitFiles) -> Prepared:
         "min_user_interactions": "not applied (the split files fix the users)",
         "min_item_interactions": "not applied (the split files fix the items)",
     }
-    return Prepared(train, split, candidates, description, exclude, ex.valid_candidates)
+    return Prepared(train, split, candidates, description, exclude, valid_candidates)

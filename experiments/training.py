@@ -45,8 +45,11 @@ from protocols.state import loads_json
 from protocols.transport import InProcessTransport, Transcript
 from recmodels.metrics import TIE_RULES, evaluate_full_by_rule, evaluate_sampled, evaluate_sampled_by_rule
 
-__all__ = ["MAX_ROUNDS", "TIE_RULE", "TIE_RULES_TEXT", "RunRequest", "execute", "main_metric"]
+__all__ = ["MAX_ROUNDS", "TIE_RULE", "TIE_RULES_TEXT", "VALID_PREFIX", "RunRequest", "best_validation", "execute",
+           "main_metric"]
 
+#: Prefix of the validation metrics in metrics.jsonl rows (``valid_HR@10``).
+VALID_PREFIX = "valid_"
 TIE_RULE = "ties count against the held-out item (rank = 1 + #candidates scoring >= it)"
 #: What summary.json's ``ties`` holds (every rule of :data:`recmodels.metrics.TIE_RULES`).
 TIE_RULES_TEXT = {
@@ -211,8 +214,22 @@ class _Run:
             m = self.trainer.evaluate(self.prep.split.test)
             return {"RMSE": float(m["rmse"]), "MAE": float(m["mae"])}
         if self.prep.candidates is not None:
-            return evaluate_sampled(self.trainer.score, self.prep.candidates, ks=self.ks)
-        return evaluate_full_by_rule(self.trainer.score_all, self.prep.split, ks=self.ks)["pessimistic"]
+            out = evaluate_sampled(self.trainer.score, self.prep.candidates, ks=self.ks)
+        else:
+            out = evaluate_full_by_rule(self.trainer.score_all, self.prep.split, ks=self.ks)["pessimistic"]
+        return {**out, **self.evaluate_valid()}
+
+    def evaluate_valid(self) -> dict[str, float]:
+        """The validation items' metrics, keys prefixed ``valid_`` (empty without validation items): on
+        their candidates, or among all items when the test metrics are full-ranking ones."""
+        split = self.prep.split
+        if getattr(split, "valid_items", None) is None:
+            return {}
+        if self.prep.candidates is not None and self.prep.valid_candidates is not None:
+            m = evaluate_sampled(self.trainer.score, self.prep.valid_candidates, ks=self.ks)
+        else:
+            m = evaluate_full_by_rule(self.trainer.score_all, split, ks=self.ks, target="valid")["pessimistic"]
+        return {f"{VALID_PREFIX}{k}": v for k, v in m.items()}
 
     def evaluate_ties(self) -> dict[str, dict[str, dict[str, float]]]:
         """``{"sampled"|"full": {rule: metrics}}``: the final evaluation under every tie rule (ranking only;
@@ -527,6 +544,8 @@ def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: s
         metrics = run.evaluate()
         rd.append_jsonl("metrics.jsonl", {"round": done, **metrics, "seconds": round(train_seconds, 3)})
         history.append({"round": done, **metrics})
+    metrics_valid = {k[len(VALID_PREFIX):]: v for k, v in metrics.items() if k.startswith(VALID_PREFIX)} or None
+    metrics = {k: v for k, v in metrics.items() if not k.startswith(VALID_PREFIX)}
     eval_s = time.perf_counter() - te
     metrics_full, full_s, ties = None, 0.0, None
     if cfg.spec.task == "ranking":
@@ -543,6 +562,8 @@ def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: s
         "seed": cfg.run.seed,
         "metrics": metrics if (cfg.spec.task == "rating" or run.prep.candidates is not None) else None,
         "metrics_full": metrics_full,
+        "metrics_valid": metrics_valid,
+        "best_validation": best_validation(history, follow[0]) if metrics_valid else None,
         "ties": ties,
         "evaluation": _evaluation_protocol(cfg, prep),
         "data": prep.description,
@@ -562,6 +583,25 @@ def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: s
     rd.write_json("summary.json", summary)
     _plot(rd, history, req.preset, follow)
     return summary
+
+
+def best_validation(history: list[dict[str, Any]], metric: str) -> dict[str, Any] | None:
+    """Model selection: the evaluated round with the best validation ``metric`` (highest; lowest for
+    RMSE/MAE; the first such round on ties) and the test metrics recorded at that round, to report
+    beside the final round's. ``None`` when no row holds the validation metric."""
+    key = VALID_PREFIX + metric
+    rows = [h for h in history if isinstance(h.get(key), (int, float)) and math.isfinite(h[key])]
+    if not rows:
+        return None
+    lower = metric in ("RMSE", "MAE")
+    best = min(rows, key=lambda h: (h[key] if lower else -h[key], h["round"]))
+    return {
+        "round": best["round"],
+        "selected_by": f"{key} ({'lowest' if lower else 'highest'}; the first such round on ties), over the "
+                       f"{len(rows)} evaluated rounds",
+        "valid": {k[len(VALID_PREFIX):]: v for k, v in best.items() if k.startswith(VALID_PREFIX)},
+        "metrics": {k: v for k, v in best.items() if k not in ("round", "loss", "seconds") and not k.startswith(VALID_PREFIX)},
+    }
 
 
 def _cost_summary(costs: list[dict[str, Any]], trainer: Any) -> dict[str, Any]:
@@ -604,7 +644,25 @@ def _evaluation_protocol(config: cfgmod.RunConfig, prep: Prepared) -> dict[str, 
         "ties": TIE_RULE,
         "tie_rules": {rule: TIE_RULES_TEXT[rule] for rule in TIE_RULES},
         "users_evaluated": int(len(cands) if cands is not None else len(prep.split.test_users)),
+        "validation": _validation_text(prep),
     }
+
+
+def _validation_text(prep: Prepared) -> str:
+    """How the validation items are ranked and used (``off`` without any)."""
+    split = prep.split
+    if getattr(split, "valid_items", None) is None:
+        return "off (no validation items: split.validation = false, or split files without one)"
+    vc = prep.valid_candidates
+    if prep.candidates is None or vc is None:
+        how = "ranked among all items not in the user's training data (test item excluded)"
+    elif vc.source != "sampled":
+        how = f"ranked among the candidates listed in {vc.source}"
+    else:
+        how = f"ranked among {vc.n_negatives} other sampled items (drawn apart from the test negatives)"
+    return (f"one validation item per user, {how}; metrics.jsonl holds valid_* beside the test metrics at "
+            "every evaluation, and summary.json's best_validation gives the test metrics at the round "
+            "with the best validation figure")
 
 
 def _plot(rd: RunDir, history: list[dict[str, Any]], title: str, keys: tuple[str, ...]) -> None:

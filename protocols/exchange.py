@@ -100,9 +100,12 @@ __all__ = [
     "run_on_devices",
 ]
 
-#: Client-values per secure-aggregation instance in process (memory bound: a chunk of a wide
-#: vector is summed at a time; the sum is exact in Z_2^64, so chunking never changes it).
-SECURE_CHUNK = 1 << 24
+#: Client-values per secure-aggregation instance in process. Every instance pays a full key setup
+#: (agreements, signatures, Shamir), so a vector is summed in one instance whenever it fits: the
+#: simulated clients encode their own rows when they mask them (secagg.runner.EncodedRows) and the
+#: record keeps only sizes, so an instance adds no clients x dim array beyond the vectors themselves.
+#: Wider sums are cut into chunks (exact in Z_2^64, so chunking never changes the sum).
+SECURE_CHUNK = 1 << 28
 
 ArrayDict = Mapping[str, np.ndarray]
 DeviceRound = Generator["Exchange", "Replies", RoundStats]

@@ -25,7 +25,8 @@ releases its share.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,10 +36,10 @@ from secagg import params
 from secagg.bonawitz import MaskedInput
 from secagg.dpf_sum import DpfSpec, run_dpf
 from secagg.encoding import FixedPoint, check_budget
-from secagg.runner import PROTOCOLS, RunSpec
+from secagg.runner import PROTOCOLS, EncodedRows, RunSpec
 
-__all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "secure_sum",
-           "small_cohort_protocol"]
+__all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "observe",
+           "secure_sum", "small_cohort_protocol"]
 
 #: Names accepted by :func:`secure_sum` (``"none"`` is the caller's plaintext path).
 SECURE_PROTOCOLS = ("secagg", "secagg+", "chain", "plain")
@@ -46,6 +47,59 @@ SECURE_PROTOCOLS = ("secagg", "secagg+", "chain", "plain")
 TWO_SERVER_PROTOCOLS = ("dpf",)
 #: The second server's default party name for a two-server sum.
 SERVER2 = "server2"
+
+_OBSERVERS: list[Callable[[dict], None]] = []
+#: values per block when range-checking the clients' vectors
+_CHECK_VALUES = 1 << 18
+
+
+def _largest_magnitude(vals: np.ndarray) -> float:
+    """``max |v|`` over ``vals`` (NaN or inf if any value is not finite), in blocks of rows so that
+    no ``n x dim`` temporary is made."""
+    rows = max(1, _CHECK_VALUES // max(vals.shape[1], 1))
+    big = 0.0
+    for lo in range(0, vals.shape[0], rows):
+        top = float(np.abs(vals[lo : lo + rows]).max(initial=0.0))
+        if not top <= big:  # larger, or NaN
+            big = top
+            if not np.isfinite(big):
+                return big
+    return big
+
+
+class _SizesOnly(list):
+    """A runner's message record that keeps ``(stage, sender, size)`` instead of the wire bytes."""
+
+    def append(self, item: tuple) -> None:  # type: ignore[override]
+        stage, sender, blob = item
+        super().append((stage, sender, len(blob)))
+
+
+@contextlib.contextmanager
+def observe(callback: Callable[[dict], None]) -> Iterator[None]:
+    """Call ``callback(instance)`` after every masking or chain instance :func:`secure_sum` runs inside
+    the block (``secagg bench secure`` uses it to price each instance against its cryptographic
+    bound). ``instance`` holds public parameters and costs only: ``protocol``, ``n``, ``dim``, ``k``
+    (neighbours; the chain's successors), ``t``, ``survivors``, ``senders`` (party names),
+    ``client_seconds`` (list), ``server_seconds``, ``masks_expanded``, ``key_agreements`` and
+    ``signatures_verified`` (the server's), ``aborted``."""
+    _OBSERVERS.append(callback)
+    try:
+        yield
+    finally:
+        _OBSERVERS.remove(callback)
+
+
+def _notify(protocol: str, senders: Sequence[str], dim: int, res) -> None:  # noqa: ANN001 (RunResult)
+    if not _OBSERVERS:
+        return
+    info = {"protocol": protocol, "n": len(senders), "dim": int(dim), "k": res.k, "t": res.t,
+            "survivors": len(res.survivors), "senders": list(senders),
+            "client_seconds": [float(x) for x in res.client_s], "server_seconds": float(res.server_s),
+            "masks_expanded": int(res.masks_expanded), "key_agreements": int(res.key_agreements),
+            "signatures_verified": int(res.signatures_verified), "aborted": res.total is None}
+    for callback in list(_OBSERVERS):
+        callback(info)
 
 
 class SecureSumAborted(RuntimeError):
@@ -157,9 +211,9 @@ def secure_sum(
     vals = np.asarray(values, dtype=np.float64)
     if vals.ndim != 2 or vals.shape[0] != len(senders):
         raise ValueError(f"values must be [n senders, dim]; found {vals.shape} for {len(senders)} senders")
-    if not np.all(np.isfinite(vals)):
+    big = _largest_magnitude(vals)
+    if not np.isfinite(big):
         raise ValueError(f"round {round}: a client's vector holds a non-finite value; nothing was aggregated")
-    big = float(np.abs(vals).max(initial=0.0))
     if big > value_clip:
         raise ValueError(
             f"round {round}: a client's vector holds {big:.4g}, above {where}={value_clip:g}; raise {where} "
@@ -167,7 +221,10 @@ def secure_sum(
         )
     check_budget(n_summands=max(vals.shape[0], 1), clip=value_clip, frac_bits=frac_bits)
     codec = FixedPoint(frac_bits, value_clip)
-    record: list = []
+    keep = bool(transport.transcript.keep_payloads)
+    # without kept payloads only each message's size is recorded: holding every masked input until the
+    # instance ends would cost clients x dim x 8 bytes more at the peak
+    record: list = [] if keep else _SizesOnly()
     extra = {} if corrupt is None else {"corrupt": corrupt}
     spec = RunSpec(k=k, t=t, dropouts=dict(dropouts or {}), round=round, dropout=dropout,
                    unsafe_threshold=unsafe_threshold, min_survivors=min_survivors, **extra)
@@ -175,16 +232,20 @@ def secure_sum(
         protocol = small_cohort_protocol(protocol, vals.shape[0], dropout=spec.planned_dropout(vals.shape[0]),
                                          corrupt=spec.corrupt, k=k, t=t)
     runner = PROTOCOLS[protocol]
-    encoded = codec.encode(vals, rounding="nearest")
-    res = runner(encoded, spec, record=record) if protocol in ("secagg", "secagg+") else runner(encoded, spec)
-    keep = bool(transport.transcript.keep_payloads)
+    if protocol in ("secagg", "secagg+"):  # each simulated client encodes its own row when it masks it
+        encoded = EncodedRows(vals, lambda row: codec.encode(row, rounding="nearest"))
+        res = runner(encoded, spec, record=record)
+    else:
+        res = runner(codec.encode(vals, rounding="nearest"), spec)
+    _notify(protocol, senders, vals.shape[1], res)
     if record:
         for stage, sender, blob in record:
+            nbytes = blob if isinstance(blob, int) else len(blob)
             if stage == "masked_input":
                 payload = MaskedInput.from_bytes(blob).y if keep else None
-                transport.send(senders[sender], receiver, round, kind, payload, len(blob))
+                transport.send(senders[sender], receiver, round, kind, payload, nbytes)
             else:
-                transport.send(senders[sender], receiver, round, f"secagg:{stage}", None, len(blob))
+                transport.send(senders[sender], receiver, round, f"secagg:{stage}", None, nbytes)
     else:  # runners without a message record: sizes per sender
         for i, nbytes in enumerate(res.bytes_sent):
             if nbytes:

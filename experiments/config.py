@@ -452,7 +452,7 @@ _TOML_TOKENS = re.compile(
     r'|"(?:[^"\\\n]|\\.)*"'  # basic string
     r"|'[^'\n]*'"  # literal string
     r"|#[^\n]*"  # comment
-    r"|[\[\]{},.\n]"
+    r"|[\[\]{},.=\n]"
 )
 _TOML_FIRST = re.compile(r"[^ \t\r]")
 
@@ -463,18 +463,19 @@ def _check_toml_depth(text: str, origin: str) -> None:
     A count that never under-counts, linear in the text: a ``[table]`` header's level is its
     dotted parts plus two (so ``[[array.of.tables]]``, one level more, is covered), a key-value
     line starts at its table's level, each dot of a key and each ``[``/``{`` of a value adds one,
-    and ``,`` starts the next element or inline key at its container's level. The dot of a number
-    over-counts by one.
+    and ``,`` starts the next element or inline key at its container's level. A dot after ``=`` or
+    inside an array belongs to a value (a number, a date) and is not counted.
     """
     table = base = 1  # the current [table]'s level; the level the current key or element hangs from
     dots = 0  # dots of the current key (or header)
-    stack: list[tuple[int, int]] = []  # (base, dots) of each open array / inline table
+    value = False  # after "=" or inside an array: a "." belongs to a number or a date, not to a key
+    stack: list[tuple[int, int, str]] = []  # (base, dots, "[" or "{") of each open array / inline table
     header, line_begin, line_first = False, 0, -1  # line_first: the line's first non-blank (-1: not looked up)
     for match in _TOML_TOKENS.finditer(text):
         token = match.group()
         if token == "\n":
             if not stack:
-                header, line_begin, line_first, base, dots = False, match.end(), -1, table, 0
+                header, line_begin, line_first, base, dots, value = False, match.end(), -1, table, 0, False
             continue
         if token[0] in "#\"'":
             continue
@@ -491,14 +492,17 @@ def _check_toml_depth(text: str, origin: str) -> None:
             elif token == "]":
                 header, table, base, dots = False, dots + 3, dots + 3, 0
         elif token in "[{":
-            stack.append((base, dots))
-            base, dots = base + dots + 1, 0
+            stack.append((base, dots, token))
+            base, dots, value = base + dots + 1, 0, token == "["
         elif token in "]}":
             if stack:
-                base, dots = stack.pop()
+                base, dots, _ = stack.pop()
+            value = True
         elif token == ",":
-            dots = 0
-        elif token == ".":
+            dots, value = 0, bool(stack) and stack[-1][2] == "["
+        elif token == "=":
+            value = True
+        elif token == "." and not value:
             dots += 1
         if (dots + 3 if header else base + dots) > MAX_TOML_DEPTH:
             line = text.count("\n", 0, match.start()) + 1

@@ -783,7 +783,8 @@ class FedAvgGMF:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["config"] != asdict(self.config):
+        # (a key missing from an older checkpoint, e.g. the dpf_* keys, takes its default)
+        if {**asdict(type(self.config)()), **state["config"]} != asdict(self.config):
             raise ValueError("checkpoint was written with a different fedavg configuration")
         self.round = int(state["round"])
         # Copies: the caller's state must not change as training continues.

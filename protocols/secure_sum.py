@@ -120,6 +120,8 @@ def secure_sum(
     row_width: int | None = None,
     points: int | None = None,
     receiver2: str = SERVER2,
+    max_parts: int = 1,
+    pad_parts: bool = False,
 ) -> SecureSumResult:
     """Sum the rows of ``values`` (one per sender) through ``protocol``; see the module docstring.
 
@@ -144,14 +146,17 @@ def secure_sum(
         min_survivors: the clients' own minimum (:class:`secagg.bonawitz.ClientPolicy`, the chain's
             ``min_survivors``): no client helps unmask a sum over fewer survivors, so such a round
             aborts (:class:`SecureSumAborted`) before the server can decode anything.
-        row_width, points, receiver2: ``"dpf"`` only: words per row, the rows a client may touch
-            (more: refused in words, naming ``points``), and the second server's party name.
+        row_width, points, receiver2: ``"dpf"`` only: words per row, the rows of one key set, and
+            the second server's party name.
+        max_parts, pad_parts: ``"dpf"`` only: a client touches at most ``points x max_parts`` rows
+            (more: refused in words), in ``ceil(rows / points)`` key sets whose count both servers
+            see, or exactly ``max_parts`` with ``pad_parts``.
     """
     if protocol in TWO_SERVER_PROTOCOLS:
         return _two_server_sum(values, frac_bits=frac_bits, value_clip=value_clip, round=round, transport=transport,
                                senders=senders, kind=kind, receiver=receiver, receiver2=receiver2,
                                dropouts=dropouts, where=where, min_survivors=min_survivors, row_width=row_width,
-                               points=points)
+                               points=points, max_parts=max_parts, pad_parts=pad_parts)
     if protocol not in SECURE_PROTOCOLS:
         raise ValueError(f"secure aggregation must be one of {SECURE_PROTOCOLS}; found {protocol!r}")
     vals = np.asarray(values, dtype=np.float64)
@@ -207,7 +212,8 @@ def secure_sum(
 def _two_server_sum(values: np.ndarray, *, frac_bits: int, value_clip: float, round: int,
                     transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str, receiver2: str,
                     dropouts: Mapping[str, frozenset[int]] | None, where: str, min_survivors: int,
-                    row_width: int | None, points: int | None) -> SecureSumResult:
+                    row_width: int | None, points: int | None, max_parts: int = 1,
+                    pad_parts: bool = False) -> SecureSumResult:
     """``secure_sum`` for ``"dpf"`` (see the module docstring)."""
     vals = np.asarray(values, dtype=np.float64)
     if vals.ndim != 2 or vals.shape[0] != len(senders):
@@ -230,11 +236,12 @@ def _two_server_sum(values: np.ndarray, *, frac_bits: int, value_clip: float, ro
     rows = vals.shape[1] // row_width
     table = encoded.reshape(len(senders), rows, row_width)
     touched = [np.flatnonzero(t.any(axis=1)) for t in table]
-    if touched and max(len(t) for t in touched) > points:
+    if touched and max(len(t) for t in touched) > points * max_parts:
         raise ValueError(f"round {round}: a client's update touches {max(len(t) for t in touched)} rows, above "
-                         f"points={points}; raise points (every client's key set grows with it)")
+                         f"points={points}" + (f" x max_parts={max_parts}" if max_parts > 1 else "")
+                         + "; raise points (every client's key set grows with it)")
     return _run_rows([(t, table[i][t]) for i, t in enumerate(touched)], codec, rows=rows, row_width=row_width,
-                     points=points, max_parts=1, pad_parts=False, round=round, transport=transport, senders=senders,
+                     points=points, max_parts=max_parts, pad_parts=pad_parts, round=round, transport=transport, senders=senders,
                      kind=kind, receiver=receiver, receiver2=receiver2, dropouts=dropouts, min_survivors=min_survivors)
 
 

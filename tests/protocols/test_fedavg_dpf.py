@@ -174,3 +174,17 @@ def test_a_tampered_key_is_rejected_with_a_clear_error_and_the_round_goes_on_wit
     assert ids  # the sum was released over the three honest clients
     from secagg.dpf_sum import DpfShare
     assert DpfShare.from_bytes(ids[0].payload).survivors == (1, 2, 3)
+
+
+def test_a_checkpoint_written_before_the_dpf_keys_still_resumes():
+    train = make_train(3, 10, [2, 3, 2], seed=1)
+    fa = FedAvgGMF(train, FedAvgConfig(dim=2), seed=1)
+    fa.run_round()
+    state = fa.state_dict()
+    state["config"] = {k: v for k, v in state["config"].items() if not k.startswith("dpf_")}
+    again = FedAvgGMF(train, FedAvgConfig(dim=2), seed=1)
+    again.load_state_dict(state)
+    assert again.round == 1
+    other = FedAvgGMF(train, FedAvgConfig(dim=2, dpf_points=7), seed=1)
+    with pytest.raises(ValueError, match="different fedavg configuration"):
+        other.load_state_dict(state)

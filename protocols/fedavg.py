@@ -38,7 +38,9 @@ touched or their values (each key alone is independent of them). Stated limits: 
 together read every update; a client with more than ``dpf_points`` rows sends
 ``ceil(rows / dpf_points)`` key sets and **each server sees that count** (the size class of its
 update, i.e. of its history) unless ``dpf_pad_parts`` makes every client send
-``dpf_max_parts`` of them; a malicious client can touch up to the buckets of its key sets, not
+``dpf_max_parts`` of them; above ``dpf_dense_above`` key sets a client sends a dense two-server
+share instead (a CSPRNG seed to one server, its update minus the seed's expansion to the other),
+and both servers see that it is dense; a malicious client can touch up to the buckets of its key sets, not
 only ``dpf_points`` rows; values are not range-checked (as with SecAgg).
 
 Simulation: all sampled clients train at once as one batched computation. Every client owns
@@ -123,6 +125,10 @@ class FedAvgConfig:
             dpf_max_parts`` rows at most; a client with more stops the round in words).
         dpf_pad_parts: ``"dpf"``: every client sends exactly ``dpf_max_parts`` key sets, so neither
             server learns the size of its update (at ``dpf_max_parts`` times the cost).
+        dpf_dense_above: ``"dpf"``: a client whose rows need more key sets than this sends a dense
+            two-server share of its whole update instead (a seed to one server, the update minus
+            the seed's expansion to the other: cheaper for both servers than many full-domain
+            evaluations); both servers see that it is dense. 0: never (0 with ``dpf_pad_parts``).
         frac_bits: fixed-point fractional bits of the secure-aggregation encoding.
         value_clip: largest absolute value a client may put in its encoded update (item
             changes, and the output-layer changes times ``n_k``); a larger value refuses the
@@ -157,6 +163,7 @@ class FedAvgConfig:
     dpf_points: int = 512
     dpf_max_parts: int = 64
     dpf_pad_parts: bool = False
+    dpf_dense_above: int = 0
 
     def __post_init__(self) -> None:
         if self.dim < 1:
@@ -190,6 +197,9 @@ class FedAvgConfig:
                 raise ValueError(f"fedavg.{name} must be an int in 1..4096; found {getattr(self, name)!r}")
         if not isinstance(self.dpf_pad_parts, bool):
             raise ValueError(f"fedavg.dpf_pad_parts must be true or false; found {self.dpf_pad_parts!r}")
+        if type(self.dpf_dense_above) is not int or self.dpf_dense_above < 0 or (self.dpf_dense_above and self.dpf_pad_parts):
+            raise ValueError(f"fedavg.dpf_dense_above must be an int >= 0, and 0 with dpf_pad_parts; found "
+                             f"{self.dpf_dense_above!r}")
         if not (0 < self.frac_bits < 62) or not (self.value_clip > 0 and math.isfinite(self.value_clip)):
             raise ValueError(
                 f"fedavg.frac_bits must be in 1..61 and fedavg.value_clip positive; found {self.frac_bits}, {self.value_clip}"
@@ -601,7 +611,8 @@ class FedAvgGMF:
         res = secure_row_sum(
             rows, values, n_rows=n_rows, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip, round=t,
             transport=self.transport, senders=[client(u) for u in sampled], points=cfg.dpf_points,
-            max_parts=cfg.dpf_max_parts, pad_parts=cfg.dpf_pad_parts, receiver=SERVER, receiver2=SERVER2,
+            max_parts=cfg.dpf_max_parts, pad_parts=cfg.dpf_pad_parts, dense_above=cfg.dpf_dense_above,
+            receiver=SERVER, receiver2=SERVER2,
             where="fedavg.value_clip", min_survivors=getattr(getattr(self, "device_policy", None), "min_survivors", 2),
         )
         self._secagg_seconds = float(np.mean(res.client_seconds))

@@ -258,6 +258,7 @@ def secure_row_sum(
     points: int,
     max_parts: int = 1,
     pad_parts: bool = False,
+    dense_above: int = 0,
     kind: str = "update",
     receiver: str = SERVER,
     receiver2: str = SERVER2,
@@ -282,6 +283,8 @@ def secure_row_sum(
         n_rows: the table's rows ``N`` (public).
         points, max_parts, pad_parts: rows per key set, the most key sets per client, and whether
             every client sends exactly ``max_parts`` (:class:`secagg.dpf_sum.DpfSumConfig`).
+        dense_above: a client needing more key sets sends a dense two-server share instead (both
+            servers see that it is dense; 0: never).
         the rest: as :func:`secure_sum`.
 
     Returns:
@@ -318,16 +321,17 @@ def secure_row_sum(
     codec = FixedPoint(frac_bits, value_clip)
     enc = [(r, codec.encode(v, rounding="nearest")) for r, v in zip(idx, vals)]
     return _run_rows(enc, codec, rows=n_rows, row_width=row_width, points=points, max_parts=max_parts,
-                     pad_parts=pad_parts, round=round, transport=transport, senders=senders, kind=kind,
+                     pad_parts=pad_parts, dense_above=dense_above, round=round, transport=transport, senders=senders, kind=kind,
                      receiver=receiver, receiver2=receiver2, dropouts=dropouts, min_survivors=min_survivors)
 
 
 def _run_rows(updates, codec: FixedPoint, *, rows: int, row_width: int, points: int, max_parts: int, pad_parts: bool,
-              round: int, transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str,
+              round: int, dense_above: int = 0, transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str,
               receiver2: str, dropouts, min_survivors: int) -> SecureSumResult:  # noqa: ANN001
     """Run :func:`secagg.dpf_sum.run_dpf_rows` on encoded sparse updates and record its messages."""
     res = run_dpf_rows(updates, DpfSpec(rows, row_width, min(points, rows), round=round, min_survivors=min_survivors,
-                                        dropouts=dict(dropouts or {}), max_parts=max_parts, pad_parts=pad_parts))
+                                        dropouts=dict(dropouts or {}), max_parts=max_parts, pad_parts=pad_parts,
+                                        dense_above=dense_above))
     names = {"A": receiver, "B": receiver2}
     keep = bool(transport.transcript.keep_payloads)
     for sender, to, stage, blob in res.records:

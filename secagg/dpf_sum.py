@@ -64,11 +64,13 @@ from secagg.cuckoo import CuckooError, CuckooLayout
 from secagg.dpf import Accumulator, DpfError, Forest, KeySet, gen
 from secagg.errors import AbortError, MessageError
 from secagg.messages import INSTANCE_BYTES, SERVER, Message, Reader, Writer, decode, register
+from secagg.prg import SEED_BYTES, expand
 
 __all__ = [
     "SERVER_A",
     "SERVER_B",
     "DpfChallenge",
+    "DpfDense",
     "DpfDigests",
     "DpfIds",
     "DpfShare",
@@ -87,6 +89,8 @@ SERVER_B = SERVER - 1  #: party id of server B
 _DIGEST = 48
 _MAX_CLIENTS = 2**24
 _MAX_PARTS = 1 << 12  #: key sets one client may send in one sum (``DpfSumConfig.max_parts``)
+_DENSE_LABEL = b"secagg/dpf/dense"  #: domain separation of the dense share's expansion
+_DENSE_DIGEST = b"dense".ljust(_DIGEST, b"\0")  #: a dense client's digest (nothing to check: any vector is valid)
 
 
 class Stage(enum.IntEnum):
@@ -97,6 +101,7 @@ class Stage(enum.IntEnum):
     CHALLENGE = 82
     DIGESTS = 83
     SHARE = 84
+    DENSE = 85
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,12 @@ class DpfSumConfig:
             they see nothing). 1 (default): one key set per client.
         pad_parts: every client pads its upload to ``max_parts`` key sets (zero-valued ones), so
             the number of key sets says nothing about its rows; the servers refuse any other count.
+        dense_above: a client whose rows need more than this many key sets sends a **dense
+            two-server share** instead (:class:`DpfDense`: a 32-byte CSPRNG seed to B, its whole
+            ``N x d`` update minus the seed's AES-CTR expansion to A), which costs each server one
+            vector add or expansion instead of full-domain evaluations; each alone still sees
+            nothing of the update (A a uniform vector, B a random seed), but both see that the
+            client is dense (its size class, as the key-set count). 0 (default): never.
     """
 
     n: int
@@ -127,6 +138,7 @@ class DpfSumConfig:
     check: bool = True
     max_parts: int = 1
     pad_parts: bool = False
+    dense_above: int = 0
     forest: Forest = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -140,6 +152,8 @@ class DpfSumConfig:
             raise ValueError(f"instance must be {INSTANCE_BYTES} bytes")
         if type(self.max_parts) is not int or not 1 <= self.max_parts <= _MAX_PARTS:
             raise ValueError(f"max_parts must be an int in [1, {_MAX_PARTS}]; found {self.max_parts!r}")
+        if type(self.dense_above) is not int or self.dense_above < 0 or (self.dense_above and self.pad_parts):
+            raise ValueError(f"dense_above must be an int >= 0, and 0 with pad_parts; found {self.dense_above!r}")
         object.__setattr__(self, "forest", Forest(self.layout.sizes, self.layout.depth))
 
     def key_bytes(self) -> int:
@@ -171,6 +185,29 @@ class DpfUpload(Message):
         if not 1 <= parts <= _MAX_PARTS or part >= parts:
             raise MessageError(f"DpfUpload: part {part} of {parts} (at most {_MAX_PARTS} parts)")
         return cls(**head, floor=floor, key=r.raw(r.u32()), part=part, parts=parts)
+
+
+@register
+@dataclass(frozen=True)
+class DpfDense(Message):
+    """Client -> one server: a dense two-server share of its whole update (``dense_above``): to A
+    ``share`` (``N x d`` words, row-major) and no seed, to B the 32-byte ``seed`` and no share."""
+
+    KIND = int(Stage.DENSE)
+    STAGE = int(Stage.UPLOAD)
+    floor: int = 2
+    seed: bytes = b""
+    share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+
+    def _write_body(self, w: Writer) -> None:
+        w.u32(self.floor).u32(len(self.seed)).raw(self.seed).u64_vector(self.share)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> DpfDense:
+        floor, n = r.u32(), r.u32()
+        if n not in (0, SEED_BYTES):
+            raise MessageError(f"DpfDense: a seed of {n} bytes (0 or {SEED_BYTES})")
+        return cls(**head, floor=floor, seed=r.raw(n), share=r.u64_vector())
 
 
 @register
@@ -311,11 +348,24 @@ class DpfSumClient:
         if rows.size and (np.unique(rows).size != rows.size or rows.min() < 0 or rows.max() >= c.layout.domain):
             raise ValueError(f"client {self.id}: rows must be distinct and in [0, {c.layout.domain})")
         count = c.max_parts if c.pad_parts else max(1, -(-rows.size // c.points))
+        if c.dense_above and count > c.dense_above:
+            self.sent = True
+            return [self._dense(rows, values)]
         chunks = [(rows[i * c.points:(i + 1) * c.points], values[i * c.points:(i + 1) * c.points])
                   for i in range(count)]
         out = self._parts(chunks, count)
         self.sent = True
         return out
+
+    def _dense(self, rows: np.ndarray, values: np.ndarray) -> tuple[bytes, bytes]:
+        """The dense two-server share: ``x - PRG(seed)`` to A, ``seed`` (OS CSPRNG) to B."""
+        c = self.cfg
+        seed = os.urandom(SEED_BYTES)
+        share = np.uint64(0) - expand(seed, c.layout.domain * c.width, label=_DENSE_LABEL)
+        table = share.reshape(c.layout.domain, c.width)
+        table[rows] += values
+        return (DpfDense(c.instance, c.round, self.id, SERVER_A, floor=self.floor, share=share).to_bytes(),
+                DpfDense(c.instance, c.round, self.id, SERVER_B, floor=self.floor, seed=seed).to_bytes())
 
     def _parts(self, chunks: list[tuple[np.ndarray, np.ndarray]], count: int) -> list[tuple[bytes, bytes]]:
         c = self.cfg
@@ -340,6 +390,7 @@ class DpfSumServer:
         self.parts: dict[int, dict[int, KeySet]] = {}  # client -> part -> key set
         self.declared: dict[int, int] = {}  # client -> the number of parts it declared
         self.floors: dict[int, int] = {}
+        self.dense: dict[int, DpfDense] = {}  # client -> its dense share (dense_above)
         self.survivors: list[int] | None = None
         self.challenge: bytes | None = None
         self.digests: dict[int, bytes] = {}
@@ -361,11 +412,15 @@ class DpfSumServer:
         if self.stage != Stage.UPLOAD:
             raise MessageError(f"stage {self.stage.name}: uploads are closed")
         msg = decode(blob)
+        if isinstance(msg, DpfDense):
+            return self._receive_dense(msg)
         if not isinstance(msg, DpfUpload):
             raise MessageError(f"stage UPLOAD: unexpected {type(msg).__name__}")
         self._check_head(msg, Stage.UPLOAD, False)
         if not 0 <= msg.sender < self.cfg.n:
             raise MessageError(f"stage UPLOAD: bad sender {msg.sender}")
+        if msg.sender in self.dense:
+            raise MessageError(f"stage UPLOAD: client {msg.sender} already sent a dense share")
         if msg.part in self.parts.get(msg.sender, {}):
             raise MessageError(f"stage UPLOAD: replayed upload from client {msg.sender} (already received)")
         if not 2 <= msg.floor <= self.cfg.n:
@@ -387,13 +442,43 @@ class DpfSumServer:
         self.floors[msg.sender] = msg.floor
         return msg.sender
 
+    def _receive_dense(self, msg: DpfDense) -> int:
+        c = self.cfg
+        self._check_head(msg, Stage.UPLOAD, False)
+        if not c.dense_above:
+            raise MessageError("stage UPLOAD: a dense share, but this sum takes key sets only (dense_above = 0)")
+        if not 0 <= msg.sender < c.n:
+            raise MessageError(f"stage UPLOAD: bad sender {msg.sender}")
+        if msg.sender in self.dense or msg.sender in self.parts:
+            raise MessageError(f"stage UPLOAD: replayed upload from client {msg.sender} (already received)")
+        if not 2 <= msg.floor <= c.n:
+            raise MessageError(f"stage UPLOAD: client {msg.sender}'s floor {msg.floor} is not in [2, n]")
+        want = (0, c.layout.domain * c.width) if self.party == 0 else (SEED_BYTES, 0)
+        if (len(msg.seed), msg.share.size) != want:
+            raise MessageError(f"stage UPLOAD: client {msg.sender}'s dense share has a {len(msg.seed)}-byte seed and "
+                               f"{msg.share.size} words; server {'AB'[self.party]} expects {want[0]} and {want[1]}")
+        self.dense[msg.sender] = msg
+        self.floors[msg.sender] = msg.floor
+        return msg.sender
+
+    def _dense_sum(self, clients: list[int]) -> np.ndarray:
+        """This server's share of the dense clients' sum, ``uint64 [N, d]`` (A: their vectors; B: the seeds'
+        expansions)."""
+        c = self.cfg
+        out = np.zeros(c.layout.domain * c.width, np.uint64)
+        for cid in clients:
+            if cid in self.dense:
+                msg = self.dense[cid]
+                out += msg.share if self.party == 0 else expand(msg.seed, out.size, label=_DENSE_LABEL)
+        return out.reshape(c.layout.domain, c.width)
+
     @property
     def keys(self) -> dict[int, KeySet]:
         """Client -> its first key set, for every client whose every part arrived."""
         return {c: p[0] for c, p in self.parts.items() if len(p) == self.declared[c]}
 
     def _complete(self) -> list[int]:
-        return sorted(c for c, p in self.parts.items() if len(p) == self.declared[c])
+        return sorted([c for c, p in self.parts.items() if len(p) == self.declared[c]] + list(self.dense))
 
     def received(self) -> bytes:
         """Close the uploads; the ids received (every part), for the other server."""
@@ -438,6 +523,9 @@ class DpfSumServer:
         self.acc = Accumulator(self.cfg.forest, self.cfg.width, self.party,
                                challenge=self.challenge if self.cfg.check else None)
         for cid in self.survivors:
+            if cid in self.dense:  # nothing to verify: any vector is a valid dense update
+                self.digests[cid] = _DENSE_DIGEST
+                continue
             got = [self.acc.add(self.parts[cid][p]) for p in range(self.declared[cid])]
             if got[0] is not None:  # one digest per client: the MACs XOR-ed, the public parts hashed together
                 mac = np.bitwise_xor.reduce(np.stack([np.frombuffer(g[:16], np.uint8) for g in got]), axis=0)
@@ -459,7 +547,7 @@ class DpfSumServer:
         bad = [] if not self.cfg.check else [
             c for c in self.survivors or [] if not hmac.compare_digest(self.digests[c], theirs.get(c, b""))]
         for c in bad:
-            for p in range(self.declared[c]):
+            for p in range(self.declared.get(c, 0)):
                 self.acc.add(self.parts[c][p], sign=-1)
         self.survivors = [c for c in self.survivors or [] if c not in set(bad)]
         self.stage = Stage.SHARE
@@ -480,6 +568,7 @@ class DpfSumServer:
         self.shared = True
         assert self.acc is not None
         share = self.acc.scatter(self.cfg.layout.elements, self.cfg.layout.domain)  # public map: N rows, not 3N
+        share += self._dense_sum(self.survivors or [])
         return DpfShare(self.cfg.instance, self.cfg.round, self.me, self.peer, survivors=tuple(self.survivors or ()),
                         share=share.reshape(-1)).to_bytes()
 
@@ -500,6 +589,7 @@ class DpfSumServer:
             raise MessageError(f"stage SHARE: a share of {msg.share.size} words; expected {rows * self.cfg.width}")
         self.shared = True
         total = self.acc.scatter(self.cfg.layout.elements, self.cfg.layout.domain)
+        total += self._dense_sum(self.survivors or [])
         total += msg.share.reshape(rows, self.cfg.width)
         return total
 
@@ -522,8 +612,8 @@ class DpfSpec:
         failure_bits: the cuckoo failure target (buckets from :func:`secagg.cuckoo.buckets_for`).
         tamper: ``client -> (key_A, key_B) -> (key_A, key_B)`` replacing a client's keys (tests of
             malicious clients), applied to the parsed key sets before encoding (every part's).
-        max_parts, pad_parts: as :class:`DpfSumConfig`'s (a client with more than ``points`` rows
-            sends several key sets).
+        max_parts, pad_parts, dense_above: as :class:`DpfSumConfig`'s (a client with more than
+            ``points`` rows sends several key sets, or above ``dense_above`` of them a dense share).
     """
 
     rows: int
@@ -538,6 +628,7 @@ class DpfSpec:
     tamper: Mapping[int, object] = field(default_factory=dict)
     max_parts: int = 1
     pad_parts: bool = False
+    dense_above: int = 0
 
 
 @dataclass(frozen=True)
@@ -551,7 +642,7 @@ class DpfSumResult:
         client_s: seconds per client (placement and key generation).
         server_s: seconds at A and at B (everything after the uploads, including the check).
         bytes_up: ``[n, 2]`` bytes each client sent to A and to B.
-        parts: ``[n]`` key sets each client sent (0: refused before sending).
+        parts: ``[n]`` key sets each client sent (0: refused before sending or dense).
         records: ``(sender, receiver, stage, blob)`` for every message, in order; parties ``"A"``,
             ``"B"`` or a client index.
     """
@@ -594,7 +685,7 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
     layout = CuckooLayout.for_points(spec.rows, spec.points, seed=spec.seed or bytes(32),
                                      failure_bits=spec.failure_bits)
     cfg = DpfSumConfig(n, layout, spec.width, spec.points, os.urandom(INSTANCE_BYTES), spec.round, spec.check,
-                       max_parts=spec.max_parts, pad_parts=spec.pad_parts)
+                       max_parts=spec.max_parts, pad_parts=spec.pad_parts, dense_above=spec.dense_above)
     servers = (DpfSumServer(cfg, 0), DpfSumServer(cfg, 1))
     records: list[tuple[object, object, str, bytes]] = []
     refused: dict[int, str] = {}
@@ -615,10 +706,10 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
         except (ValueError, CuckooError) as exc:
             refused[i] = str(exc)
             continue
-        if i in spec.tamper:
+        if i in spec.tamper and parts_of(sent):
             sent = [_tampered(cfg, blobs, spec.tamper[i]) for blobs in sent]
         client_s[i] = time.perf_counter() - t0
-        parts[i] = len(sent)
+        parts[i] = 0 if isinstance(decode(sent[0][1]), DpfDense) else len(sent)
         for blobs in sent:
             for b, name in enumerate(("A", "B")):
                 if i in lost[name]:
@@ -658,6 +749,11 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
         abort = str(exc)
     return DpfSumResult(total, frozenset(servers[0].survivors or ()), refused, abort, client_s,
                         (timers[0], timers[1]), bytes_up, records, layout.buckets, parts)
+
+
+def parts_of(sent: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a client's uploads are key sets (not a dense share)."""
+    return not isinstance(decode(sent[0][1]), DpfDense)
 
 
 def _tampered(cfg: DpfSumConfig, blobs: tuple[bytes, bytes], fn) -> tuple[bytes, bytes]:  # noqa: ANN001

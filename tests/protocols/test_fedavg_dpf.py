@@ -44,12 +44,14 @@ def _pair(aggregation: str, seed: int, n_users: int, **dpf):
     n_users=st.integers(2, 8),
     points=st.integers(2, 40),
     pad=st.booleans(),
+    dense=st.integers(0, 3),
     seed=st.integers(0, 10_000),
 )
-def test_dpf_gives_the_plaintext_model(aggregation, n_users, points, pad, seed):
-    """The servers see key sets only, yet A computes the plaintext aggregate (up to 2^-24 per value)."""
+def test_dpf_gives_the_plaintext_model(aggregation, n_users, points, pad, dense, seed):
+    """The servers see key sets (and, above ``dpf_dense_above`` key sets, dense two-server shares) only,
+    yet A computes the plaintext aggregate (up to 2^-24 per value)."""
     plain, secure, transcript = _pair(aggregation, seed, n_users, dpf_points=points, dpf_max_parts=40,
-                                      dpf_pad_parts=pad)
+                                      dpf_pad_parts=pad, dpf_dense_above=0 if pad else dense)
     for _ in range(2):
         plain.run_round()
         secure.run_round()
@@ -63,6 +65,10 @@ def test_dpf_gives_the_plaintext_model(aggregation, n_users, points, pad, seed):
         assert all(isinstance(r.payload, bytes) for r in ups)
         if pad:
             assert len(ups) == 40 * n_users
+        if server == SERVER2 and dense and not pad:  # a dense client's share at B is a 32-byte seed
+            from secagg.dpf_sum import DpfDense
+            from secagg.messages import decode
+            assert all(len(decode(r.payload).seed) == 32 for r in ups if isinstance(decode(r.payload), DpfDense))
 
 
 def test_the_dpf_sum_is_exact_against_a_plaintext_computation_of_the_same_rows():

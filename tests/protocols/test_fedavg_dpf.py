@@ -194,3 +194,26 @@ def test_a_checkpoint_written_before_the_dpf_keys_still_resumes():
     other = FedAvgGMF(train, FedAvgConfig(dim=2, dpf_points=7), seed=1)
     with pytest.raises(ValueError, match="different fedavg configuration"):
         other.load_state_dict(state)
+
+
+def test_with_dense_above_each_server_sees_one_bit_sparse_or_dense():
+    """The stated leak of ``dpf_dense_above = 1``: one message per client and server, a key set or a dense
+    share (at A a uniform vector of the whole table, at B a seed), so the servers learn only whether the
+    client touched more than ``dpf_points`` rows."""
+    from secagg.dpf_sum import DpfDense, DpfUpload
+    from secagg.messages import decode
+
+    train = make_train(3, 30, [2, 12, 5], seed=2)
+    transcript = Transcript(keep_payloads=True)
+    fa = FedAvgGMF(train, FedAvgConfig(dim=2, secure_aggregation="dpf", dpf_points=20, dpf_dense_above=1), seed=2,
+                   transport=InProcessTransport(transcript))
+    fa.run_round()
+    kinds = {}
+    for server in (SERVER, SERVER2):
+        for r in transcript.view(server, kind="update"):
+            kinds.setdefault(r.sender, []).append(type(decode(r.payload)))
+    assert all(len(v) == 2 for v in kinds.values())  # one message per server
+    assert kinds[client(1)] == [DpfDense, DpfDense]  # 12 positives and their negatives: more than 20 rows
+    assert kinds[client(0)] == [DpfUpload, DpfUpload]
+    with pytest.raises(ValueError, match="dpf_dense_above"):
+        FedAvgConfig(secure_aggregation="dpf", dpf_pad_parts=True, dpf_dense_above=1)

@@ -34,11 +34,12 @@ import numpy as np
 from protocols.transport import SERVER, InProcessTransport
 from secagg import params
 from secagg.bonawitz import MaskedInput
-from secagg.dpf_sum import DpfSpec, run_dpf
+from secagg.dpf_sum import DpfSpec, run_dpf_rows
 from secagg.encoding import FixedPoint, check_budget
 from secagg.runner import PROTOCOLS, EncodedRows, RunSpec
 
 __all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "observe",
+           "secure_row_sum",
            "secure_sum", "small_cohort_protocol"]
 
 #: Names accepted by :func:`secure_sum` (``"none"`` is the caller's plaintext path).
@@ -174,6 +175,8 @@ def secure_sum(
     row_width: int | None = None,
     points: int | None = None,
     receiver2: str = SERVER2,
+    max_parts: int = 1,
+    pad_parts: bool = False,
 ) -> SecureSumResult:
     """Sum the rows of ``values`` (one per sender) through ``protocol``; see the module docstring.
 
@@ -198,14 +201,17 @@ def secure_sum(
         min_survivors: the clients' own minimum (:class:`secagg.bonawitz.ClientPolicy`, the chain's
             ``min_survivors``): no client helps unmask a sum over fewer survivors, so such a round
             aborts (:class:`SecureSumAborted`) before the server can decode anything.
-        row_width, points, receiver2: ``"dpf"`` only: words per row, the rows a client may touch
-            (more: refused in words, naming ``points``), and the second server's party name.
+        row_width, points, receiver2: ``"dpf"`` only: words per row, the rows of one key set, and
+            the second server's party name.
+        max_parts, pad_parts: ``"dpf"`` only: a client touches at most ``points x max_parts`` rows
+            (more: refused in words), in ``ceil(rows / points)`` key sets whose count both servers
+            see, or exactly ``max_parts`` with ``pad_parts``.
     """
     if protocol in TWO_SERVER_PROTOCOLS:
         return _two_server_sum(values, frac_bits=frac_bits, value_clip=value_clip, round=round, transport=transport,
                                senders=senders, kind=kind, receiver=receiver, receiver2=receiver2,
                                dropouts=dropouts, where=where, min_survivors=min_survivors, row_width=row_width,
-                               points=points)
+                               points=points, max_parts=max_parts, pad_parts=pad_parts)
     if protocol not in SECURE_PROTOCOLS:
         raise ValueError(f"secure aggregation must be one of {SECURE_PROTOCOLS}; found {protocol!r}")
     vals = np.asarray(values, dtype=np.float64)
@@ -268,7 +274,8 @@ def secure_sum(
 def _two_server_sum(values: np.ndarray, *, frac_bits: int, value_clip: float, round: int,
                     transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str, receiver2: str,
                     dropouts: Mapping[str, frozenset[int]] | None, where: str, min_survivors: int,
-                    row_width: int | None, points: int | None) -> SecureSumResult:
+                    row_width: int | None, points: int | None, max_parts: int = 1,
+                    pad_parts: bool = False) -> SecureSumResult:
     """``secure_sum`` for ``"dpf"`` (see the module docstring)."""
     vals = np.asarray(values, dtype=np.float64)
     if vals.ndim != 2 or vals.shape[0] != len(senders):
@@ -289,12 +296,104 @@ def _two_server_sum(values: np.ndarray, *, frac_bits: int, value_clip: float, ro
     codec = FixedPoint(frac_bits, value_clip)
     encoded = codec.encode(vals, rounding="nearest")
     rows = vals.shape[1] // row_width
-    touched = encoded.reshape(len(senders), rows, row_width).any(axis=2).sum(axis=1)
-    if touched.size and int(touched.max()) > points:
-        raise ValueError(f"round {round}: a client's update touches {int(touched.max())} rows, above points={points}; "
-                         "raise points (every client's key set grows with it)")
-    res = run_dpf(encoded, DpfSpec(rows, row_width, points, round=round, min_survivors=min_survivors,
-                                   dropouts=dict(dropouts or {})))
+    table = encoded.reshape(len(senders), rows, row_width)
+    touched = [np.flatnonzero(t.any(axis=1)) for t in table]
+    if touched and max(len(t) for t in touched) > points * max_parts:
+        raise ValueError(f"round {round}: a client's update touches {max(len(t) for t in touched)} rows, above "
+                         f"points={points}" + (f" x max_parts={max_parts}" if max_parts > 1 else "")
+                         + "; raise points (every client's key set grows with it)")
+    return _run_rows([(t, table[i][t]) for i, t in enumerate(touched)], codec, rows=rows, row_width=row_width,
+                     points=points, max_parts=max_parts, pad_parts=pad_parts, round=round, transport=transport, senders=senders,
+                     kind=kind, receiver=receiver, receiver2=receiver2, dropouts=dropouts, min_survivors=min_survivors)
+
+
+def secure_row_sum(
+    rows: Sequence[np.ndarray],
+    values: Sequence[np.ndarray],
+    *,
+    n_rows: int,
+    frac_bits: int,
+    value_clip: float,
+    round: int,
+    transport: InProcessTransport,
+    senders: Sequence[str],
+    points: int,
+    max_parts: int = 1,
+    pad_parts: bool = False,
+    dense_above: int = 0,
+    kind: str = "update",
+    receiver: str = SERVER,
+    receiver2: str = SERVER2,
+    dropouts: Mapping[str, frozenset[int]] | None = None,
+    where: str = "value_clip",
+    min_survivors: int = 2,
+) -> SecureSumResult:
+    """The ``"dpf"`` two-server sum of sparse row updates, given as rows (no dense client vectors).
+
+    Parties: the ``senders`` (clients), ``receiver`` (server A, learns the sum) and ``receiver2``
+    (server B). Adversary: each server honest-but-curious, the two not colluding (together they read
+    every input); clients may send anything (a key set that is not point functions is caught and
+    left out). Promise: ``receiver`` learns only the sum over the survivors (at least every
+    survivor's ``min_survivors``), neither server learns which rows a client touched nor their
+    values; with ``max_parts > 1`` and not ``pad_parts``, each server learns how many key sets a
+    client sent, ``ceil(rows / points)`` (its update's size class): the stated leak of the
+    unpadded mode.
+
+    Args:
+        rows: per sender, the distinct row indices (``int``, below ``n_rows``) it sends.
+        values: per sender, float ``[len(rows[i]), row_width]``, its values at those rows.
+        n_rows: the table's rows ``N`` (public).
+        points, max_parts, pad_parts: rows per key set, the most key sets per client, and whether
+            every client sends exactly ``max_parts`` (:class:`secagg.dpf_sum.DpfSumConfig`).
+        dense_above: a client needing more key sets sends a dense two-server share instead (both
+            servers see that it is dense; 0: never).
+        the rest: as :func:`secure_sum`.
+
+    Returns:
+        :class:`SecureSumResult` with ``total`` float64 ``[n_rows * row_width]`` (row-major).
+    """
+    if len(rows) != len(senders) or len(values) != len(senders):
+        raise ValueError(f"rows and values need one entry per sender ({len(senders)}); found {len(rows)}, {len(values)}")
+    if type(n_rows) is not int or n_rows < 1:
+        raise ValueError(f"dpf: n_rows must be a positive int; found {n_rows!r}")
+    if type(points) is not int or points < 1:
+        raise ValueError(f"dpf: points (the rows of one key set) must be a positive int; found {points!r}")
+    if receiver == receiver2:
+        raise ValueError(f"dpf: the two servers need two names; both are {receiver!r}")
+    vals = [np.asarray(v, dtype=np.float64) for v in values]
+    idx = [np.asarray(r, dtype=np.int64) for r in rows]
+    widths = {v.shape[1] for v in vals if v.ndim == 2}
+    if len(widths) > 1 or any(v.ndim != 2 or v.shape[0] != r.shape[0] or r.ndim != 1 for v, r in zip(vals, idx)):
+        raise ValueError("dpf: values[i] must be [len(rows[i]), row_width] with one row_width for every sender")
+    row_width = widths.pop() if widths else 1
+    for r in idx:
+        if r.size and (r.min() < 0 or r.max() >= n_rows or np.unique(r).size != r.size):
+            raise ValueError(f"dpf: a sender's rows must be distinct and in [0, {n_rows})")
+    big = max((float(np.abs(v).max(initial=0.0)) for v in vals), default=0.0)
+    if not all(np.all(np.isfinite(v)) for v in vals):
+        raise ValueError(f"round {round}: a client's update holds a non-finite value; nothing was aggregated")
+    if big > value_clip:
+        raise ValueError(f"round {round}: a client's update holds {big:.4g}, above {where}={value_clip:g}; raise {where} "
+                         "(and check the bit budget) or lower the learning rate")
+    cap = max(len(r) for r in idx) if idx else 0
+    if cap > points * max_parts:
+        raise ValueError(f"round {round}: a client's update touches {cap} rows, above points x max_parts = "
+                         f"{points} x {max_parts}; raise one of them")
+    check_budget(n_summands=max(len(senders), 1), clip=value_clip, frac_bits=frac_bits)
+    codec = FixedPoint(frac_bits, value_clip)
+    enc = [(r, codec.encode(v, rounding="nearest")) for r, v in zip(idx, vals)]
+    return _run_rows(enc, codec, rows=n_rows, row_width=row_width, points=points, max_parts=max_parts,
+                     pad_parts=pad_parts, dense_above=dense_above, round=round, transport=transport, senders=senders, kind=kind,
+                     receiver=receiver, receiver2=receiver2, dropouts=dropouts, min_survivors=min_survivors)
+
+
+def _run_rows(updates, codec: FixedPoint, *, rows: int, row_width: int, points: int, max_parts: int, pad_parts: bool,
+              round: int, dense_above: int = 0, transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str,
+              receiver2: str, dropouts, min_survivors: int) -> SecureSumResult:  # noqa: ANN001
+    """Run :func:`secagg.dpf_sum.run_dpf_rows` on encoded sparse updates and record its messages."""
+    res = run_dpf_rows(updates, DpfSpec(rows, row_width, min(points, rows), round=round, min_survivors=min_survivors,
+                                        dropouts=dict(dropouts or {}), max_parts=max_parts, pad_parts=pad_parts,
+                                        dense_above=dense_above))
     names = {"A": receiver, "B": receiver2}
     keep = bool(transport.transcript.keep_payloads)
     for sender, to, stage, blob in res.records:

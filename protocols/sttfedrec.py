@@ -846,13 +846,13 @@ register(ProtocolSpec(
     name="sttfedrec",
     summary="STTFedRec: split two-tower (DSSM/CLSM); item tower on RS, user tower on SAS via the circular chain",
     build=lambda ctx: _build(ctx, "split"), section="sttfedrec", config_cls=TwoTowerConfig,
-    exchanges=Exchanges(check=check_devices),
+    exchanges=Exchanges(check=check_devices), adversaries=(RS, SAS),
 ))
 register(ProtocolSpec(
     name="fl-twotower",
     summary="FL-DSSM/FL-CLSM: clients train both towers and upload plaintext gradients (STTFedRec's baseline)",
     build=lambda ctx: _build(ctx, "fl"), section="sttfedrec", config_cls=TwoTowerConfig,
-    exchanges=Exchanges(check=check_devices),
+    exchanges=Exchanges(check=check_devices), adversaries=(RS,),
 ))
 
 from protocols import twotower_central  # noqa: E402,F401  (registers centralized-twotower beside them)

@@ -60,6 +60,11 @@ class AttackSpec:
             ``train`` (the run's training :class:`recmodels.data.Interactions`, dense ids), returning
             at least ``f1``, ``precision``, ``recall``, ``random_f1`` and ``status``; with it the attack
             runs on any run directory of its protocol (``secagg attack run-dir``).
+        infer: optional ``infer(view, public) -> inferences`` on a recorded view (the role's records
+            over every recorded round, :mod:`experiments.views`) and ``public_info()``: reads nothing else.
+        assess: optional ``assess(inferences, truth, public) -> list[Finding]`` scoring them
+            (:mod:`attacks.findings`: one schema for every attack); with ``infer`` the attack runs in
+            ``secagg attack RUN_DIR`` and the attack matrix.
     """
 
     protocol: str
@@ -68,6 +73,8 @@ class AttackSpec:
     run: Callable[..., Any]
     summary: str = ""
     score: Callable[..., dict[str, Any]] | None = None
+    infer: Callable[..., Any] | None = None
+    assess: Callable[..., list[Any]] | None = None
 
 
 _REGISTRY: dict[tuple[str, str], AttackSpec] = {}

@@ -113,7 +113,8 @@ class SecureSum:
     """Ask for the replies summed through secure aggregation; the server learns only the sum.
 
     Attributes:
-        protocol: ``"secagg"`` or ``"secagg+"`` (``"chain"``/``"plain"`` in process only).
+        protocol: ``"secagg"`` or ``"secagg+"`` (``"chain"``/``"plain"``, and ``"dpf"`` with two
+            servers, in process only).
         width: the length of every client's ``"vector"``.
         frac_bits, value_clip: the fixed-point encoding and the largest ``|value|`` allowed
             (a client whose vector exceeds it is refused in words, in process the run stops).
@@ -127,6 +128,9 @@ class SecureSum:
         dropouts: simulated dropouts in process only (stage -> indices into the cohort's
             senders, as :func:`protocols.secure_sum.secure_sum` takes them); a runtime with real
             devices refuses them (its dropouts are real).
+        row_width, points, receiver2: ``"dpf"`` only (two servers, :mod:`secagg.dpf_sum`): the
+            vector is rows of ``row_width`` words, a client touches at most ``points`` rows, and
+            ``receiver2`` is the second server (in process only for now).
     """
 
     protocol: str
@@ -141,10 +145,22 @@ class SecureSum:
     k: int | None = None
     t: int | None = None
     dropouts: Mapping[str, frozenset[int]] | None = None
+    row_width: int | None = None
+    points: int | None = None
+    receiver2: str = "server2"
 
     def __post_init__(self) -> None:
         if self.width < 1:
             raise ValueError(f"a secure exchange needs a vector of width >= 1; found {self.width}")
+        if self.protocol == "dpf" and (self.row_width is None or self.points is None or self.width % self.row_width):
+            raise ValueError(f"a 'dpf' secure exchange needs row_width dividing the width {self.width} and points; "
+                             f"found {self.row_width!r}, {self.points!r}")
+
+    def two_server(self) -> dict:
+        """The extra :func:`protocols.secure_sum.secure_sum` arguments of a two-server sum (none otherwise)."""
+        if self.protocol != "dpf":
+            return {}
+        return {"row_width": self.row_width, "points": self.points, "receiver2": self.receiver2}
 
 
 @dataclass(frozen=True)
@@ -268,7 +284,7 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
                                f"min_survivors); {len(users)} sent a vector")
     values = np.stack([vectors[u] for u in users])
     senders = [client(u) for u in users]
-    step = max(1, SECURE_CHUNK // len(users))
+    step = max(1, SECURE_CHUNK // len(users)) if spec.protocol != "dpf" else spec.width  # dpf: sparse, whole rows
     total = np.empty(spec.width)
     nbytes = client_s = server_s = 0.0
     survivors = None
@@ -279,7 +295,7 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
                              value_clip=spec.value_clip, round=round_, transport=server.transport, senders=senders,
                              kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt,
                              receiver=spec.receiver, k=spec.k, t=spec.t, dropouts=spec.dropouts,
-                             min_survivors=min_survivors)
+                             min_survivors=min_survivors, **spec.two_server())
             total[lo:hi] = res.total
             nbytes += res.bytes_per_client
             client_s += float(np.mean(res.client_seconds))

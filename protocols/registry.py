@@ -304,9 +304,13 @@ def _load() -> None:
 
 
 def all_protocols() -> dict[str, ProtocolSpec]:
-    """Every registered protocol by name, in registration order."""
+    """Every registered protocol by name: the built-ins in :data:`BUILTIN_PROTOCOLS` order, then
+    plugins in registration order. The order does not depend on which modules a process happened to
+    import first (a test or a plugin may import ``protocols.fedmf`` before the registry loads)."""
     _load()
-    return dict(_REGISTRY)
+    ordered = {n: _REGISTRY[n] for n in BUILTIN_PROTOCOLS if n in _REGISTRY}
+    ordered.update((n, s) for n, s in _REGISTRY.items() if n not in ordered)
+    return ordered
 
 
 def protocol_names() -> tuple[str, ...]:

@@ -11,6 +11,16 @@ Promise (what the receiving server learns): only the sum over the survivors (see
 and docs/chain.md for each protocol's collusion limits); the values must fit
 ``|v| <= value_clip`` and ``clients x value_clip x 2^frac_bits < 2^63`` (checked; the error
 names the key to change).
+
+``"dpf"`` (:data:`TWO_SERVER_PROTOCOLS`) sums sparse row updates through two servers that do not
+collude (:mod:`secagg.dpf_sum`): the vector is a table of ``width / row_width`` rows, each client
+nonzero on at most ``points`` of them; it sends one DPF key set to ``receiver`` and one to
+``receiver2`` (both recorded in the transcript under ``kind``), the servers' own messages are
+recorded as ``"dpf:<stage>"`` between them, and ``receiver`` learns the sum. Adversary: each server
+honest-but-curious, the two not colluding (together they read every input); dropouts cost nothing
+(``dropouts`` stages ``"A"``/``"B"``/``"upload"``: the upload to ``receiver``, to ``receiver2``, to
+both is lost); ``min_survivors`` is every client's floor, which ``receiver2`` enforces before it
+releases its share.
 """
 
 from __future__ import annotations
@@ -23,13 +33,19 @@ import numpy as np
 from protocols.transport import SERVER, InProcessTransport
 from secagg import params
 from secagg.bonawitz import MaskedInput
+from secagg.dpf_sum import DpfSpec, run_dpf
 from secagg.encoding import FixedPoint, check_budget
 from secagg.runner import PROTOCOLS, RunSpec
 
-__all__ = ["SECURE_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "secure_sum", "small_cohort_protocol"]
+__all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "secure_sum",
+           "small_cohort_protocol"]
 
 #: Names accepted by :func:`secure_sum` (``"none"`` is the caller's plaintext path).
 SECURE_PROTOCOLS = ("secagg", "secagg+", "chain", "plain")
+#: Names accepted by :func:`secure_sum` that need a second server (``receiver2``) and sparse rows.
+TWO_SERVER_PROTOCOLS = ("dpf",)
+#: The second server's default party name for a two-server sum.
+SERVER2 = "server2"
 
 
 class SecureSumAborted(RuntimeError):
@@ -101,6 +117,9 @@ def secure_sum(
     corrupt: float | None = None,
     unsafe_threshold: bool = False,
     min_survivors: int = 2,
+    row_width: int | None = None,
+    points: int | None = None,
+    receiver2: str = SERVER2,
 ) -> SecureSumResult:
     """Sum the rows of ``values`` (one per sender) through ``protocol``; see the module docstring.
 
@@ -125,7 +144,14 @@ def secure_sum(
         min_survivors: the clients' own minimum (:class:`secagg.bonawitz.ClientPolicy`, the chain's
             ``min_survivors``): no client helps unmask a sum over fewer survivors, so such a round
             aborts (:class:`SecureSumAborted`) before the server can decode anything.
+        row_width, points, receiver2: ``"dpf"`` only: words per row, the rows a client may touch
+            (more: refused in words, naming ``points``), and the second server's party name.
     """
+    if protocol in TWO_SERVER_PROTOCOLS:
+        return _two_server_sum(values, frac_bits=frac_bits, value_clip=value_clip, round=round, transport=transport,
+                               senders=senders, kind=kind, receiver=receiver, receiver2=receiver2,
+                               dropouts=dropouts, where=where, min_survivors=min_survivors, row_width=row_width,
+                               points=points)
     if protocol not in SECURE_PROTOCOLS:
         raise ValueError(f"secure aggregation must be one of {SECURE_PROTOCOLS}; found {protocol!r}")
     vals = np.asarray(values, dtype=np.float64)
@@ -175,4 +201,52 @@ def secure_sum(
         bytes_server_sent=int(res.bytes_server_sent),
         client_seconds=np.asarray(res.client_s),
         server_seconds=float(res.server_s),
+    )
+
+
+def _two_server_sum(values: np.ndarray, *, frac_bits: int, value_clip: float, round: int,
+                    transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str, receiver2: str,
+                    dropouts: Mapping[str, frozenset[int]] | None, where: str, min_survivors: int,
+                    row_width: int | None, points: int | None) -> SecureSumResult:
+    """``secure_sum`` for ``"dpf"`` (see the module docstring)."""
+    vals = np.asarray(values, dtype=np.float64)
+    if vals.ndim != 2 or vals.shape[0] != len(senders):
+        raise ValueError(f"values must be [n senders, dim]; found {vals.shape} for {len(senders)} senders")
+    if type(row_width) is not int or row_width < 1 or vals.shape[1] % row_width:
+        raise ValueError(f"dpf: row_width must be a positive int dividing the width {vals.shape[1]}; found {row_width!r}")
+    if type(points) is not int or points < 1:
+        raise ValueError(f"dpf: points (the rows a client may touch) must be a positive int; found {points!r}")
+    if receiver == receiver2:
+        raise ValueError(f"dpf: the two servers need two names; both are {receiver!r}")
+    if not np.all(np.isfinite(vals)):
+        raise ValueError(f"round {round}: a client's vector holds a non-finite value; nothing was aggregated")
+    big = float(np.abs(vals).max(initial=0.0))
+    if big > value_clip:
+        raise ValueError(f"round {round}: a client's vector holds {big:.4g}, above {where}={value_clip:g}; raise {where} "
+                         "(and check the bit budget) or lower the learning rate")
+    check_budget(n_summands=max(vals.shape[0], 1), clip=value_clip, frac_bits=frac_bits)
+    codec = FixedPoint(frac_bits, value_clip)
+    encoded = codec.encode(vals, rounding="nearest")
+    rows = vals.shape[1] // row_width
+    touched = encoded.reshape(len(senders), rows, row_width).any(axis=2).sum(axis=1)
+    if touched.size and int(touched.max()) > points:
+        raise ValueError(f"round {round}: a client's update touches {int(touched.max())} rows, above points={points}; "
+                         "raise points (every client's key set grows with it)")
+    res = run_dpf(encoded, DpfSpec(rows, row_width, points, round=round, min_survivors=min_survivors,
+                                   dropouts=dict(dropouts or {})))
+    names = {"A": receiver, "B": receiver2}
+    keep = bool(transport.transcript.keep_payloads)
+    for sender, to, stage, blob in res.records:
+        src = senders[sender] if isinstance(sender, int) else names[str(sender)]
+        transport.send(src, names[str(to)], round, kind if stage == "upload" else f"dpf:{stage}",
+                       blob if keep else None, len(blob))
+    if res.total is None:
+        raise SecureSumAborted(f"dpf aborted in round {round}: {res.abort}")
+    return SecureSumResult(
+        total=codec.decode(res.total),
+        survivors=np.array(sorted(res.survivors), dtype=np.int64),
+        bytes_sent=res.bytes_up.sum(axis=1),
+        bytes_server_sent=0,
+        client_seconds=np.asarray(res.client_s),
+        server_seconds=float(sum(res.server_s)),
     )

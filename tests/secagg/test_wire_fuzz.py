@@ -2,7 +2,7 @@
 framework's typed errors, and a mutated message is never folded into an aggregate.
 
 Decoders covered: :func:`secagg.messages.decode` and ``from_bytes`` of every registered message
-kind (plain, SecAgg/SecAgg+, chain), :func:`secagg.channel.open_sealed`, and the parties that
+kind (plain, SecAgg/SecAgg+, chain, the two-server DPF sum), :func:`secagg.channel.open_sealed`, and the parties that
 consume them (``MaskingServer.receive`` and every ``MaskingClient`` stage, ``ChainServer`` and
 ``ChainClient`` through the chain simulator, ``PlainServer.receive``). Mutations: bit flips,
 truncation, extension, swapped header fields and swapped fixed-size body records.
@@ -25,6 +25,7 @@ from secagg.chain_sim import simulate
 from secagg.channel import associated_data, open_sealed, seal
 from secagg.errors import AbortError, AuthenticationError, MessageError, SecAggError
 from secagg.messages import HEADER_BYTES, decode
+from secagg.dpf_sum import DpfSpec, run_dpf
 from secagg.plain import PlainClient, PlainConfig, PlainServer
 
 U64 = np.uint64
@@ -75,6 +76,9 @@ def _samples() -> list[bytes]:
     blobs += [d for *_, d in chain.server_view]
     cfg = PlainConfig(3, 2, os.urandom(16), 0)
     blobs.append(PlainClient(cfg, 1).send(np.ones(2, dtype=U64)).to_bytes())
+    x = np.zeros((3, 20 * 2), dtype=U64)
+    x[:, :2] = 1
+    blobs += [blob for *_, blob in run_dpf(x, DpfSpec(20, 2, 2)).records]  # the two-server DPF sum
     return blobs
 
 

@@ -1,0 +1,130 @@
+"""Cuckoo layouts (secagg/cuckoo.py): every element in three distinct buckets, placements one per
+bucket, the failure bound checked against simulation and exact enumeration, the domain mapping."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from secagg.cuckoo import CHOICES, CuckooError, CuckooLayout, buckets_for, failure_bound_log2
+
+
+def test_every_element_sits_in_three_distinct_buckets_and_the_sizes_add_up_to_three_n():
+    lay = CuckooLayout(1000, 17, seed=b"s" * 32)
+    h = lay.choices(np.arange(1000))
+    assert h.shape == (1000, 3) and h.min() >= 0 and h.max() < 17
+    assert np.all((h[:, 0] != h[:, 1]) & (h[:, 0] != h[:, 2]) & (h[:, 1] != h[:, 2]))
+    assert lay.sizes.sum() == 3000 == lay.leaves
+    assert 2**lay.depth >= lay.sizes.max() > 2 ** (lay.depth - 1)
+    # the buckets are balanced: every bucket near 3N/m (binomial spread)
+    assert np.all(np.abs(lay.sizes - 3000 / 17) < 6 * math.sqrt(3000 / 17))
+    # a different public seed gives a different table; the same seed the same one
+    assert not np.array_equal(CuckooLayout(1000, 17, seed=b"t" * 32).choices(np.arange(1000)), h)
+    assert np.array_equal(CuckooLayout(1000, 17, seed=b"s" * 32).choices(np.arange(1000)), h)
+
+
+def test_a_placement_puts_each_point_in_one_of_its_buckets_at_its_position():
+    lay = CuckooLayout(500, 30, seed=b"p" * 32)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        xs = rng.choice(500, 20, replace=False)
+        bucket, position = lay.assign(xs)
+        assert len(set(bucket.tolist())) == 20
+        h = lay.choices(xs)
+        assert np.all((h == bucket[:, None]).any(axis=1))
+        # position = rank of (x, bucket) among the bucket's elements in increasing x order
+        for x, b, p in zip(xs, bucket, position):
+            members = np.flatnonzero((lay.choices(np.arange(500)) == b).any(axis=1))
+            assert members[p] == x
+
+
+def test_to_domain_and_from_domain_are_the_public_linear_maps():
+    lay = CuckooLayout(50, 7, seed=b"d" * 32)
+    table = np.arange(100, dtype=np.uint64).reshape(50, 2)
+    flat = lay.from_domain(table)
+    assert np.array_equal(lay.to_domain(flat), 3 * table)  # every element comes back from its 3 copies
+    one = np.zeros((lay.leaves, 2), np.uint64)
+    bucket, position = lay.assign(np.array([13]))
+    one[lay.offsets[bucket[0]] + position[0]] = [5, 6]
+    out = lay.to_domain(one)
+    assert out[13].tolist() == [5, 6] and int(out.sum()) == 11
+
+
+def test_spread_fills_every_bucket_and_puts_zero_values_in_the_empty_ones():
+    lay = CuckooLayout(200, 12, seed=b"z" * 32)
+    xs = np.array([3, 77, 150])
+    vals = np.array([[1], [2], [3]], np.uint64)
+    alpha, beta = lay.spread(xs, vals)
+    assert alpha.shape == (12,) and np.all((alpha >= 0) & (alpha < lay.sizes))
+    bucket, position = lay.assign(xs)
+    assert np.array_equal(alpha[bucket], position) and np.array_equal(beta[bucket], vals)
+    assert int((beta != 0).sum()) == 3
+
+
+def test_impossible_placements_raise_cuckoo_error():
+    lay = CuckooLayout(100, 3)
+    with pytest.raises(CuckooError, match="cannot be placed"):
+        lay.assign(np.arange(4))  # four points, three buckets
+    with pytest.raises(ValueError, match="distinct"):
+        lay.assign(np.array([1, 1]))
+    with pytest.raises(ValueError, match="elements of"):
+        lay.assign(np.array([100]))
+    # four points whose three choices coincide can never be placed, whatever the algorithm
+    lay = CuckooLayout(3000, 5, seed=b"c" * 32)
+    h = np.sort(lay.choices(np.arange(3000)), axis=1)
+    groups: dict[tuple, list[int]] = {}
+    for x, row in enumerate(map(tuple, h)):
+        groups.setdefault(row, []).append(x)
+    same = next(v for v in groups.values() if len(v) >= 4)
+    with pytest.raises(CuckooError, match="no free bucket"):
+        lay.assign(np.array(same[:4]))
+
+
+def _exact_failure(points: int, buckets: int) -> float:
+    """Exact probability that ``points`` uniform triples of distinct buckets admit no system of
+    distinct representatives (Hall), by enumeration (tiny sizes only)."""
+    triples = list(itertools.combinations(range(buckets), CHOICES))
+    fail = 0
+    for combo in itertools.product(range(len(triples)), repeat=points):
+        sets = [triples[c] for c in combo]
+        ok = any(len(set(choice)) == points for choice in itertools.product(*sets))
+        fail += not ok
+    return fail / len(triples) ** points
+
+
+@pytest.mark.parametrize(("points", "buckets"), [(4, 4), (4, 5), (4, 6)])
+def test_the_failure_bound_is_above_the_exact_probability(points, buckets):
+    exact = _exact_failure(points, buckets)
+    assert exact > 0
+    assert 2.0 ** failure_bound_log2(points, buckets) * (1 + 1e-9) >= exact  # tight here: one violating shape
+
+
+def test_the_failure_bound_is_above_simulated_failures_and_falls_with_more_buckets():
+    rng = np.random.default_rng(7)
+    points = 20
+    buckets = buckets_for(points, failure_bits=5)  # bound <= 1/32
+    lay = CuckooLayout(20000, buckets, seed=b"f" * 32)
+    trials, fails = 3000, 0
+    for _ in range(trials):
+        try:
+            lay.assign(rng.choice(20000, points, replace=False))
+        except CuckooError:
+            fails += 1
+    assert fails / trials <= 2.0**-5 + 3 * math.sqrt(2.0**-5 / trials)
+    assert failure_bound_log2(100, 150) > failure_bound_log2(100, 230)
+    assert buckets_for(100) == 230 and buckets_for(1) == 3 and buckets_for(3) == 3
+    assert failure_bound_log2(100, 230) <= -40 < failure_bound_log2(100, 229)
+
+
+def test_layout_parameters_are_checked():
+    with pytest.raises(ValueError, match="buckets"):
+        CuckooLayout(10, 2)
+    with pytest.raises(ValueError, match="domain"):
+        CuckooLayout(0, 5)
+    with pytest.raises(ValueError, match="seed"):
+        CuckooLayout(10, 5, seed=b"short")
+    with pytest.raises(ValueError, match="points"):
+        buckets_for(0)

@@ -200,7 +200,7 @@ class _Arrays:
         key = self._ids.get(id(obj))
         if key is None:
             key = f"a{len(self.arrays)}"
-            self.arrays[key] = np.ascontiguousarray(array)
+            self.arrays[key] = np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
             self._ids[id(obj)] = key
             self._keep.append(obj)
         return key

@@ -98,6 +98,9 @@ def _config(args: argparse.Namespace):
                             columns=None, sep=None, rounds=getattr(args, "rounds", None), seed=args.seed,
                             eval_negatives=args.eval_negatives, out=None)
     preset, config = cmd_run._resolve(ns)
+    if config.run.record_views:
+        raise UserError("[run] record_views: Flower runs do not record adversary views yet (docs/attacks.md); run the "
+                        "configuration with 'secagg run --record-views' to attack it with 'secagg attack RUN_DIR'")
     from experiments import config as cfgmod
 
     over: dict[str, dict[str, Any]] = {}

@@ -17,9 +17,11 @@ The advantage (:func:`normalised_advantage`), with ``b`` the stronger baseline::
     higher is better:  (value - b) / (1 - b)        (b = max(random, public))
     lower is better:   (b - value) / b              (b = min(random, public); perfect = 0)
 
-An attack that finds nothing usable in its view (masked ring elements, ciphertexts) outputs the
-public guess (:data:`STATUS_PUBLIC`), so its value equals ``public`` and its advantage is 0 by
-construction, never below the baselines because it read noise.
+An attack that finds nothing usable in its view (masked ring elements, ciphertexts) falls back to
+a baseline (its status starts with :data:`STATUS_PUBLIC`): its value is the stronger of the two
+baselines (per user, the public guess's realised score or the random guess's expected one,
+whichever is better over the attacked users), so its advantage is exactly 0 by construction, never
+below the baselines because it read noise.
 
 Ground truth (:class:`Truth`: the run's training interactions) is used only here, to score; the
 inference functions of :mod:`attacks.registry` see views and ``public_info()`` only.
@@ -47,7 +49,7 @@ __all__ = [
     "set_finding",
 ]
 
-STATUS_PUBLIC = "nothing usable in the view (masked or encrypted): the attack outputs the public guess"
+STATUS_PUBLIC = "nothing usable in the view (masked or encrypted): the attack outputs the stronger baseline"
 #: Bootstrap resamples of the intervals.
 BOOTSTRAP = 1000
 
@@ -201,6 +203,7 @@ def set_finding(*, attack: str, role: str, target: str, inferred: Mapping[int, n
     """Macro F1 (or ``metric="precision"``) of ``inferred[u]`` against ``truth[u]`` over the users with a
     non-empty truth; random = a uniformly random set of the true size (expected ``|T_u| / n``)."""
     pick = {"precision": 0, "recall": 1, "f1": 2}[metric]
+    fallback = status.startswith(STATUS_PUBLIC)
     users = [u for u, t in truth.items() if len(np.unique(t)) > 0]
     att, pub, rnd, prec, rec = [], [], [], [], []
     for u in users:
@@ -212,6 +215,8 @@ def set_finding(*, attack: str, role: str, target: str, inferred: Mapping[int, n
     if not users:
         return Finding(attack, role, target, metric, True, None, None, None, None, None, None, tuple(rounds),
                        f"{status}; no attacked user has a true set to score against", 0, dict(extra or {}))
+    if fallback:  # nothing usable in the view: the attack outputs the stronger baseline
+        att = list(pub if np.mean(pub) >= np.mean(rnd) else rnd)
     value, random, public = float(np.mean(att)), float(np.mean(rnd)), float(np.mean(pub))
     interval = bootstrap_interval(att, seed=seed)
     adv, adv_iv = _finish(value, random, public, interval, True)
@@ -250,6 +255,8 @@ def ratings_finding(*, attack: str, role: str, guesses: Mapping[int, tuple[np.nd
     if not per_user_n:
         return Finding(attack, role, "ratings", "rmse", False, None, None, None, None, None, None, tuple(rounds),
                        f"{status}; no attacked user has ratings to score against")
+    if status.startswith(STATUS_PUBLIC):  # nothing usable in the view: the stronger baseline's errors
+        per_user_sq = per_user_pub if sum(per_user_pub) <= sum(rand_sq) else rand_sq
     sq, n = np.asarray(per_user_sq), np.asarray(per_user_n, np.float64)
     value = float(math.sqrt(sq.sum() / n.sum()))
     public = float(math.sqrt(sum(per_user_pub) / n.sum()))

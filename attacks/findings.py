@@ -174,7 +174,7 @@ def public_items(public: Mapping[str, Any], n_items: int, k: int) -> np.ndarray:
     data-independent set (seeded by the catalogue size only)."""
     k = max(0, min(int(k), n_items))
     pop = public.get("item_popularity_public") if isinstance(public, Mapping) else None
-    if pop is not None and len(pop) == n_items:
+    if isinstance(pop, (list, tuple, np.ndarray)) and len(pop) == n_items:  # (STTFedRec publishes a flag there)
         return np.sort(np.argsort(-np.asarray(pop, np.float64), kind="stable")[:k]).astype(np.int64)
     rng = np.random.default_rng([n_items, 2024])
     return np.sort(rng.permutation(n_items)[:k]).astype(np.int64)
@@ -201,26 +201,35 @@ def set_finding(*, attack: str, role: str, target: str, inferred: Mapping[int, n
                 rounds: Sequence[int], status: str, metric: str = "f1", extra: Mapping[str, Any] | None = None,
                 seed: int = 0) -> Finding:
     """Macro F1 (or ``metric="precision"``) of ``inferred[u]`` against ``truth[u]`` over the users with a
-    non-empty truth; random = a uniformly random set of the true size (expected ``|T_u| / n``)."""
+    non-empty truth; random = a uniformly random set of the true size (expected ``|T_u| / n``).
+
+    A user the attack infers nothing about (an empty or missing set) gets the public guess: an
+    attack abstains rather than scoring an empty guess at 0 (the count is ``extra["abstained"]``)."""
     pick = {"precision": 0, "recall": 1, "f1": 2}[metric]
     fallback = status.startswith(STATUS_PUBLIC)
     users = [u for u, t in truth.items() if len(np.unique(t)) > 0]
     att, pub, rnd, prec, rec = [], [], [], [], []
+    abstained = 0
     for u in users:
         t = np.asarray(truth[u], np.int64)
-        s = _f1(np.asarray(inferred.get(u, ()), np.int64), t)
+        guess = np.asarray(inferred.get(u, ()), np.int64)
+        if len(guess) == 0:
+            guess, abstained = np.asarray(public_guess.get(u, ()), np.int64), abstained + 1
+        s = _f1(guess, t)
         att.append(s[pick]), prec.append(s[0]), rec.append(s[1])
         pub.append(_f1(np.asarray(public_guess.get(u, ()), np.int64), t)[pick])
         rnd.append(min(len(np.unique(t)) / max(n_candidates, 1), 1.0))
     if not users:
         return Finding(attack, role, target, metric, True, None, None, None, None, None, None, tuple(rounds),
                        f"{status}; no attacked user has a true set to score against", 0, dict(extra or {}))
+    if users and abstained == len(users) and not fallback:  # it inferred nothing about anyone
+        fallback, status = True, f"{STATUS_PUBLIC} (it inferred nothing; {status})"
     if fallback:  # nothing usable in the view: the attack outputs the stronger baseline
         att = list(pub if np.mean(pub) >= np.mean(rnd) else rnd)
     value, random, public = float(np.mean(att)), float(np.mean(rnd)), float(np.mean(pub))
     interval = bootstrap_interval(att, seed=seed)
     adv, adv_iv = _finish(value, random, public, interval, True)
-    more = {"precision": float(np.mean(prec)), "recall": float(np.mean(rec)), **(extra or {})}
+    more = {"precision": float(np.mean(prec)), "recall": float(np.mean(rec)), "abstained": abstained, **(extra or {})}
     return Finding(attack, role, target, metric, True, value, random, public, adv, interval, adv_iv,
                    tuple(rounds), status, len(users), more)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,27 +63,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_main)
 
 
-def _choose(protocol: str, name: str | None) -> list[Any]:
-    from attacks.registry import attacks_for, get_attack
+def _usable(a: Any) -> bool:
+    return (a.infer is not None and a.assess is not None) or a.score is not None
 
-    def usable(a: Any) -> bool:
-        return (a.infer is not None and a.assess is not None) or a.score is not None
+
+def _choose(protocol: str, name: str | None) -> tuple[list[Any], list[dict[str, str]]]:
+    """The attacks to run, and those registered for the protocol that cannot run on a run directory."""
+    from attacks.registry import attacks_for, get_attack
 
     if name is not None:
         try:
             spec = get_attack(protocol, name)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-        if not usable(spec):
+        if not _usable(spec):
             raise UserError(f"attack {name!r} on {protocol!r} registers no infer/assess (nor score), so it cannot run "
                             f"on a run directory yet; its own study is secagg attack {protocol} (secagg attack --help)")
-        return [spec]
-    chosen = [a for a in attacks_for(protocol) if usable(a)]
-    if not chosen:
-        others = ", ".join(a.name for a in attacks_for(protocol)) or "none"
-        raise UserError(f"no attack that runs on a run directory is registered for protocol {protocol!r} "
-                        f"(registered: {others}); a plugin can add one (docs/plugins.md)")
-    return chosen
+        return [spec], []
+    registered = attacks_for(protocol)
+    if not registered:
+        raise UserError(f"no attack is registered for protocol {protocol!r}; a plugin can add one (docs/plugins.md)")
+    not_yet = [{"attack": a.name, "role": a.view, "reason": "registers no infer/assess for a run directory yet; its "
+                f"own study: secagg attack {protocol}"} for a in registered if not _usable(a)]
+    return [a for a in registered if _usable(a)], not_yet
 
 
 def _replay_matches(rd: Any, transcript: Any, rounds: int) -> bool | None:
@@ -160,7 +163,7 @@ def attack_run_dir(run_dir: Path, attack: str | None = None, rounds: int | None 
     spec = config.spec
     if not spec.federated:
         raise UserError(f"{run_dir} ran {spec.name!r}, which has no parties and so no adversary's view")
-    chosen = _choose(spec.name, attack)
+    chosen, skipped = _choose(spec.name, attack)
     verify_resume(rd, config)  # the same configuration and data files as the run, or a refusal in words
     recorded = has_views(rd.path)
     if recorded:
@@ -178,7 +181,6 @@ def attack_run_dir(run_dir: Path, attack: str | None = None, rounds: int | None 
 
     # 1. inference: views and public info only
     inferred: list[tuple[Any, Any]] = []
-    skipped: list[dict[str, str]] = []
     for a in chosen:
         view = views.view(a.view)
         try:
@@ -201,7 +203,8 @@ def attack_run_dir(run_dir: Path, attack: str | None = None, rounds: int | None 
                 rows = a.assess(inf, truth, public)
             else:
                 rows = [_legacy_finding(a, dict(a.score(inf, train, public)), views.rounds)]
-            findings += [f.to_dict() for f in rows]
+            # an attack that reads every round of its view leaves rounds empty: they are the view's
+            findings += [(f if f.rounds else replace(f, rounds=tuple(views.rounds))).to_dict() for f in rows]
     out = {"run_dir": str(run_dir), "protocol": spec.name,
            "source": "recorded views" if recorded else f"replay of {len(views.rounds)} round(s)",
            "rounds": list(views.rounds), "replay_matches_run": matches,

@@ -97,3 +97,15 @@ def test_clopper_pearson_holds_the_proportion(k, extra):
 def test_bootstrap_interval_holds_the_sample_range(x):
     lo, hi = bootstrap_interval(x)
     assert min(x) - 1e-9 <= lo <= hi <= max(x) + 1e-9
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), n_users=st.integers(1, 10), n_items=st.integers(3, 30))
+def test_an_attack_that_infers_nothing_abstains_at_the_stronger_baseline(seed, n_users, n_items):
+    truth = _truth(seed, n_users, n_items)
+    users = list(range(n_users))
+    f = set_finding(attack="a", role="rs", target="clicked items", metric="precision", inferred={u: [] for u in users},
+                    truth={u: truth.items_of(u) for u in users}, n_candidates=n_items,
+                    public_guess={u: np.array([0, 1]) for u in users}, rounds=[0], status="ok")
+    assert f.extra["abstained"] == n_users and f.status.startswith(STATUS_PUBLIC)
+    assert f.advantage == 0.0 and f.value == max(f.random, f.public)

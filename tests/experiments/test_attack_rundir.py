@@ -100,3 +100,20 @@ def test_an_attack_that_does_not_apply_is_skipped_with_its_reason(tmp_path: Path
     by_target = {f["target"]: f for f in res["findings"]}
     assert by_target["rated items"]["advantage"] == pytest.approx(1.0)  # plaintext FedMF: every rating leaks
     assert by_target["ratings"]["metric"] == "rmse" and by_target["ratings"]["value"] < 0.05
+
+
+@pytest.mark.parametrize("preset, ran, skipped", [
+    ("fel", [], ["fel-label"]),
+    pytest.param("fedcl", ["fedcl-embedding-topk"], [], marks=pytest.mark.slow),
+    pytest.param("sttfedrec", ["request-intersection", "item-gradient"], ["chain-collusion"], marks=pytest.mark.slow),
+])
+def test_every_protocol_s_registered_attacks_run_or_say_why_not(tmp_path: Path, capsys, preset: str, ran: list[str],
+                                                              skipped: list[str]) -> None:
+    run = _run(tmp_path, preset, "--rounds", "2", "--record-views")
+    out = _attack(capsys, str(run))
+    assert sorted({f["attack"] for f in out["findings"]}) == sorted(ran)
+    assert [s["attack"] for s in out["skipped"]] == skipped and all(s["reason"] for s in out["skipped"])
+    for f in out["findings"]:
+        assert set(f) == FIELDS and f["rounds"] == [0, 1] and f["value"] is not None
+        if f["status"].startswith(STATUS_PUBLIC):
+            assert f["advantage"] == 0.0

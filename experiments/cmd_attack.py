@@ -37,6 +37,7 @@ PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = (
     "attack_fedfast",
     "attack_fel",
     "attack_rundir",  # every registered attack on a run directory's views (plugins too): secagg attack RUN_DIR
+    "attack_matrix",  # every protocol x defense x attack: secagg attack matrix
 )
 
 

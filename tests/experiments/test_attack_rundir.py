@@ -117,3 +117,14 @@ def test_every_protocol_s_registered_attacks_run_or_say_why_not(tmp_path: Path, 
         assert set(f) == FIELDS and f["rounds"] == [0, 1] and f["value"] is not None
         if f["status"].startswith(STATUS_PUBLIC):
             assert f["advantage"] == 0.0
+
+
+def test_a_run_dir_named_like_a_target_is_reached_with_a_path() -> None:
+    from experiments import cli
+
+    parser = cli.build_parser()
+    assert cli._attack_run_dir_alias(parser, ["attack", "fedmf", "--json"]) == ["attack", "fedmf", "--json"]
+    assert cli._attack_run_dir_alias(parser, ["attack", "./fedmf"]) == ["attack", "run-dir", "./fedmf"]
+    assert cli._attack_run_dir_alias(parser, ["--plugin", "m", "attack", "runs/x", "--json"]) == \
+        ["--plugin", "m", "attack", "run-dir", "runs/x", "--json"]
+    assert cli._attack_run_dir_alias(parser, ["run", "runs/x"]) == ["run", "runs/x"]

@@ -57,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             f"synthetic data. Protocols (run.protocol in a --config file): {', '.join(BUILTIN_PROTOCOLS)}, and "
             "those of plugins. Writes run.json, config.toml, metrics.jsonl, costs.jsonl, "
             "transcript.csv, privacy_ledger.sqlite, checkpoint.safetensors, summary.json and metrics.png "
-            "into the run directory."
+            "into the run directory (and views/ with --record-views: what each server saw, for "
+            "'secagg attack RUN_DIR')."
         ),
         epilog=presets_epilog(),
     )

@@ -174,14 +174,20 @@ def test_attack_inference_needs_only_the_views_directory(tmp_path: Path, capsys,
     assert sorted(x.split()[1] for x in run.stdout.splitlines() if x.startswith("ran ")) == ran, run.stdout
 
 
-def test_flower_refuses_record_views_in_words(tmp_path: Path) -> None:
-    import argparse
-
-    from experiments.cmd_flower import _config
-
-    cfg = tmp_path / "rec.toml"
-    cfg.write_text(SMALL.replace("eval_every = 0", "eval_every = 0\nrecord_views = true"))
-    args = argparse.Namespace(resume=None, preset="fedavg-gmf", config=str(cfg), data=None, rounds=None, seed=None,
-                              eval_negatives=None, clients=None, clients_per_round=None, out=None)
-    with pytest.raises(UserError, match="Flower runs do not record adversary views yet"):
-        _config(args)
+@pytest.mark.slow
+def test_a_flower_simulation_records_the_server_view_and_is_attacked(tmp_path: Path, capsys) -> None:
+    """Flower runs the same run loop, so the server's transcript is recorded the same way (plaintext
+    uploads as ClientUpdate, SecAgg+ uploads masked)."""
+    pytest.importorskip("flwr")
+    cfg = tmp_path / "small.toml"
+    cfg.write_text(SMALL.replace("synthetic_users = 30", "synthetic_users = 12"))
+    out = tmp_path / "flower"
+    assert main(["flower", "simulate", "fedavg-gmf", "--config", str(cfg), "--rounds", "1", "--cpus", "1",
+                 "--record-views", "--out", str(out), "--quiet"]) == 0
+    views = load_views(out)
+    ups = [r for r in views.view(SERVER) if r.kind == "update"]
+    assert views.rounds == [0] and ups and all(isinstance(r.payload, ClientUpdate) for r in ups)
+    capsys.readouterr()
+    assert main(["attack", str(out), "--json"]) == 0
+    [f] = json.loads(capsys.readouterr().out.splitlines()[-1])["findings"]
+    assert f["attack"] == "fedavg-ik" and f["advantage"] > 0.5

@@ -21,7 +21,9 @@ def _check(values: np.ndarray, bound: float, ndim: int, name: str) -> np.ndarray
     if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound) or bound <= 0:
         raise ValueError(f"clip bound must be a positive finite number. Found {bound!r}.")
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name}: input contains NaN or infinity; clip finite values only.")
+        from dp.errors import NonFiniteInputError
+
+        raise NonFiniteInputError(f"{name}: input contains NaN or infinity; clip finite values only.")
     return arr
 
 

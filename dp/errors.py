@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BudgetExceededError", "LedgerError", "UnsupportedEventError"]
+__all__ = ["BudgetExceededError", "LedgerError", "NonFiniteInputError", "UnsupportedEventError"]
 
 
 class UnsupportedEventError(ValueError):
@@ -25,3 +25,8 @@ class BudgetExceededError(RuntimeError):
 
 class LedgerError(RuntimeError):
     """The privacy ledger was used out of order or its file is not a ledger."""
+
+
+class NonFiniteInputError(ValueError):
+    """A mechanism was given NaN or infinity (clipping and noise need finite values). In a training
+    run it means the model diverged before the release: the run loop stops the run on it."""

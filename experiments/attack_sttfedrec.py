@@ -7,7 +7,9 @@ Defenses: ``request-intersection``: ``none`` (fresh decoys, the paper), ``fixed-
 per-user popularity-matched decoy pool drawn once) or ``download-all`` (every sampled client
 receives all ``M`` embeddings and sends no item id; its gradients are summed over all ``M`` ids);
 ``item-gradient``: ``none`` (each client's per-id rows in plaintext, the naive fix of notes G1),
-``secagg`` (the per-id sum through SecAgg+, the protocol's default) or ``download-all``. The truth
+``secagg`` (the per-id sum through SecAgg+, the protocol's default) or ``download-all``; both:
+``dpf`` (RS and SAS as two non-colluding servers: the request by two-server PIR, the gradients by the
+DPF sum, docs/dpf.md), attacked on RS's view and on SAS's view (``attack_sas``). The truth
 a client is scored against is its clicks among the items it trained on (its request, or under
 ``download-all`` the ``T`` items it picked on the device), in the rounds it took part in. ``--json`` prints one object on the last line:
 ``attack.{f1, precision, recall, random_f1, status}`` plus ``requested_f1`` (guessing every
@@ -46,8 +48,8 @@ __all__ = ["register", "run", "run_chain_collusion"]
 ATTACKS = ("request-intersection", "item-gradient", "chain-collusion")
 SWEEP_RHOS = (0.5, 0.9)
 SWEEP_ROUNDS = (5, 10, 20)
-DEFENSES = {"request-intersection": ("none", "fixed-pool", "download-all"),
-            "item-gradient": ("none", "secagg", "download-all"),
+DEFENSES = {"request-intersection": ("none", "fixed-pool", "download-all", "dpf"),
+            "item-gradient": ("none", "secagg", "download-all", "dpf"),
             "chain-collusion": ("none",)}
 
 
@@ -57,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train STTFedRec under a defense, run an attack on RS's view, report it beside random guessing.")
     p.add_argument("--attack", choices=ATTACKS, default="request-intersection")
     p.add_argument("--defense", default="none",
-                   help="request-intersection: none|fixed-pool|download-all; item-gradient: none|secagg|download-all; "
+                   help="request-intersection: none|fixed-pool|download-all|dpf; item-gradient: none|secagg|download-all|dpf; "
                         "chain-collusion: none (raise --successors instead)")
     p.add_argument("--rounds", type=int, default=20, help="training rounds (default 20)")
     p.add_argument("--rho", type=float, default=0.9, help="fraction of non-clicked ids per request (default 0.9)")
@@ -108,7 +110,7 @@ def run_many(args: argparse.Namespace, *, defense: str, rho: float, rounds: tupl
     from attacks.registry import get_attack
     from attacks.sttfedrec import requests_by_client
     from attacks.scoring import score_sets
-    from protocols.sttfedrec import RS, STTFedRec
+    from protocols.sttfedrec import RS, SAS, STTFedRec
     from protocols.transport import InProcessTransport, Transcript
     from protocols.twotower_data import TwoTowerConfig
     from recmodels.metrics import evaluate_sampled
@@ -122,11 +124,14 @@ def run_many(args: argparse.Namespace, *, defense: str, rho: float, rounds: tupl
     try:
         cfg = TwoTowerConfig(hash_dim=256, dim=32, clients_per_round=args.clients, request_size=args.request_size,
                              rho=rho, temperature=0.1,
-                             decoys=defense if defense in ("fixed-pool", "download-all") else "fresh",
-                             item_aggregation="none" if args.attack == "item-gradient" and defense == "none" else "secagg+")
+                             decoys=("pir" if defense == "dpf" else
+                                     defense if defense in ("fixed-pool", "download-all") else "fresh"),
+                             item_aggregation=("dpf" if defense == "dpf" else
+                                               "none" if args.attack == "item-gradient" and defense == "none" else "secagg+"))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    keep = lambda r: r.receiver == RS  # noqa: E731  (RS's view only)
+    servers = (RS, SAS) if defense == "dpf" else (RS,)  # dpf: SAS is the second server, attack its view too
+    keep = lambda r: r.receiver in servers  # noqa: E731  (the attacked servers' views only)
     model = STTFedRec(split.train, cfg, seed=args.seed, source=source,
                       transport=InProcessTransport(Transcript(keep_payloads=keep)))
     cands = sample_eval_candidates(split, n_negatives=min(99, model.n_items // 2), rng=np.random.default_rng([args.seed, 1]))
@@ -140,19 +145,22 @@ def run_many(args: argparse.Namespace, *, defense: str, rho: float, rounds: tupl
             trained.setdefault(u, []).append(row[lab > 0])
         if r + 1 not in rounds:
             continue
-        view = [x for x in model.transport.transcript.view(RS) if x.round <= r]
-        inferred = spec.run(view, model.public_info())
-        requested = {u: np.unique(np.concatenate(q)) for u, q in requests_by_client(view).items()}
         truth = {u: np.unique(np.concatenate(q)) for u, q in trained.items()}
-        sc = score_sets(inferred, truth, n_candidates=model.n_items)
-        everything = score_sets(requested, truth, n_candidates=model.n_items)
-        status = "ok" if sc.f1 > max(sc.random_f1, everything.f1) + 0.05 else "no better than guessing"
-        if not requested and not any(inferred.values()):
-            status = "no per-client item ids in RS's view (nothing to attack)"
+        results = {}
+        for server in servers:
+            view = [x for x in model.transport.transcript.view(server) if x.round <= r]
+            inferred = spec.run(view, model.public_info())
+            requested = {u: np.unique(np.concatenate(q)) for u, q in requests_by_client(view).items()}
+            sc = score_sets(inferred, truth, n_candidates=model.n_items)
+            everything = score_sets(requested, truth, n_candidates=model.n_items)
+            status = "ok" if sc.f1 > max(sc.random_f1, everything.f1) + 0.05 else "no better than guessing"
+            if not requested and not any(inferred.values()):
+                status = f"no per-client item ids in {server.upper()}'s view (nothing to attack)"
+            results[server] = {**sc.to_dict(), "requested_f1": everything.f1, "status": status}
         out.append({
             "attack_name": args.attack, "defense": defense, "rho": rho, "rounds": r + 1, "clients": args.clients,
             "request_size": args.request_size, "data": source, "users": model.n_users, "items": model.n_items,
-            "attack": {**sc.to_dict(), "requested_f1": everything.f1, "status": status},
+            "attack": results[RS], **({"attack_sas": results[SAS]} if SAS in results else {}),
             "HR@10": evaluate_sampled(model.score, cands, ks=(10,))["HR@10"],
             "train_seconds": time.perf_counter() - t0,
             "train_bytes_per_client_per_round": model.cost_report()["train_bytes_per_client_per_round"],
@@ -263,6 +271,10 @@ def _main(args: argparse.Namespace) -> int:
           f"{a['status']}")
     print(f"  F1 {a['f1']:.3f} (random {a['random_f1']:.3f}, every requested id {a['requested_f1']:.3f})  "
           f"precision {a['precision']:.3f}  recall {a['recall']:.3f}  model HR@10 {out['HR@10']:.3f}")
+    if "attack_sas" in out:
+        b = out["attack_sas"]
+        print(f"  on SAS's view: {b['status']}; F1 {b['f1']:.3f} (random {b['random_f1']:.3f})")
+    print(f"  {out['train_bytes_per_client_per_round']:,.0f} bytes per client per round")
     if args.json:
         print(jsonio.dumps(out))
     return 0

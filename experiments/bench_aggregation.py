@@ -195,8 +195,9 @@ def bench(
         print(f"{protocol} parameters: {g.summary()}", file=sys.stderr)
         if protocol == "secagg+":
             k, t = g.k, g.t
+    # shared_work=False: every client is timed as its own device (a device verifies and agrees itself)
     spec = RunSpec(k=k, t=t, dropouts={INPUT_STAGE: dropped}, dropout=dropout, corrupt=corrupt,
-                   unsafe_threshold=unsafe_threshold)
+                   unsafe_threshold=unsafe_threshold, shared_work=False)
     print(f"running {protocol}: n={n} d={dim} dropout={dropout} ({len(dropped)} clients)", file=sys.stderr)
     res = run(protocol, enc, spec)
     survivors = sorted(res.survivors)

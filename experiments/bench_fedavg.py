@@ -4,6 +4,14 @@ Measures, on one dataset and the ``fedavg-gmf`` preset's hyper-parameters: secon
 federated round (all sampled clients' local training, uploads and aggregation), the sampled
 evaluation time and the full-ranking evaluation time, beside one epoch of centralised GMF on
 the same data (the plaintext, non-federated baseline).
+
+With ``--secure none,secagg+,dpf`` it instead runs the same rounds (same seed, same data) once per
+listed ``secure_aggregation``, side by side in one process, and reports for each: wall and CPU
+seconds per round, bytes per client per round (model download plus the protocol's upload: for
+``"dpf"`` the key sets to both servers), the largest difference of the item table from the
+plaintext run after the same rounds, and every time as a ratio to the first secure protocol listed
+after ``none`` (so a loaded machine slows both sides alike). ``"dpf"`` runs both servers in this one
+process, one after the other (deployed, they run in parallel on their own machines).
 """
 
 from __future__ import annotations
@@ -30,8 +38,60 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default="synthetic", help="dataset path, or 'synthetic' (default)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds (default 5)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as secagg run)")
+    p.add_argument("--secure", default=None,
+                   help="comma-separated secure_aggregation values to run side by side (e.g. none,secagg+,dpf)")
     p.add_argument("--json", action="store_true", help="one JSON object on the last line of stdout")
     p.set_defaults(func=_main)
+
+
+def bench_secure(data: str, rounds: int, threads: int, protocols: list[str]) -> dict:
+    """The same ``rounds`` of FedAvg-GMF under each ``secure_aggregation`` in ``protocols`` (see the
+    module docstring); the first entry is the reference model (``none`` if listed)."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from experiments.prepare import prepare_data
+    from protocols.fedavg import FedAvgGMF
+
+    torch.set_num_threads(threads)
+    preset = {"dpf": "fedavg-gmf-dpf", "secagg+": "fedavg-gmf-secagg"}
+    base = cfgmod.merge(cfgmod.load_preset("fedavg-gmf"), {"data": {"source": data}})
+    prep = prepare_data(base)
+    out: dict = {"data": prep.description["preprocessed"], "clients": int(len(np.unique(prep.split.train.users))),
+                 "items": int(prep.split.train.n_items), "rounds": rounds, "threads": threads, "runs": {}}
+    items = {}
+    for name in protocols:
+        config = cfgmod.merge(cfgmod.load_preset(preset.get(name, "fedavg-gmf")), {"data": {"source": data}})
+        section = dataclasses.replace(config.section("fedavg"), secure_aggregation=name)
+        fed = FedAvgGMF(prep.split.train, section, seed=base.run.seed)
+        wall, cpu, nbytes = [], [], []
+        for r in range(rounds):
+            t, c = time.perf_counter(), time.process_time()
+            stats = fed.run_round()
+            wall.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+            nbytes.append(stats.bytes_per_client)
+            print(f"{name} round {r + 1}/{rounds}: {wall[-1]:.1f} s", file=sys.stderr)
+        items[name] = fed.item.clone()
+        out["runs"][name] = {"seconds_per_round": statistics.median(wall), "cpu_seconds_per_round": statistics.median(cpu),
+                             "bytes_per_client": statistics.median(nbytes),
+                             "upload_bytes_per_client": statistics.median(nbytes) - fed.model_bytes,
+                             "config": {k: v for k, v in dataclasses.asdict(section).items()
+                                        if k.startswith(("dpf_", "secagg_", "frac", "value_clip"))}}
+    ref = protocols[0]
+    for name in protocols:
+        out["runs"][name]["max_item_diff_from_" + ref] = float((items[name] - items[ref]).abs().max())
+    secure = [p for p in protocols if p != "none"]
+    if secure:
+        first = out["runs"][secure[0]]
+        for name in secure[1:]:
+            run = out["runs"][name]
+            run[f"speedup_vs_{secure[0]}"] = first["seconds_per_round"] / run["seconds_per_round"]
+            run[f"cpu_speedup_vs_{secure[0]}"] = first["cpu_seconds_per_round"] / run["cpu_seconds_per_round"]
+            run[f"bytes_ratio_vs_{secure[0]}"] = run["bytes_per_client"] / first["bytes_per_client"]
+    return out
 
 
 def bench(data: str, rounds: int, threads: int) -> dict:
@@ -85,6 +145,18 @@ def _main(args: argparse.Namespace) -> int:
     for flag, value in (("--rounds", args.rounds), ("--threads", args.threads)):
         if value < 1:  # checked before any work: 0 rounds has no median, torch refuses 0 threads
             raise UserError(f"{flag} must be >= 1; found {value}")
+    if args.secure is not None:
+        names = [p.strip() for p in args.secure.split(",") if p.strip()]
+        allowed = ("none", "secagg", "secagg+", "dpf")
+        if not names or any(p not in allowed for p in names) or len(set(names)) != len(names):
+            raise UserError(f"--secure takes distinct values among {allowed}; found {args.secure!r}")
+        result = bench_secure(args.data, args.rounds, args.threads, names)
+        for name, run in result["runs"].items():
+            print(f"{name}: {run['seconds_per_round']:.1f} s/round ({run['cpu_seconds_per_round']:.1f} CPU-s), "
+                  f"{run['bytes_per_client']:,.0f} B per client per round")
+        if args.json:
+            print(jsonio.dumps(result, sort_keys=True))
+        return 0
     result = bench(args.data, args.rounds, args.threads)
     print(
         f"{result['clients']} clients x {result['items']} items: {result['seconds_per_round']:.3f} s/round "

@@ -9,7 +9,8 @@ import-time discovery). Conventions shared by every command:
 * user errors (:class:`experiments.errors.UserError`, or ``ValueError``/``FileNotFoundError`` from a
   lower layer reporting bad input, or :class:`dp.errors.LedgerError` for a damaged or edited
   ``privacy_ledger.sqlite``) print one clear line on stderr and exit 2, without a
-  traceback (``SECAGG_DEBUG=1`` re-raises them with the traceback);
+  traceback (``SECAGG_DEBUG=1`` re-raises them with the traceback); a run whose training
+  diverged (:class:`experiments.errors.TrainingDiverged`) prints one line and exits 3;
 * ``--plugin MODULE`` (before or after the sub-command, repeatable) imports a module that registers
   protocols or attacks before the command runs; installed packages register theirs through entry
   points (docs/plugins.md).
@@ -27,7 +28,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from experiments.errors import UserError
+from experiments.errors import TrainingDiverged, UserError
 
 __all__ = ["COMMAND_MODULES", "UserError", "build_parser", "main"]
 
@@ -118,6 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _import_plugins(args)
         return int(func(args) or 0)
+    except TrainingDiverged as exc:  # the run directory is valid; a distinct code for scripts
+        if os.environ.get("SECAGG_DEBUG"):
+            raise
+        print(f"secagg: error: {exc}", file=sys.stderr)
+        return 3
     except (UserError, ValueError, FileNotFoundError, *_loaded("dp.errors", "LedgerError")) as exc:
         if os.environ.get("SECAGG_DEBUG"):
             raise  # a developer asked for the traceback

@@ -13,7 +13,7 @@ __all__ = ["BENCH_MODULES", "register"]
 
 #: Benchmark modules under ``experiments``, in help order.
 BENCH_MODULES: tuple[str, ...] = ("bench_aggregation", "bench_he", "bench_fedavg", "bench_lightfr", "bench_flower",
-                                  "bench_dpf")
+                                  "bench_dpf", "bench_secure")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -65,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("preset", nargs="?", help=f"preset name (default {DEFAULT_PRESET}; listed below)")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file overriding the preset's keys")
     p.add_argument("--data", metavar="PATH", help="MovieLens u.data / ratings.dat / ratings.csv (file or folder) or CSV")
-    p.add_argument("--format", metavar="FMT", help="data format when it cannot be inferred: ml-100k, ml-1m, ml-csv, csv")
+    p.add_argument("--format", metavar="FMT", help="data format when it cannot be inferred: ml-100k, ml-1m, ml-csv, csv; filmtrust, ciao, yelp, "
+                   "douban, recbole (published formats); ncf, lightfr-csv (a paper's split folder)")
     p.add_argument("--columns", metavar="SPEC",
                    help="a CSV's columns, user=NAME,item=NAME[,rating=NAME][,timestamp=NAME] (header names or "
                    "0-based indices; 'none' for absent); default: inferred from the header ([data.columns])")
@@ -225,6 +226,28 @@ def _format_metrics(name: str, m: dict[str, float] | None) -> str:
     return f"{name:<8}" + "  ".join(f"{k} {m[k]:.4f}" if m[k] is not None else f"{k} n/a" for k in keys)
 
 
+def _num(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else "n/a"
+
+
+def main_metric_names(summary: dict[str, Any]) -> tuple[str, ...]:
+    """The HR and NDCG cut-off nearest 10 among the summary's sampled or full metrics."""
+    m = summary.get("metrics") or summary.get("metrics_full") or {}
+    ks = sorted({int(k.split("@")[1]) for k in m if k.startswith("HR@")}, key=lambda c: (abs(c - 10), c))
+    return (f"HR@{ks[0]}", f"NDCG@{ks[0]}") if ks else ()
+
+
+def _format_ties(ties: dict[str, dict[str, dict[str, float]]] | None, names: tuple[str, ...]) -> list[str]:
+    """One line per evaluation: the main metrics under each tie rule (pessimistic is the recorded figure)."""
+    lines = []
+    for kind, by_rule in (ties or {}).items():
+        parts = [f"{k} " + " / ".join(f"{by_rule[r][k]:.4f} {r}" for r in ("pessimistic", "random", "optimistic"))
+                 for k in names if k in by_rule.get("pessimistic", {})]
+        if parts:
+            lines.append(f"{'ties':<8}({kind}) " + "; ".join(parts))
+    return lines
+
+
 def _main(args: argparse.Namespace) -> int:
     summary = run(args)
     ev = summary["evaluation"]
@@ -237,6 +260,14 @@ def _main(args: argparse.Namespace) -> int:
         print(_format_metrics("rating" if "RMSE" in summary["metrics"] else "sampled", summary["metrics"]))
     if summary["metrics_full"]:
         print(_format_metrics("full", summary["metrics_full"]))
+    for line in _format_ties(summary.get("ties"), main_metric_names(summary)):
+        print(line)
+    best = summary.get("best_validation")
+    if best:
+        names = main_metric_names(summary)
+        print(f"{'best':<8}round {best['round']} by validation ("
+              + ", ".join(f"valid {k} {_num(best['valid'][k])}" for k in names if k in best["valid"]) + "): test "
+              + "  ".join(f"{k} {_num(best['metrics'][k])}" for k in names if k in best["metrics"]))
     for i, part in enumerate(summary["privacy"].get("parts") or [summary["privacy"]["statement"]]):
         print(f"{'privacy' if i == 0 else '':<10}{part}")
     print(f"seconds {summary['seconds']:.1f}  bytes/client/round {summary['bytes_per_client_per_round']:.0f}  run dir {summary['run_dir']}")

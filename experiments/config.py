@@ -125,9 +125,20 @@ class DataSection:
     """``[data]``: where interactions come from and how they are preprocessed.
 
     Attributes:
-        source: ``"synthetic"`` (the embedded default) or a path to a MovieLens file/folder or CSV.
+        source: ``"synthetic"`` (the embedded default) or a path to a MovieLens file/folder or CSV,
+            or a folder (or prefix) holding a paper's split files (``X.train.rating`` +
+            ``X.test.rating`` [+ ``X.test.negative``], or ``X_train.csv`` + ``X_test.csv`` [+
+            ``X_val.csv``]; :mod:`recmodels.splitfiles`): the run then uses that split as it is.
         format: ``""`` infers from the file name and content; else ``ml-100k`` | ``ml-1m`` |
-            ``ml-csv`` | ``csv``.
+            ``ml-csv`` | ``csv``, a public dataset's published format ``filmtrust`` | ``ciao`` |
+            ``yelp`` | ``douban`` | ``recbole`` (:mod:`recmodels.public_data`), or a split format
+            ``ncf`` | ``lightfr-csv``.
+        train, valid, test: explicit split files (a paper's released split): the training file,
+            the validation file (optional) and the test file, one held-out item per user.
+            Relative paths are taken inside ``source`` (its folder when it is a file; the current
+            directory when ``source = "synthetic"``). Set: no re-split, no filters
+            (``min_*_interactions`` do not apply: the files fix the users), ``threshold`` keeps the
+            training rows rated at least it. Empty (default): leave-one-out on ``source``.
         sep: a CSV's delimiter (one character or ``"::"``); ``""`` infers it from the content.
         columns: ``[data.columns]``, which CSV column holds the user, item, rating and timestamp
             (:class:`ColumnsSection`; inferred from the header names by default).
@@ -150,8 +161,16 @@ class DataSection:
     synthetic_items: int = 500
     synthetic_dim: int = 8
     synthetic_mean_interactions: int = 40
+    train: str = ""
+    valid: str = ""
+    test: str = ""
 
     def __post_init__(self) -> None:
+        if bool(self.train) != bool(self.test):
+            raise ValueError("data.train and data.test go together (an explicit split needs both); found "
+                             f"train={self.train!r}, test={self.test!r}")
+        if self.valid and not self.train:
+            raise ValueError(f"data.valid needs data.train and data.test; found valid={self.valid!r} alone")
         if self.min_user_interactions < 2:
             raise ValueError(
                 "data.min_user_interactions must be >= 2 (a user needs one interaction to train on and one "
@@ -187,11 +206,22 @@ class EvalSection:
             the sampled metrics off (full ranking only).
         ks: cut-offs for HR/NDCG/Precision/Recall.
         full_ranking: also rank the held-out item among all items the user has not trained on.
+        candidates: a file of per-user candidate lists for the test items (NCF's ``.test.negative``:
+            ``(user,item)<TAB>neg<TAB>neg...``); the sampled metrics then rank each test item among
+            exactly these, nothing sampled (``negatives`` unused). Needs ``[data] train/test``
+            (relative paths as theirs). An NCF test file ``X.test.rating`` finds ``X.test.negative``
+            beside it without this key; LightFR's test CSV holds its own candidate blocks.
+        valid_candidates: the same for the validation items (``[data] valid``).
+
+    Every ranking evaluation is computed under three tie rules (``summary.json``'s ``ties``):
+    ``pessimistic`` (the recorded figures), ``optimistic`` (the authors' code) and ``random``.
     """
 
     negatives: int = 99
     ks: list[int] = field(default_factory=lambda: [5, 10, 20])
     full_ranking: bool = True
+    candidates: str = ""
+    valid_candidates: str = ""
 
     def __post_init__(self) -> None:
         if self.negatives < 0:
@@ -431,7 +461,7 @@ _TOML_TOKENS = re.compile(
     r'|"(?:[^"\\\n]|\\.)*"'  # basic string
     r"|'[^'\n]*'"  # literal string
     r"|#[^\n]*"  # comment
-    r"|[\[\]{},.\n]"
+    r"|[\[\]{},.=\n]"
 )
 _TOML_FIRST = re.compile(r"[^ \t\r]")
 
@@ -442,18 +472,19 @@ def _check_toml_depth(text: str, origin: str) -> None:
     A count that never under-counts, linear in the text: a ``[table]`` header's level is its
     dotted parts plus two (so ``[[array.of.tables]]``, one level more, is covered), a key-value
     line starts at its table's level, each dot of a key and each ``[``/``{`` of a value adds one,
-    and ``,`` starts the next element or inline key at its container's level. The dot of a number
-    over-counts by one.
+    and ``,`` starts the next element or inline key at its container's level. A dot after ``=`` or
+    inside an array belongs to a value (a number, a date) and is not counted.
     """
     table = base = 1  # the current [table]'s level; the level the current key or element hangs from
     dots = 0  # dots of the current key (or header)
-    stack: list[tuple[int, int]] = []  # (base, dots) of each open array / inline table
+    value = False  # after "=" or inside an array: a "." belongs to a number or a date, not to a key
+    stack: list[tuple[int, int, str]] = []  # (base, dots, "[" or "{") of each open array / inline table
     header, line_begin, line_first = False, 0, -1  # line_first: the line's first non-blank (-1: not looked up)
     for match in _TOML_TOKENS.finditer(text):
         token = match.group()
         if token == "\n":
             if not stack:
-                header, line_begin, line_first, base, dots = False, match.end(), -1, table, 0
+                header, line_begin, line_first, base, dots, value = False, match.end(), -1, table, 0, False
             continue
         if token[0] in "#\"'":
             continue
@@ -470,14 +501,17 @@ def _check_toml_depth(text: str, origin: str) -> None:
             elif token == "]":
                 header, table, base, dots = False, dots + 3, dots + 3, 0
         elif token in "[{":
-            stack.append((base, dots))
-            base, dots = base + dots + 1, 0
+            stack.append((base, dots, token))
+            base, dots, value = base + dots + 1, 0, token == "["
         elif token in "]}":
             if stack:
-                base, dots = stack.pop()
+                base, dots, _ = stack.pop()
+            value = True
         elif token == ",":
-            dots = 0
-        elif token == ".":
+            dots, value = 0, bool(stack) and stack[-1][2] == "["
+        elif token == "=":
+            value = True
+        elif token == "." and not value:
             dots += 1
         if (dots + 3 if header else base + dots) > MAX_TOML_DEPTH:
             line = text.count("\n", 0, match.start()) + 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["RunInterrupted", "UserError"]
+__all__ = ["RunInterrupted", "TrainingDiverged", "UserError"]
 
 
 class UserError(Exception):
@@ -21,3 +21,21 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, run_dir: Path):
         super().__init__(str(run_dir))
         self.run_dir = Path(run_dir)
+
+
+class TrainingDiverged(UserError):
+    """A round ended with a non-finite training loss and a non-finite model: the run stopped (exit code 3).
+
+    The run directory stays valid: the round's ledger, cost and metrics rows are written (its loss as
+    ``null``), the checkpoint keeps the last round checkpointed before it, and ``summary.json`` says
+    why the run stopped (``stopped``, ``diverged``).
+
+    Attributes:
+        run_dir: the run directory.
+        round: the 1-based round whose loss was not finite.
+        checkpoint_round: the round the checkpoint holds (0: none).
+    """
+
+    def __init__(self, message: str, run_dir: Path, round: int, checkpoint_round: int):
+        super().__init__(message)
+        self.run_dir, self.round, self.checkpoint_round = Path(run_dir), round, checkpoint_round

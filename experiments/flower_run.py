@@ -36,7 +36,6 @@ from fedflower.adapter import (
 )
 from fedflower.apps import GridTrainer
 from protocols.transport import InProcessTransport, Transcript
-from recmodels.sampling import EvalCandidates
 
 __all__ = ["NODE_STATE_DIR", "check_protocol", "execute_on_grid", "prepare_for_flower", "simulate_run",
            "write_run_partitions"]
@@ -76,7 +75,7 @@ def prepare_for_flower(config: cfgmod.RunConfig, eval_users: int | None) -> Prep
         if eval_users < 1:
             raise UserError(f"--eval-users must be >= 1; found {eval_users}")
         pick = np.sort(np.random.default_rng([config.run.seed, 15]).choice(len(prep.candidates), eval_users, replace=False))
-        prep = dataclasses.replace(prep, candidates=EvalCandidates(prep.candidates.users[pick], prep.candidates.items[pick]))
+        prep = dataclasses.replace(prep, candidates=prep.candidates.take(pick))
     return prep
 
 

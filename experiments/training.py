@@ -31,23 +31,33 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dp.errors import BudgetExceededError
+from dp.errors import BudgetExceededError, NonFiniteInputError
 from dp.events import NoOp, NonPrivate
 from dp.ledger import PrivacyLedger
 from experiments import config as cfgmod
 from experiments import jsonio
-from experiments.errors import RunInterrupted, UserError
-from experiments.prepare import Prepared, data_fingerprint, prepare_data
+from experiments.errors import RunInterrupted, TrainingDiverged, UserError
+from experiments.prepare import Prepared, prepare_data, run_data_files
 from experiments.rundir import CHECKPOINT, RunDir, default_run_dir
 from protocols.guard import set_device_policy
 from protocols.registry import BuildContext
 from protocols.state import loads_json
 from protocols.transport import InProcessTransport, Transcript
-from recmodels.metrics import evaluate_full, evaluate_sampled
+from recmodels.metrics import TIE_RULES, evaluate_full_by_rule, evaluate_sampled, evaluate_sampled_by_rule
 
-__all__ = ["MAX_ROUNDS", "TIE_RULE", "RunRequest", "execute", "main_metric"]
+__all__ = ["MAX_ROUNDS", "TIE_RULE", "TIE_RULES_TEXT", "VALID_PREFIX", "RunRequest", "best_validation", "execute",
+           "main_metric"]
 
+#: Prefix of the validation metrics in metrics.jsonl rows (``valid_HR@10``).
+VALID_PREFIX = "valid_"
 TIE_RULE = "ties count against the held-out item (rank = 1 + #candidates scoring >= it)"
+#: What summary.json's ``ties`` holds (every rule of :data:`recmodels.metrics.TIE_RULES`).
+TIE_RULES_TEXT = {
+    "pessimistic": TIE_RULE + "; the figures of metrics.jsonl and 'metrics'",
+    "optimistic": "ties in the held-out item's favour (rank = 1 + #candidates scoring > it), as the authors' code "
+                  "ranks with pandas rank(method='first') and the positive listed first",
+    "random": "the expectation over a uniformly random order of the tied candidates (exact, not sampled)",
+}
 #: Upper bound on run.rounds (a typo such as 10^20 is refused in words rather than accepted).
 MAX_ROUNDS = 1_000_000
 LEDGER = "privacy_ledger.sqlite"
@@ -127,7 +137,7 @@ def verify_resume(rd: RunDir, config: cfgmod.RunConfig) -> dict[str, Any]:
                 f"config.toml in {rd.path} changed {key} from {stored.get(key, '(unset)')!r} to "
                 f"{now.get(key, '(unset)')!r} since the run was created; only run.rounds may change on --resume"
             )
-    files = data_fingerprint(config.data.source)
+    files = run_data_files(config)
     for path in sorted(set(files) | set(ident["data_files"])):
         old, new = ident["data_files"].get(path), files.get(path)
         if old != new:
@@ -199,8 +209,12 @@ class _Run:
         self.views = None
         if self.config.run.record_views and self.spec.federated and trainer.transport is not None:
             from experiments.views import ViewRecorder
+            from protocols.secure_sum import SERVER2
 
-            self.views = ViewRecorder(rd, self.spec.name, self.spec.adversaries, self.config.run.record_every,
+            roles = tuple(self.spec.adversaries)
+            if getattr(self.config.protocol_config, "secure_aggregation", None) == "dpf" and SERVER2 not in roles:
+                roles += (SERVER2,)  # the DPF sum's second server (secure_sum's receiver2) is an adversary too
+            self.views = ViewRecorder(rd, self.spec.name, roles, self.config.run.record_every,
                                       self.rounds - 1)
             trainer.transport.transcript.keep_payloads = self.views.filter
 
@@ -211,8 +225,32 @@ class _Run:
             m = self.trainer.evaluate(self.prep.split.test)
             return {"RMSE": float(m["rmse"]), "MAE": float(m["mae"])}
         if self.prep.candidates is not None:
-            return evaluate_sampled(self.trainer.score, self.prep.candidates, ks=self.ks)
-        return evaluate_full(self.trainer.score_all, self.prep.split, ks=self.ks)
+            out = evaluate_sampled(self.trainer.score, self.prep.candidates, ks=self.ks)
+        else:
+            out = evaluate_full_by_rule(self.trainer.score_all, self.prep.split, ks=self.ks)["pessimistic"]
+        return {**out, **self.evaluate_valid()}
+
+    def evaluate_valid(self) -> dict[str, float]:
+        """The validation items' metrics, keys prefixed ``valid_`` (empty without validation items): on
+        their candidates, or among all items when the test metrics are full-ranking ones."""
+        split = self.prep.split
+        if getattr(split, "valid_items", None) is None:
+            return {}
+        if self.prep.candidates is not None and self.prep.valid_candidates is not None:
+            m = evaluate_sampled(self.trainer.score, self.prep.valid_candidates, ks=self.ks)
+        else:
+            m = evaluate_full_by_rule(self.trainer.score_all, split, ks=self.ks, target="valid")["pessimistic"]
+        return {f"{VALID_PREFIX}{k}": v for k, v in m.items()}
+
+    def evaluate_ties(self) -> dict[str, dict[str, dict[str, float]]]:
+        """``{"sampled"|"full": {rule: metrics}}``: the final evaluation under every tie rule (ranking only;
+        ``full`` when ``eval.full_ranking``, ``sampled`` when there are candidates)."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        if self.prep.candidates is not None:
+            out["sampled"] = evaluate_sampled_by_rule(self.trainer.score, self.prep.candidates, ks=self.ks)
+        if self.config.eval.full_ranking or self.prep.candidates is None:
+            out["full"] = evaluate_full_by_rule(self.trainer.score_all, self.prep.split, ks=self.ks)
+        return out
 
     # -- one round -------------------------------------------------------------------------------
     def round(self, r: int, t0: float) -> dict[str, Any]:
@@ -220,7 +258,16 @@ class _Run:
         snapshot = self.trainer.state_dict() if self.ledger.budget is not None else None
         if self.views is not None:
             self.views.begin(r)
-        stats = self.trainer.run_round()
+        try:
+            stats = self.trainer.run_round()
+        except (ValueError, ArithmeticError) as exc:  # a mechanism refused a non-finite value (FedMF's LDP clip)
+            if self.views is not None:
+                self.views.filter.active = False  # the round did not finish: nothing of it is recorded
+            if not (isinstance(exc, NonFiniteInputError) or _has_non_finite(self.trainer.state_dict())):
+                raise
+            self.rd.append_jsonl("metrics.jsonl", {"round": r + 1, "loss": None,
+                                                   "seconds": round(time.perf_counter() - t0, 3)})
+            raise self._diverged_error(r + 1, math.nan, f"a value of the round was not finite ({exc})") from exc
         try:
             with self.ledger.round(self.ledger.next_round()) as rnd:
                 for rel in stats.releases:
@@ -247,6 +294,11 @@ class _Run:
         cost.update({k: v for k, v in stats.extra.items() if k not in cost})
         self.rd.append_jsonl("costs.jsonl", cost)
         row: dict[str, Any] = {"round": r + 1, "loss": round(float(stats.loss), 6)}
+        if self.diverged(stats.loss):
+            row["seconds"] = round(time.perf_counter() - t0, 3)
+            self.rd.append_jsonl("metrics.jsonl", jsonio.strict(row))
+            raise self._diverged_error(r + 1, stats.loss, f"the training loss is {stats.loss} and the model holds "
+                                       "non-finite values")
         every = self.config.run.eval_every
         if r + 1 == self.rounds or (every and (r + 1) % every == 0):
             row.update(self.evaluate())
@@ -255,6 +307,34 @@ class _Run:
         if (r + 1) % self.config.run.checkpoint_every == 0 or r + 1 == self.rounds:
             self.checkpoint(time.perf_counter() - t0)
         return row
+
+    def diverged(self, loss: float) -> bool:
+        """Whether a round's loss says training diverged: an infinite loss, or NaN with a non-finite
+        number in the model state (a NaN loss alone can mean "no client reported one")."""
+        if math.isinf(loss):
+            return True
+        return math.isnan(loss) and _has_non_finite(self.trainer.state_dict())
+
+    def _diverged_error(self, rnd: int, loss: float, what: str) -> TrainingDiverged:
+        state = self.rd.load_checkpoint()
+        ck = int(state["trainer"].get("round", 0)) if isinstance(state, dict) and isinstance(state.get("trainer"), dict) else 0
+        section = self.spec.section or "run"  # the protocol's own keys
+        kept = (f"the checkpoint holds round {ck}: `secagg run --resume {self.rd.path} --rounds {ck}` finishes "
+                "there with a summary" if ck else "no round was checkpointed: start a new run")
+        message = (f"round {rnd}: {what}, so training "
+                   f"diverged; the run stopped. {self.rd.path} stays valid ({kept}; metrics.jsonl records the "
+                   f"round's loss as null). Lower the learning rate ("
+                   + ("fedmf.mf.lr: the fedmf presets use 0.0005, docs/fedmf.md" if self.spec.name == "fedmf"
+                      else f"the lr key of [{section}]")
+                   + ") or pick a preset that converges on this data.")
+        self.rd.write_json("summary.json", jsonio.strict({
+            "preset": self.req.preset, "protocol": self.config.run.protocol, "rounds": ck, "seed": self.config.run.seed,
+            "metrics": None, "metrics_full": None, "ties": None,
+            "stopped": message, "diverged": {"round": rnd, "loss": loss, "checkpoint_round": ck},
+            "versions": _versions(), "run_dir": str(self.rd.path), "run_id": self.run_id,
+        }))
+        self.ledger.close()
+        return TrainingDiverged(message, self.rd.path, rnd, ck)
 
     def checkpoint(self, elapsed: float) -> None:
         self.rd.save_checkpoint({"run_id": self.run_id, "seconds": elapsed, "trainer": self.trainer.state_dict()})
@@ -291,6 +371,21 @@ class _Run:
         return out
 
 
+def _has_non_finite(obj: Any) -> bool:
+    """Whether a state (nested dicts/lists of arrays, tensors and numbers) holds a NaN or infinity."""
+    if isinstance(obj, dict):
+        return any(_has_non_finite(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_has_non_finite(v) for v in obj)
+    if isinstance(obj, torch.Tensor):
+        return bool(obj.is_floating_point() and not torch.isfinite(obj).all())
+    if isinstance(obj, np.ndarray):
+        return bool(obj.dtype.kind in "fc" and not np.isfinite(obj).all())
+    if isinstance(obj, float):
+        return not math.isfinite(obj)
+    return False
+
+
 def run_plugins(req: RunRequest) -> list[str]:
     """The plugin modules run.json records, for ``--resume`` (and ``secagg attack run-dir``) to import
     again: every ``--plugin`` module, and the entry-point module that registered the run's protocol."""
@@ -322,7 +417,7 @@ def _open(req: RunRequest, prep: Prepared, trainer: Any) -> tuple[RunDir, str, f
         run_id = uuid.uuid4().hex
         rd.write_json("run.json", {
             "preset": req.preset, "run_id": run_id, "protocol": cfg.run.protocol,
-            "config": cfg.to_dict(), "data_files": data_fingerprint(cfg.data.source), "versions": _versions(),
+            "config": cfg.to_dict(), "data_files": run_data_files(cfg), "versions": _versions(),
             "plugins": run_plugins(req),
         })
         rd.write_text("config.toml", cfgmod.to_toml(cfg))
@@ -470,12 +565,15 @@ def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: s
         metrics = run.evaluate()
         rd.append_jsonl("metrics.jsonl", {"round": done, **metrics, "seconds": round(train_seconds, 3)})
         history.append({"round": done, **metrics})
+    metrics_valid = {k[len(VALID_PREFIX):]: v for k, v in metrics.items() if k.startswith(VALID_PREFIX)} or None
+    metrics = {k: v for k, v in metrics.items() if not k.startswith(VALID_PREFIX)}
     eval_s = time.perf_counter() - te
-    metrics_full, full_s = None, 0.0
-    if cfg.spec.task == "ranking" and cfg.eval.full_ranking:
+    metrics_full, full_s, ties = None, 0.0, None
+    if cfg.spec.task == "ranking":
         te = time.perf_counter()
-        metrics_full = (metrics if run.prep.candidates is None
-                        else evaluate_full(trainer.score_all, prep.split, ks=run.ks))
+        ties = run.evaluate_ties()
+        if cfg.eval.full_ranking:
+            metrics_full = ties["full"]["pessimistic"]
         full_s = time.perf_counter() - te
     costs = rd.read_jsonl("costs.jsonl")
     summary = {
@@ -485,6 +583,9 @@ def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: s
         "seed": cfg.run.seed,
         "metrics": metrics if (cfg.spec.task == "rating" or run.prep.candidates is not None) else None,
         "metrics_full": metrics_full,
+        "metrics_valid": metrics_valid,
+        "best_validation": best_validation(history, follow[0]) if metrics_valid else None,
+        "ties": ties,
         "evaluation": _evaluation_protocol(cfg, prep),
         "data": prep.description,
         "bytes_per_client_per_round": float(np.mean([c.get("bytes_per_client", 0) for c in costs])) if costs and "bytes_per_client" in costs[0] else 0.0,
@@ -504,6 +605,25 @@ def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: s
     rd.write_json("summary.json", summary)
     _plot(rd, history, req.preset, follow)
     return summary
+
+
+def best_validation(history: list[dict[str, Any]], metric: str) -> dict[str, Any] | None:
+    """Model selection: the evaluated round with the best validation ``metric`` (highest; lowest for
+    RMSE/MAE; the first such round on ties) and the test metrics recorded at that round, to report
+    beside the final round's. ``None`` when no row holds the validation metric."""
+    key = VALID_PREFIX + metric
+    rows = [h for h in history if isinstance(h.get(key), (int, float)) and math.isfinite(h[key])]
+    if not rows:
+        return None
+    lower = metric in ("RMSE", "MAE")
+    best = min(rows, key=lambda h: (h[key] if lower else -h[key], h["round"]))
+    return {
+        "round": best["round"],
+        "selected_by": f"{key} ({'lowest' if lower else 'highest'}; the first such round on ties), over the "
+                       f"{len(rows)} evaluated rounds",
+        "valid": {k[len(VALID_PREFIX):]: v for k, v in best.items() if k.startswith(VALID_PREFIX)},
+        "metrics": {k: v for k, v in best.items() if k not in ("round", "loss", "seconds") and not k.startswith(VALID_PREFIX)},
+    }
 
 
 def _cost_summary(costs: list[dict[str, Any]], trainer: Any) -> dict[str, Any]:
@@ -528,16 +648,43 @@ def _jsonable(obj: Any) -> Any:
 def _evaluation_protocol(config: cfgmod.RunConfig, prep: Prepared) -> dict[str, Any]:
     if config.spec.task == "rating":
         return {"split": prep.split.protocol, "metrics": "RMSE and MAE of predicted ratings on the held-out 20%"}
+    cands = prep.candidates
+    if cands is not None and cands.source != "sampled":
+        n = cands.n_candidates()
+        sampled = (f"held-out item + the candidates listed in {cands.source} ({int(n.min()) - 1}.."
+                   f"{int(n.max()) - 1} per user; nothing sampled)")
+    elif cands is not None:
+        sampled = f"held-out item + {cands.n_negatives} sampled items the user never interacted with"
+    else:
+        sampled = "off (eval.negatives = 0): full ranking only"
     return {
         "split": prep.split.protocol,
-        "sampled": (f"held-out item + {config.eval.negatives} sampled items the user never interacted with"
-                    if config.eval.negatives else "off (eval.negatives = 0): full ranking only"),
+        "sampled": sampled,
         "full": ("held-out item ranked among all items not in the user's training data"
-                 + (" (validation item excluded)" if config.split.validation else "")) if config.eval.full_ranking else "off",
+                 + (" (validation item excluded)" if prep.split.valid_items is not None else "")) if config.eval.full_ranking else "off",
         "ks": list(config.eval.ks),
         "ties": TIE_RULE,
-        "users_evaluated": int(len(prep.split.test_users)),
+        "tie_rules": {rule: TIE_RULES_TEXT[rule] for rule in TIE_RULES},
+        "users_evaluated": int(len(cands) if cands is not None else len(prep.split.test_users)),
+        "validation": _validation_text(prep),
     }
+
+
+def _validation_text(prep: Prepared) -> str:
+    """How the validation items are ranked and used (``off`` without any)."""
+    split = prep.split
+    if getattr(split, "valid_items", None) is None:
+        return "off (no validation items: split.validation = false, or split files without one)"
+    vc = prep.valid_candidates
+    if prep.candidates is None or vc is None:
+        how = "ranked among all items not in the user's training data (test item excluded)"
+    elif vc.source != "sampled":
+        how = f"ranked among the candidates listed in {vc.source}"
+    else:
+        how = f"ranked among {vc.n_negatives} other sampled items (drawn apart from the test negatives)"
+    return (f"one validation item per user, {how}; metrics.jsonl holds valid_* beside the test metrics at "
+            "every evaluation, and summary.json's best_validation gives the test metrics at the round "
+            "with the best validation figure")
 
 
 def _plot(rd: RunDir, history: list[dict[str, Any]], title: str, keys: tuple[str, ...]) -> None:

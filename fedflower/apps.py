@@ -434,6 +434,9 @@ class GridTrainer:
         self.config_json = config_to_json(server.config)
         #: the protocol's units (its own sub-rounds: FEL's leaves), or the server itself
         self.units = units_of(server)
+        if any(getattr(getattr(u, "config", None), "secure_aggregation", "none") == "dpf" for u in self.units):
+            raise ValueError("secure_aggregation = 'dpf' needs a second, non-colluding aggregation server; Flower runs "
+                             "one ServerApp, so 'dpf' runs in process only for now (docs/dpf.md, 'Flower')")
         self.split = hasattr(server, "round_units")
         #: a protocol of named exchanges (protocols/exchange.py): its own generator drives the round
         self.exchanges = hasattr(server, "device_round")

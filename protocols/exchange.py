@@ -100,9 +100,12 @@ __all__ = [
     "run_on_devices",
 ]
 
-#: Client-values per secure-aggregation instance in process (memory bound: a chunk of a wide
-#: vector is summed at a time; the sum is exact in Z_2^64, so chunking never changes it).
-SECURE_CHUNK = 1 << 24
+#: Client-values per secure-aggregation instance in process. Every instance pays a full key setup
+#: (agreements, signatures, Shamir), so a vector is summed in one instance whenever it fits: the
+#: simulated clients encode their own rows when they mask them (secagg.runner.EncodedRows) and the
+#: record keeps only sizes, so an instance adds no clients x dim array beyond the vectors themselves.
+#: Wider sums are cut into chunks (exact in Z_2^64, so chunking never changes the sum).
+SECURE_CHUNK = 1 << 28
 
 ArrayDict = Mapping[str, np.ndarray]
 DeviceRound = Generator["Exchange", "Replies", RoundStats]
@@ -129,8 +132,10 @@ class SecureSum:
             senders, as :func:`protocols.secure_sum.secure_sum` takes them); a runtime with real
             devices refuses them (its dropouts are real).
         row_width, points, receiver2: ``"dpf"`` only (two servers, :mod:`secagg.dpf_sum`): the
-            vector is rows of ``row_width`` words, a client touches at most ``points`` rows, and
-            ``receiver2`` is the second server (in process only for now).
+            vector is rows of ``row_width`` words, a key set carries at most ``points`` rows, and
+            ``receiver2`` is the second server (in process and on simulated devices).
+        max_parts, pad_parts: ``"dpf"`` only: a client with more rows sends up to ``max_parts`` key
+            sets (the servers see how many unless ``pad_parts``: every client sends ``max_parts``).
     """
 
     protocol: str
@@ -148,6 +153,8 @@ class SecureSum:
     row_width: int | None = None
     points: int | None = None
     receiver2: str = "server2"
+    max_parts: int = 1
+    pad_parts: bool = False
 
     def __post_init__(self) -> None:
         if self.width < 1:
@@ -160,7 +167,8 @@ class SecureSum:
         """The extra :func:`protocols.secure_sum.secure_sum` arguments of a two-server sum (none otherwise)."""
         if self.protocol != "dpf":
             return {}
-        return {"row_width": self.row_width, "points": self.points, "receiver2": self.receiver2}
+        return {"row_width": self.row_width, "points": self.points, "receiver2": self.receiver2,
+                "max_parts": self.max_parts, "pad_parts": self.pad_parts}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,24 @@ aggregate as in plaintext, up to the fixed-point quantisation (``frac_bits``; de
 nearest rounding, so runs stay reproducible from their seed). Step 4 only needs linear sums,
 which is what makes this possible.
 
+``"dpf"`` (docs/dpf.md) adds a second aggregation server, ``server2``. Parties: the clients, the
+server (server A: it holds the model and learns the sums) and ``server2`` (server B, run by
+another operator). Adversary: each server honest-but-curious, the two **not colluding**; clients
+may send malformed or forged keys (rejected or left out of both sums). Each client sends only
+the item rows it touched (its positives' and negatives' rows, plus two rows carrying ``n_k dh``,
+``n_k db`` and ``n_k``), as distributed-point-function key sets of ``dpf_points`` rows each, one
+set to each server (:func:`protocols.secure_sum.secure_row_sum`); the two servers' evaluations add
+up to the same sums as above (the same model up to fixed point). Promise: server A learns only
+the sums over the clients both servers received, and neither server learns which rows a client
+touched or their values (each key alone is independent of them). Stated limits: the two servers
+together read every update; a client with more than ``dpf_points`` rows sends
+``ceil(rows / dpf_points)`` key sets and **each server sees that count** (the size class of its
+update, i.e. of its history) unless ``dpf_pad_parts`` makes every client send
+``dpf_max_parts`` of them; above ``dpf_dense_above`` key sets a client sends a dense two-server
+share instead (a CSPRNG seed to one server, its update minus the seed's expansion to the other),
+and both servers see that it is dense; a malicious client can touch up to the buckets of its key sets, not
+only ``dpf_points`` rows; values are not range-checked (as with SecAgg).
+
 Simulation: all sampled clients train at once as one batched computation. Every client owns
 separate parameter rows (its user row, its own copy of each item row it touches, its own
 ``h`` and ``b``), and the gradient and optimiser updates are computed row-wise with
@@ -59,7 +77,7 @@ from recmodels.models import gmf_logits
 from recmodels.data import pair_keys
 from recmodels.sampling import sample_negatives_keyed
 from recmodels.streams import shuffle_keys, stream_keys
-from protocols.secure_sum import secure_sum
+from protocols.secure_sum import secure_row_sum, secure_sum
 from secagg.encoding import check_budget
 from secagg.params import check_fraction
 from secagg.params import choose as choose_secagg_plus
@@ -70,6 +88,10 @@ _AGGREGATIONS = ("mean", "touched", "sum")
 _OPTIMIZERS = ("adam", "sgd")
 #: Secure-aggregation protocols FedAvg can route its sums through (:func:`protocols.secure_sum.secure_sum`).
 _SECURE = ("none", "secagg", "secagg+")
+#: FedAvg-GMF (not the protocols built on its config) also sums through two servers.
+_TWO_SERVER = ("dpf",)
+#: The second aggregation server's party name under ``"dpf"``.
+SERVER2 = "server2"
 
 
 @dataclass(frozen=True)
@@ -96,7 +118,17 @@ class FedAvgConfig:
             sampled clients.
         server_lr: scale of the aggregated change applied by the server.
         init_std: standard deviation of the embedding initialisation.
-        secure_aggregation: ``"none"`` (plaintext uploads), ``"secagg"`` or ``"secagg+"``.
+        secure_aggregation: ``"none"`` (plaintext uploads), ``"secagg"``, ``"secagg+"`` or ``"dpf"``
+            (two non-colluding servers, sparse rows: see the module docstring; FedAvg-GMF only).
+        dpf_points: ``"dpf"``: item rows per key set (public; a key set's size grows with it).
+        dpf_max_parts: ``"dpf"``: the most key sets one client may send (``dpf_points x
+            dpf_max_parts`` rows at most; a client with more stops the round in words).
+        dpf_pad_parts: ``"dpf"``: every client sends exactly ``dpf_max_parts`` key sets, so neither
+            server learns the size of its update (at ``dpf_max_parts`` times the cost).
+        dpf_dense_above: ``"dpf"``: a client whose rows need more key sets than this sends a dense
+            two-server share of its whole update instead (a seed to one server, the update minus
+            the seed's expansion to the other: cheaper for both servers than many full-domain
+            evaluations); both servers see that it is dense. 0: never (0 with ``dpf_pad_parts``).
         frac_bits: fixed-point fractional bits of the secure-aggregation encoding.
         value_clip: largest absolute value a client may put in its encoded update (item
             changes, and the output-layer changes times ``n_k``); a larger value refuses the
@@ -128,6 +160,10 @@ class FedAvgConfig:
     value_clip: float = 65536.0
     secagg_dropout: float = 0.1
     secagg_corrupt: float = 0.05
+    dpf_points: int = 512
+    dpf_max_parts: int = 64
+    dpf_pad_parts: bool = False
+    dpf_dense_above: int = 0
 
     def __post_init__(self) -> None:
         if self.dim < 1:
@@ -151,10 +187,19 @@ class FedAvgConfig:
             )
         if not (self.server_lr > 0):
             raise ValueError(f"fedavg.server_lr must be positive; found {self.server_lr}")
-        if self.secure_aggregation not in _SECURE:
+        allowed = _SECURE + (_TWO_SERVER if type(self) is FedAvgConfig else ())
+        if self.secure_aggregation not in allowed:
             raise ValueError(
-                f"fedavg.secure_aggregation must be one of {tuple(_SECURE)}; found {self.secure_aggregation!r}"
+                f"fedavg.secure_aggregation must be one of {allowed}; found {self.secure_aggregation!r}"
             )
+        for name in ("dpf_points", "dpf_max_parts"):
+            if type(getattr(self, name)) is not int or not 1 <= getattr(self, name) <= 4096:
+                raise ValueError(f"fedavg.{name} must be an int in 1..4096; found {getattr(self, name)!r}")
+        if not isinstance(self.dpf_pad_parts, bool):
+            raise ValueError(f"fedavg.dpf_pad_parts must be true or false; found {self.dpf_pad_parts!r}")
+        if type(self.dpf_dense_above) is not int or self.dpf_dense_above < 0 or (self.dpf_dense_above and self.dpf_pad_parts):
+            raise ValueError(f"fedavg.dpf_dense_above must be an int >= 0, and 0 with dpf_pad_parts; found "
+                             f"{self.dpf_dense_above!r}")
         if not (0 < self.frac_bits < 62) or not (self.value_clip > 0 and math.isfinite(self.value_clip)):
             raise ValueError(
                 f"fedavg.frac_bits must be in 1..61 and fedavg.value_clip positive; found {self.frac_bits}, {self.value_clip}"
@@ -316,7 +361,7 @@ class FedAvgGMF:
     # -- one round ---------------------------------------------------------------------------
     def run_round(self) -> RoundStats:
         """Sample clients, train them locally (batched), collect their updates and aggregate."""
-        cfg, t = self.config, self.round
+        t = self.round
         t_start = time.perf_counter()
         sampled = self._sample_clients()
         m = len(sampled)
@@ -362,6 +407,8 @@ class FedAvgGMF:
             self._send_updates(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
             sums = self._plain_sums(torch.as_tensor(pair_slot), torch.as_tensor(pair_item), dQ, dH, dB, weight)
             upload_bytes = self.model_bytes + 4.0
+        elif cfg.secure_aggregation in _TWO_SERVER:
+            sums, upload_bytes = self._dpf_sums(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
         else:
             sums, upload_bytes = self._secure_sums(t, sampled, pair_slot, pair_item, dQ, dH, dB, weight)
         self._apply(*sums)
@@ -527,6 +574,62 @@ class FedAvgGMF:
         self._secagg_seconds = float(np.mean(res.client_seconds))
         return self._sums_from_total(res.total), res.bytes_per_client
 
+    def dpf_layout(self) -> tuple[int, int, int]:
+        """``"dpf"``: ``(row width, tail rows, table rows)`` of the two-server sum's table: item row
+        ``i`` holds the client's change of it (times ``n_k`` unless ``"sum"``), with ``n_k`` in one
+        more column for ``"touched"``; the ``tail rows`` after the items hold ``n_k dh | n_k db | n_k``."""
+        n_items, d = self.train.n_items, self.config.dim
+        width = d + (1 if self.config.item_aggregation == "touched" else 0)
+        tail = -(-(d + 2) // width)
+        return width, tail, n_items + tail
+
+    def _dpf_rows(self, sampled, pair_slot, pair_item, dQ, dH, dB, weight) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each client's touched rows and their values in the :meth:`dpf_layout` table (float64)."""
+        n_items, d, m = self.train.n_items, self.config.dim, len(sampled)
+        width, tail, _ = self.dpf_layout()
+        w = weight.numpy().astype(np.float64)
+        vals = dQ.numpy().astype(np.float64)
+        if self.config.item_aggregation != "sum":
+            vals = vals * w[pair_slot][:, None]
+        if width > d:  # "touched": n_k beside each touched row
+            vals = np.concatenate([vals, w[pair_slot][:, None]], axis=1)
+        tails = np.zeros((m, tail * width))
+        tails[:, :d] = dH.numpy() * w[:, None]
+        tails[:, d] = dB.numpy() * w
+        tails[:, d + 1] = w
+        tail_rows = np.arange(n_items, n_items + tail, dtype=np.int64)
+        bounds = np.searchsorted(pair_slot, np.arange(m + 1))
+        rows = [np.concatenate([pair_item[bounds[c]:bounds[c + 1]].astype(np.int64), tail_rows]) for c in range(m)]
+        values = [np.concatenate([vals[bounds[c]:bounds[c + 1]], tails[c].reshape(tail, width)]) for c in range(m)]
+        return rows, values
+
+    def _dpf_sums(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):
+        """The round's sums through the two-server DPF sum (clients send only their touched rows)."""
+        cfg = self.config
+        rows, values = self._dpf_rows(sampled, pair_slot, pair_item, dQ, dH, dB, weight)
+        width, tail, n_rows = self.dpf_layout()
+        res = secure_row_sum(
+            rows, values, n_rows=n_rows, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip, round=t,
+            transport=self.transport, senders=[client(u) for u in sampled], points=cfg.dpf_points,
+            max_parts=cfg.dpf_max_parts, pad_parts=cfg.dpf_pad_parts, dense_above=cfg.dpf_dense_above,
+            receiver=SERVER, receiver2=SERVER2,
+            where="fedavg.value_clip", min_survivors=getattr(getattr(self, "device_policy", None), "min_survivors", 2),
+        )
+        self._secagg_seconds = float(np.mean(res.client_seconds))
+        self.dpf_server_seconds = res.server_seconds
+        return self._sums_from_table(res.total), res.bytes_per_client
+
+    def _sums_from_table(self, total: np.ndarray):
+        """The round's sums (as :meth:`_plain_sums` returns them) from the decoded :meth:`dpf_layout` table."""
+        n_items, d = self.train.n_items, self.config.dim
+        width, tail, n_rows = self.dpf_layout()
+        table = np.asarray(total).reshape(n_rows, width)
+        item_num = torch.as_tensor(table[:n_items, :d], dtype=torch.float32)
+        touched = torch.as_tensor(table[:n_items, d], dtype=torch.float32) if width > d else None
+        rest = table[n_items:].reshape(-1)
+        h_num = torch.as_tensor(rest[:d], dtype=torch.float32)
+        return item_num, touched, h_num, torch.tensor(float(rest[d])), torch.tensor(float(rest[d + 1]))
+
     def _sums_from_total(self, total: np.ndarray):
         """The round's sums (as :meth:`_plain_sums` returns them) from the decoded sum of the
         :meth:`_client_vectors` (the Flower adapter's secure rounds use it too)."""
@@ -691,7 +794,8 @@ class FedAvgGMF:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["config"] != asdict(self.config):
+        # (a key missing from an older checkpoint, e.g. the dpf_* keys, takes its default)
+        if {**asdict(type(self.config)()), **state["config"]} != asdict(self.config):
             raise ValueError("checkpoint was written with a different fedavg configuration")
         self.round = int(state["round"])
         # Copies: the caller's state must not change as training continues.
@@ -703,7 +807,8 @@ class FedAvgGMF:
 
 register(ProtocolSpec(
     name="fedavg",
-    summary="FedAvg over GMF; user embeddings stay on the clients, sums optionally through SecAgg/SecAgg+",
+    summary="FedAvg over GMF; user embeddings stay on the clients, sums optionally through SecAgg/SecAgg+ or two "
+            "servers' DPF sum",
     build=lambda ctx: FedAvgGMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport, exclude=ctx.exclude),
     section="fedavg",
     config_cls=FedAvgConfig,

@@ -1130,7 +1130,8 @@ class FedFastGMF(FedAvgGMF):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["config"] != asdict(self.config):
+        # (a key missing from an older checkpoint, e.g. the dpf_* keys, takes its default)
+        if {**asdict(type(self.config)()), **state["config"]} != asdict(self.config):
             raise ValueError("checkpoint was written with a different fedfast configuration")
         super().load_state_dict(state)
         c = state["clusters"]

@@ -734,7 +734,8 @@ class FelTrainer:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["config"] != asdict(self.config):
+        # (a key missing from an older checkpoint, e.g. the dpf_* keys, takes its default)
+        if {**asdict(type(self.config)()), **state["config"]} != asdict(self.config):
             raise ValueError("checkpoint was written with a different fel configuration")
         if not np.array_equal(np.asarray(state["assignment"]), self.assignment):
             raise ValueError("checkpoint was written with a different cluster assignment")

@@ -70,6 +70,7 @@ from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
 from protocols.exchange import Exchange, Replies, SecureSum, run_exchanges
 from protocols.registry import Exchanges, ProtocolSpec, register
+from protocols.secure_sum import SERVER2
 from protocols.transport import SERVER, InProcessTransport, Transcript, client
 from recmodels import binary_codes as bc
 from recmodels.data import Interactions
@@ -91,7 +92,7 @@ __all__ = [
 
 SERVERS = ("grad", "para", "dcd", "none")
 INITS = ("random", "mf")
-SECURE = ("none", "secagg+", "secagg")
+SECURE = ("none", "secagg+", "secagg", "dpf")
 TIES = ("random", "pessimistic")
 LAMBDA_SCALES = ("count", "none")
 BROADCAST = "clients"
@@ -126,7 +127,13 @@ class LightFRConfig:
             raters of the round) so that the balance term has the data term's scale (§9.3: the data
             term of a bit is at most ``n/f``, the balance term up to ``2 lambda f``); ``"none"`` uses it raw (the paper's
             reading, which collapses the codes at the paper's lambda: docs/lightfr.md).
-        secure_aggregation: ``"none"`` (the paper), ``"secagg+"`` or ``"secagg"``.
+        secure_aggregation: ``"none"`` (the paper), ``"secagg+"``, ``"secagg"`` or ``"dpf"`` (two
+            non-colluding servers, ``server`` and ``server2``, docs/dpf.md: each client sends key
+            sets of only its rated items' rows, so neither server learns its rated set nor the
+            round's rated union; ``secure_rows`` does not apply).
+        dpf_points, dpf_max_parts, dpf_pad_parts: ``"dpf"`` only: rated items per key set, the
+            most key sets per client, and whether every client sends ``dpf_max_parts`` of them (else
+            each server sees ``ceil(rated / dpf_points)``, the size class of the client's history).
         secure_rows: ``"union"`` (default): a first secure sum of the rated indicators gives the
             per-item rater counts (which the ``"all"`` form reveals anyway), the server publishes the
             union ``U`` of the round's rated items, and the value sum runs over ``U``'s rows only;
@@ -159,6 +166,9 @@ class LightFRConfig:
     mf_epochs: int = 20
     rating_min: float = math.nan
     rating_max: float = math.nan
+    dpf_points: int = 256
+    dpf_max_parts: int = 64
+    dpf_pad_parts: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (("server", SERVERS), ("init", INITS), ("secure_aggregation", SECURE),
@@ -170,6 +180,12 @@ class LightFRConfig:
             v = getattr(self, name)
             if type(v) is not int or v < lo:
                 raise ValueError(f"lightfr.{name} must be an int >= {lo}; found {v!r}")
+        for name in ("dpf_points", "dpf_max_parts"):
+            v = getattr(self, name)
+            if type(v) is not int or not 1 <= v <= 4096:
+                raise ValueError(f"lightfr.{name} must be an int in 1..4096; found {v!r}")
+        if not isinstance(self.dpf_pad_parts, bool):
+            raise ValueError(f"lightfr.dpf_pad_parts must be true or false; found {self.dpf_pad_parts!r}")
         if self.bits > 4096:
             raise ValueError(f"lightfr.bits must be <= 4096; found {self.bits}")
         if self.frac_bits > 40:
@@ -400,8 +416,12 @@ class LightFR:
 
     def _secure(self, width: int, kind: str) -> SecureSum:
         cfg = self.config
+        two = {} if cfg.secure_aggregation != "dpf" else {
+            "row_width": self._width() + 1, "points": cfg.dpf_points, "receiver2": SERVER2,
+            "max_parts": cfg.dpf_max_parts, "pad_parts": cfg.dpf_pad_parts}
         return SecureSum(cfg.secure_aggregation, width=width, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
-                         where="lightfr.value_clip", kind=kind, dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
+                         where="lightfr.value_clip", kind=kind, dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
+                         **two)
 
     def device_round(self) -> Generator[Exchange, Replies, RoundStats]:
         """The server half of a round (:mod:`protocols.exchange`); it reads no client data.
@@ -458,8 +478,11 @@ class LightFR:
             up_bytes = float(np.mean([up.nbytes for up in uploads])) if uploads else 0.0
         else:
             rows = None
-            ex = Exchange("train_dense", sel, broadcast=down, secure=self._secure(k + m * (w + 1), "update"))
-            if cfg.secure_rows == "union":  # phase 1: the union U (a sum of random positive weights)
+            dpf = cfg.secure_aggregation == "dpf"
+            tail = -(-k // (w + 1))  # "dpf": rows after the items holding the stats
+            ex = Exchange("train_dense", sel, broadcast=down, secure=self._secure(
+                (m + tail) * (w + 1) if dpf else k + m * (w + 1), "update"))
+            if cfg.secure_rows == "union" and not dpf:  # phase 1: the union U (a sum of random positive weights)
                 got = yield Exchange("train_rated", sel, broadcast=down, secure=self._secure(m, "lightfr:rated"))
                 ts = time.perf_counter()
                 secure_reply(got)
@@ -482,9 +505,13 @@ class LightFR:
                 assert got.total is not None
                 nr = m if rows is None else len(rows)
                 at = slice(None) if rows is None else rows
-                stats = got.total[:k]
-                total[at] = got.total[k: k + nr * w].reshape(nr, w)
-                cnt[at] = np.round(got.total[k + nr * w:])
+                if dpf:  # rows: [values | indicator] per item, then a tail row holding the stats
+                    table = got.total.reshape(m + tail, w + 1)
+                    stats, total, cnt = table[m:].reshape(-1)[:k].copy(), table[:m, :w].copy(), np.round(table[:m, w])
+                else:
+                    stats = got.total[:k]
+                    total[at] = got.total[k: k + nr * w].reshape(nr, w)
+                    cnt[at] = np.round(got.total[k + nr * w:])
                 answered = len(got.survivors)
             up_bytes = sec["bytes"]
         if aborted is None:
@@ -550,6 +577,8 @@ class LightFR:
                 vec[up.items] = rated_weights(len(up.items), self.config.frac_bits)
                 out[u] = {"vector": vec}
             return out
+        if self.config.secure_aggregation == "dpf":
+            return {u: {"vector": self._dense_rows(up)} for u, up in ups.items()}
         return {u: {"vector": self._dense(up, None)} for u, up in ups.items()}
 
     def device_requires_secure(self, kind: str) -> bool:
@@ -615,6 +644,18 @@ class LightFR:
         vec[k: k + nr * w].reshape(nr, w)[at] = up.body
         vec[k + nr * w + at] = 1.0
         return vec
+
+    def _dense_rows(self, up: Upload) -> np.ndarray:
+        """``"dpf"``: a client's vector as rows of ``w + 1``: its values and a 1 on the rows of its rated
+        items (zero rows elsewhere, never sent: the DPF sum carries only nonzero rows), then the tail
+        rows holding its ``stats``."""
+        k, w, m = len(STATS), self._width(), self.n_items
+        tail = -(-k // (w + 1))
+        table = np.zeros((m + tail, w + 1))
+        table[up.items, :w] = up.body
+        table[up.items, w] = 1.0
+        table[m:].reshape(-1)[:k] = up.stats
+        return table.reshape(-1)
 
     def device_state(self, user: int) -> dict[str, np.ndarray]:
         """User ``user``'s state on its device: its code ``b_u`` (and a secure upload between phases)."""

@@ -25,7 +25,8 @@ releases its share.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,12 +34,13 @@ import numpy as np
 from protocols.transport import SERVER, InProcessTransport
 from secagg import params
 from secagg.bonawitz import MaskedInput
-from secagg.dpf_sum import DpfSpec, run_dpf
+from secagg.dpf_sum import DpfSpec, run_dpf_rows
 from secagg.encoding import FixedPoint, check_budget
-from secagg.runner import PROTOCOLS, RunSpec
+from secagg.runner import PROTOCOLS, EncodedRows, RunSpec
 
-__all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "secure_sum",
-           "small_cohort_protocol"]
+__all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "observe",
+           "secure_row_sum",
+           "secure_sum", "small_cohort_protocol"]
 
 #: Names accepted by :func:`secure_sum` (``"none"`` is the caller's plaintext path).
 SECURE_PROTOCOLS = ("secagg", "secagg+", "chain", "plain")
@@ -46,6 +48,59 @@ SECURE_PROTOCOLS = ("secagg", "secagg+", "chain", "plain")
 TWO_SERVER_PROTOCOLS = ("dpf",)
 #: The second server's default party name for a two-server sum.
 SERVER2 = "server2"
+
+_OBSERVERS: list[Callable[[dict], None]] = []
+#: values per block when range-checking the clients' vectors
+_CHECK_VALUES = 1 << 18
+
+
+def _largest_magnitude(vals: np.ndarray) -> float:
+    """``max |v|`` over ``vals`` (NaN or inf if any value is not finite), in blocks of rows so that
+    no ``n x dim`` temporary is made."""
+    rows = max(1, _CHECK_VALUES // max(vals.shape[1], 1))
+    big = 0.0
+    for lo in range(0, vals.shape[0], rows):
+        top = float(np.abs(vals[lo : lo + rows]).max(initial=0.0))
+        if not top <= big:  # larger, or NaN
+            big = top
+            if not np.isfinite(big):
+                return big
+    return big
+
+
+class _SizesOnly(list):
+    """A runner's message record that keeps ``(stage, sender, size)`` instead of the wire bytes."""
+
+    def append(self, item: tuple) -> None:  # type: ignore[override]
+        stage, sender, blob = item
+        super().append((stage, sender, len(blob)))
+
+
+@contextlib.contextmanager
+def observe(callback: Callable[[dict], None]) -> Iterator[None]:
+    """Call ``callback(instance)`` after every masking or chain instance :func:`secure_sum` runs inside
+    the block (``secagg bench secure`` uses it to price each instance against its cryptographic
+    bound). ``instance`` holds public parameters and costs only: ``protocol``, ``n``, ``dim``, ``k``
+    (neighbours; the chain's successors), ``t``, ``survivors``, ``senders`` (party names),
+    ``client_seconds`` (list), ``server_seconds``, ``masks_expanded``, ``key_agreements`` and
+    ``signatures_verified`` (the server's), ``aborted``."""
+    _OBSERVERS.append(callback)
+    try:
+        yield
+    finally:
+        _OBSERVERS.remove(callback)
+
+
+def _notify(protocol: str, senders: Sequence[str], dim: int, res) -> None:  # noqa: ANN001 (RunResult)
+    if not _OBSERVERS:
+        return
+    info = {"protocol": protocol, "n": len(senders), "dim": int(dim), "k": res.k, "t": res.t,
+            "survivors": len(res.survivors), "senders": list(senders),
+            "client_seconds": [float(x) for x in res.client_s], "server_seconds": float(res.server_s),
+            "masks_expanded": int(res.masks_expanded), "key_agreements": int(res.key_agreements),
+            "signatures_verified": int(res.signatures_verified), "aborted": res.total is None}
+    for callback in list(_OBSERVERS):
+        callback(info)
 
 
 class SecureSumAborted(RuntimeError):
@@ -120,6 +175,8 @@ def secure_sum(
     row_width: int | None = None,
     points: int | None = None,
     receiver2: str = SERVER2,
+    max_parts: int = 1,
+    pad_parts: bool = False,
 ) -> SecureSumResult:
     """Sum the rows of ``values`` (one per sender) through ``protocol``; see the module docstring.
 
@@ -144,22 +201,25 @@ def secure_sum(
         min_survivors: the clients' own minimum (:class:`secagg.bonawitz.ClientPolicy`, the chain's
             ``min_survivors``): no client helps unmask a sum over fewer survivors, so such a round
             aborts (:class:`SecureSumAborted`) before the server can decode anything.
-        row_width, points, receiver2: ``"dpf"`` only: words per row, the rows a client may touch
-            (more: refused in words, naming ``points``), and the second server's party name.
+        row_width, points, receiver2: ``"dpf"`` only: words per row, the rows of one key set, and
+            the second server's party name.
+        max_parts, pad_parts: ``"dpf"`` only: a client touches at most ``points x max_parts`` rows
+            (more: refused in words), in ``ceil(rows / points)`` key sets whose count both servers
+            see, or exactly ``max_parts`` with ``pad_parts``.
     """
     if protocol in TWO_SERVER_PROTOCOLS:
         return _two_server_sum(values, frac_bits=frac_bits, value_clip=value_clip, round=round, transport=transport,
                                senders=senders, kind=kind, receiver=receiver, receiver2=receiver2,
                                dropouts=dropouts, where=where, min_survivors=min_survivors, row_width=row_width,
-                               points=points)
+                               points=points, max_parts=max_parts, pad_parts=pad_parts)
     if protocol not in SECURE_PROTOCOLS:
         raise ValueError(f"secure aggregation must be one of {SECURE_PROTOCOLS}; found {protocol!r}")
     vals = np.asarray(values, dtype=np.float64)
     if vals.ndim != 2 or vals.shape[0] != len(senders):
         raise ValueError(f"values must be [n senders, dim]; found {vals.shape} for {len(senders)} senders")
-    if not np.all(np.isfinite(vals)):
+    big = _largest_magnitude(vals)
+    if not np.isfinite(big):
         raise ValueError(f"round {round}: a client's vector holds a non-finite value; nothing was aggregated")
-    big = float(np.abs(vals).max(initial=0.0))
     if big > value_clip:
         raise ValueError(
             f"round {round}: a client's vector holds {big:.4g}, above {where}={value_clip:g}; raise {where} "
@@ -167,7 +227,10 @@ def secure_sum(
         )
     check_budget(n_summands=max(vals.shape[0], 1), clip=value_clip, frac_bits=frac_bits)
     codec = FixedPoint(frac_bits, value_clip)
-    record: list = []
+    keep = bool(transport.transcript.keep_payloads)
+    # without kept payloads only each message's size is recorded: holding every masked input until the
+    # instance ends would cost clients x dim x 8 bytes more at the peak
+    record: list = [] if keep else _SizesOnly()
     extra = {} if corrupt is None else {"corrupt": corrupt}
     spec = RunSpec(k=k, t=t, dropouts=dict(dropouts or {}), round=round, dropout=dropout,
                    unsafe_threshold=unsafe_threshold, min_survivors=min_survivors, **extra)
@@ -175,16 +238,20 @@ def secure_sum(
         protocol = small_cohort_protocol(protocol, vals.shape[0], dropout=spec.planned_dropout(vals.shape[0]),
                                          corrupt=spec.corrupt, k=k, t=t)
     runner = PROTOCOLS[protocol]
-    encoded = codec.encode(vals, rounding="nearest")
-    res = runner(encoded, spec, record=record) if protocol in ("secagg", "secagg+") else runner(encoded, spec)
-    keep = bool(transport.transcript.keep_payloads)
+    if protocol in ("secagg", "secagg+"):  # each simulated client encodes its own row when it masks it
+        encoded = EncodedRows(vals, lambda row: codec.encode(row, rounding="nearest"))
+        res = runner(encoded, spec, record=record)
+    else:
+        res = runner(codec.encode(vals, rounding="nearest"), spec)
+    _notify(protocol, senders, vals.shape[1], res)
     if record:
         for stage, sender, blob in record:
+            nbytes = blob if isinstance(blob, int) else len(blob)
             if stage == "masked_input":
                 payload = MaskedInput.from_bytes(blob).y if keep else None
-                transport.send(senders[sender], receiver, round, kind, payload, len(blob))
+                transport.send(senders[sender], receiver, round, kind, payload, nbytes)
             else:
-                transport.send(senders[sender], receiver, round, f"secagg:{stage}", None, len(blob))
+                transport.send(senders[sender], receiver, round, f"secagg:{stage}", None, nbytes)
     else:  # runners without a message record: sizes per sender
         for i, nbytes in enumerate(res.bytes_sent):
             if nbytes:
@@ -207,7 +274,8 @@ def secure_sum(
 def _two_server_sum(values: np.ndarray, *, frac_bits: int, value_clip: float, round: int,
                     transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str, receiver2: str,
                     dropouts: Mapping[str, frozenset[int]] | None, where: str, min_survivors: int,
-                    row_width: int | None, points: int | None) -> SecureSumResult:
+                    row_width: int | None, points: int | None, max_parts: int = 1,
+                    pad_parts: bool = False) -> SecureSumResult:
     """``secure_sum`` for ``"dpf"`` (see the module docstring)."""
     vals = np.asarray(values, dtype=np.float64)
     if vals.ndim != 2 or vals.shape[0] != len(senders):
@@ -228,12 +296,104 @@ def _two_server_sum(values: np.ndarray, *, frac_bits: int, value_clip: float, ro
     codec = FixedPoint(frac_bits, value_clip)
     encoded = codec.encode(vals, rounding="nearest")
     rows = vals.shape[1] // row_width
-    touched = encoded.reshape(len(senders), rows, row_width).any(axis=2).sum(axis=1)
-    if touched.size and int(touched.max()) > points:
-        raise ValueError(f"round {round}: a client's update touches {int(touched.max())} rows, above points={points}; "
-                         "raise points (every client's key set grows with it)")
-    res = run_dpf(encoded, DpfSpec(rows, row_width, points, round=round, min_survivors=min_survivors,
-                                   dropouts=dict(dropouts or {})))
+    table = encoded.reshape(len(senders), rows, row_width)
+    touched = [np.flatnonzero(t.any(axis=1)) for t in table]
+    if touched and max(len(t) for t in touched) > points * max_parts:
+        raise ValueError(f"round {round}: a client's update touches {max(len(t) for t in touched)} rows, above "
+                         f"points={points}" + (f" x max_parts={max_parts}" if max_parts > 1 else "")
+                         + "; raise points (every client's key set grows with it)")
+    return _run_rows([(t, table[i][t]) for i, t in enumerate(touched)], codec, rows=rows, row_width=row_width,
+                     points=points, max_parts=max_parts, pad_parts=pad_parts, round=round, transport=transport, senders=senders,
+                     kind=kind, receiver=receiver, receiver2=receiver2, dropouts=dropouts, min_survivors=min_survivors)
+
+
+def secure_row_sum(
+    rows: Sequence[np.ndarray],
+    values: Sequence[np.ndarray],
+    *,
+    n_rows: int,
+    frac_bits: int,
+    value_clip: float,
+    round: int,
+    transport: InProcessTransport,
+    senders: Sequence[str],
+    points: int,
+    max_parts: int = 1,
+    pad_parts: bool = False,
+    dense_above: int = 0,
+    kind: str = "update",
+    receiver: str = SERVER,
+    receiver2: str = SERVER2,
+    dropouts: Mapping[str, frozenset[int]] | None = None,
+    where: str = "value_clip",
+    min_survivors: int = 2,
+) -> SecureSumResult:
+    """The ``"dpf"`` two-server sum of sparse row updates, given as rows (no dense client vectors).
+
+    Parties: the ``senders`` (clients), ``receiver`` (server A, learns the sum) and ``receiver2``
+    (server B). Adversary: each server honest-but-curious, the two not colluding (together they read
+    every input); clients may send anything (a key set that is not point functions is caught and
+    left out). Promise: ``receiver`` learns only the sum over the survivors (at least every
+    survivor's ``min_survivors``), neither server learns which rows a client touched nor their
+    values; with ``max_parts > 1`` and not ``pad_parts``, each server learns how many key sets a
+    client sent, ``ceil(rows / points)`` (its update's size class): the stated leak of the
+    unpadded mode.
+
+    Args:
+        rows: per sender, the distinct row indices (``int``, below ``n_rows``) it sends.
+        values: per sender, float ``[len(rows[i]), row_width]``, its values at those rows.
+        n_rows: the table's rows ``N`` (public).
+        points, max_parts, pad_parts: rows per key set, the most key sets per client, and whether
+            every client sends exactly ``max_parts`` (:class:`secagg.dpf_sum.DpfSumConfig`).
+        dense_above: a client needing more key sets sends a dense two-server share instead (both
+            servers see that it is dense; 0: never).
+        the rest: as :func:`secure_sum`.
+
+    Returns:
+        :class:`SecureSumResult` with ``total`` float64 ``[n_rows * row_width]`` (row-major).
+    """
+    if len(rows) != len(senders) or len(values) != len(senders):
+        raise ValueError(f"rows and values need one entry per sender ({len(senders)}); found {len(rows)}, {len(values)}")
+    if type(n_rows) is not int or n_rows < 1:
+        raise ValueError(f"dpf: n_rows must be a positive int; found {n_rows!r}")
+    if type(points) is not int or points < 1:
+        raise ValueError(f"dpf: points (the rows of one key set) must be a positive int; found {points!r}")
+    if receiver == receiver2:
+        raise ValueError(f"dpf: the two servers need two names; both are {receiver!r}")
+    vals = [np.asarray(v, dtype=np.float64) for v in values]
+    idx = [np.asarray(r, dtype=np.int64) for r in rows]
+    widths = {v.shape[1] for v in vals if v.ndim == 2}
+    if len(widths) > 1 or any(v.ndim != 2 or v.shape[0] != r.shape[0] or r.ndim != 1 for v, r in zip(vals, idx)):
+        raise ValueError("dpf: values[i] must be [len(rows[i]), row_width] with one row_width for every sender")
+    row_width = widths.pop() if widths else 1
+    for r in idx:
+        if r.size and (r.min() < 0 or r.max() >= n_rows or np.unique(r).size != r.size):
+            raise ValueError(f"dpf: a sender's rows must be distinct and in [0, {n_rows})")
+    big = max((float(np.abs(v).max(initial=0.0)) for v in vals), default=0.0)
+    if not all(np.all(np.isfinite(v)) for v in vals):
+        raise ValueError(f"round {round}: a client's update holds a non-finite value; nothing was aggregated")
+    if big > value_clip:
+        raise ValueError(f"round {round}: a client's update holds {big:.4g}, above {where}={value_clip:g}; raise {where} "
+                         "(and check the bit budget) or lower the learning rate")
+    cap = max(len(r) for r in idx) if idx else 0
+    if cap > points * max_parts:
+        raise ValueError(f"round {round}: a client's update touches {cap} rows, above points x max_parts = "
+                         f"{points} x {max_parts}; raise one of them")
+    check_budget(n_summands=max(len(senders), 1), clip=value_clip, frac_bits=frac_bits)
+    codec = FixedPoint(frac_bits, value_clip)
+    enc = [(r, codec.encode(v, rounding="nearest")) for r, v in zip(idx, vals)]
+    return _run_rows(enc, codec, rows=n_rows, row_width=row_width, points=points, max_parts=max_parts,
+                     pad_parts=pad_parts, dense_above=dense_above, round=round, transport=transport, senders=senders, kind=kind,
+                     receiver=receiver, receiver2=receiver2, dropouts=dropouts, min_survivors=min_survivors)
+
+
+def _run_rows(updates, codec: FixedPoint, *, rows: int, row_width: int, points: int, max_parts: int, pad_parts: bool,
+              round: int, dense_above: int = 0, transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str,
+              receiver2: str, dropouts, min_survivors: int) -> SecureSumResult:  # noqa: ANN001
+    """Run :func:`secagg.dpf_sum.run_dpf_rows` on encoded sparse updates and record its messages."""
+    res = run_dpf_rows(updates, DpfSpec(rows, row_width, min(points, rows), round=round, min_survivors=min_survivors,
+                                        dropouts=dict(dropouts or {}), max_parts=max_parts, pad_parts=pad_parts,
+                                        dense_above=dense_above))
     names = {"A": receiver, "B": receiver2}
     keep = bool(transport.transcript.keep_payloads)
     for sender, to, stage, blob in res.records:

@@ -55,6 +55,14 @@ towers' gradients itself and uploads them in plaintext to one server, which runs
 for inference it downloads the raw data of all items and runs the item tower. With the same seed
 it computes the same updates as the split protocol (notes C6), up to the fixed point of step 4-5.
 
+``decoys = "pir"`` with ``item_aggregation = "dpf"`` (the defense ``dpf``, docs/dpf.md) uses RS and
+SAS as the two servers of :mod:`secagg.dpf_pir` and :mod:`secagg.dpf_sum`: RS computes all ``M``
+embeddings (as under download-all) and sends the table to SAS; each client sends each server one
+PIR key set for its ``T`` ids (kind ``"request-pir"``), gets one answer from each (``m`` rows) and
+XORs them into its ``T`` embeddings; its embedding gradients go as DPF key sets of its ``T`` rows to
+RS (which learns the per-id sum over all ``M`` ids) and to SAS. Neither server alone learns which
+ids a client requested or trained on (each key set is independent of them); together they do.
+
 Adversary and promise (honest-but-curious RS and SAS that do not collude with each other):
     * RS never receives the user tower, a user's features, a loss, or one client's gradient: it
       sees the requests, and (with ``item_aggregation`` != ``"none"``) only the per-id *sum* of
@@ -104,6 +112,9 @@ from protocols.twotower_data import (
 from recmodels.data import Interactions, pair_keys
 from recmodels.streams import stream_keys
 from recmodels.twotower import FedAdam, keyed_dropout_masks, make_tower, numpy_flat, sampled_softmax_loss, tower_inputs
+from secagg.cuckoo import CuckooLayout
+from secagg.dpf import DpfError, KeySet
+from secagg.dpf_pir import PirServer, query
 from secagg.encoding import check_budget
 
 __all__ = ["RS", "SAS", "ProtocolError", "RequestError", "STTFedRec", "TwoTowerConfig"]
@@ -174,6 +185,13 @@ class STTFedRec:
         self.n_item_id_params = train.n_items * config.dim if config.item_id_embedding else 0
         k = min(config.clients_per_round, len(self._clients))
         check_budget(n_summands=max(k, 1), clip=config.value_clip, frac_bits=config.frac_bits)
+        #: the public cuckoo layout of PIR requests (``decoys = "pir"``): ``T`` rows of ``M``
+        self.pir_layout: CuckooLayout | None = None
+        if config.decoys == "pir":
+            if mode != "split":
+                raise ValueError("decoys = 'pir' is sttfedrec's (two servers, RS and SAS); fl-twotower has one server")
+            self.pir_layout = CuckooLayout.for_points(self.n_items, min(config.request_size, self.n_items),
+                                                      seed=bytes(32))
 
     # -- sizes --------------------------------------------------------------------------------
     @property
@@ -274,19 +292,22 @@ class STTFedRec:
         t0 = time.perf_counter()
         keep = self.transport.transcript.keep_payloads
         everything = cfg.decoys == "download-all"
+        pir = cfg.decoys == "pir"
+        all_ids = everything or pir  # RS computes (and the gradients cover) every item id
         timed = len(self._device_seconds)
         sampled = np.sort(self.rng.choice(self._clients, size=self.clients_per_round, replace=False))  # SAS's choice
         try:
             # Step 2: the requests, to RS.
-            got: Replies = yield Exchange("request", sampled, reply_keys=frozenset({"all" if everything else "ids"}),
+            keys = {"pir_rs", "pir_sas"} if pir else {"all" if everything else "ids"}
+            got: Replies = yield Exchange("request", sampled, reply_keys=frozenset(keys),
                                           validate=lambda u, reply: self._receive_request(t, u, reply))
             self.last_dropped = {"request": dict(got.dropped)}
             users = np.array(sorted(got.values), dtype=np.int64)
             if len(users) < 2:  # neither secure sum could release anything but one client's vector
                 raise SecureSumAborted(f"round {t}: RS accepted {len(users)} request(s); the secure sums need at least 2")
             names = [client(u) for u in users]
-            reqs = None if everything else np.stack([got.values[u] for u in users]).reshape(len(users), -1)
-            union = np.arange(self.n_items) if everything else np.unique(reqs)
+            reqs = None if all_ids else np.stack([got.values[u] for u in users]).reshape(len(users), -1)
+            union = np.arange(self.n_items) if all_ids else np.unique(reqs)
             # RS: one dropout mask per item id of the round, so every client sees the same embedding of an item.
             item_masks = self.item_tower.masks(len(union), self.dropout_gen)
             params_v = {n: p.clone().requires_grad_(True) for n, p in self.item_params.items()}
@@ -297,13 +318,27 @@ class STTFedRec:
             n_sent = len(union) if everything else cfg.request_size  # rows each client receives
             down: dict[str, np.ndarray] = {f"user.{n}": p.detach().numpy().copy() for n, p in self.user_params.items()}
             per_user: dict[int, dict[str, np.ndarray]] = {}
+            answer_bytes = 0
             if everything:
                 down["embeddings"] = table.copy()
+            elif pir:  # RS shares the table with SAS; each answers every client's key set
+                self.transport.send(RS, SAS, t, "item-table", None, int(table.nbytes))
+                ts = time.perf_counter()
+                servers = (PirServer(self.pir_layout, table, 0), PirServer(self.pir_layout, table, 1))
+                per_user = {int(u): {"pir_rs": servers[0].answer(got.values[u][0]),
+                                     "pir_sas": servers[1].answer(got.values[u][1])} for u in users}
+                rs_s += time.perf_counter() - ts
+                answer_bytes = int(per_user[int(users[0])]["pir_rs"].nbytes)
             else:
                 per_user = {int(u): {"embeddings": table[np.searchsorted(union, reqs[c])]} for c, u in enumerate(users)}
             for name in names:
                 self.transport.send(SAS, name, t, "user-tower", None, 4 * self.n_user_params)
             for c, name in enumerate(names):
+                if pir:
+                    for server, key in ((RS, "pir_rs"), (SAS, "pir_sas")):
+                        ans = per_user[int(users[c])][key]
+                        self.transport.send(server, name, t, "embeddings", ans.copy() if keep else None, int(ans.nbytes))
+                    continue
                 payload = (down["embeddings"] if everything else per_user[int(users[c])]["embeddings"].copy()) if keep else None
                 self.transport.send(RS, name, t, "embeddings", payload, 4 * n_sent * cfg.dim)
             # Steps 3-4: each client's user-tower gradient and loss, summed through the chain to SAS.
@@ -315,8 +350,8 @@ class STTFedRec:
             if res_u.aborted is not None:
                 raise SecureSumAborted(res_u.aborted)
             # Step 5: the per-id embedding-gradient rows over RS's public union of the round's ids, to RS.
-            union_down = {} if everything else {"union": union.copy()}
-            if not everything:
+            union_down = {} if all_ids else {"union": union.copy()}
+            if not all_ids:
                 for name in names:
                     self.transport.send(RS, name, t, "union", union.copy() if keep else None, 4 * len(union))
             if cfg.item_aggregation == "none":
@@ -329,9 +364,11 @@ class STTFedRec:
                 g_sum = np.sum([res_i.values[u].astype(np.float64).ravel() for u in sorted(res_i.values)], axis=0)
                 n_i, bytes_i = len(res_i.values), 4.0 * len(union) * cfg.dim
             else:
+                two = {} if cfg.item_aggregation != "dpf" else {
+                    "row_width": cfg.dim, "points": min(cfg.request_size, len(union)), "receiver2": SAS}
                 spec = SecureSum(cfg.item_aggregation, width=len(union) * cfg.dim, frac_bits=cfg.frac_bits,
                                  value_clip=cfg.value_clip, where="sttfedrec.value_clip", kind="item-gradient",
-                                 receiver=RS, dropouts=self._dropouts.get("item"))
+                                 receiver=RS, dropouts=self._dropouts.get("item"), **two)
                 res_i = yield Exchange("item-gradient", users, broadcast=union_down, secure=spec)
                 self.last_dropped["item-gradient"] = dict(res_i.dropped)
                 if res_i.aborted is not None:
@@ -358,12 +395,18 @@ class STTFedRec:
         self.item_opt.step(self.item_params, dict(zip(params_v, grads_v)), lr=cfg.lr_at(t))
         rs_s += time.perf_counter() - ts
         req_bytes = 4 if everything else 4 * cfg.request_size
-        union_bytes = 0 if everything else 4 * len(union)
-        train_bytes = (4 * self.n_user_params + req_bytes + 4 * n_sent * cfg.dim + union_bytes
+        down_bytes = 4 * n_sent * cfg.dim
+        if pir:  # two key sets up, two answers down
+            req_bytes = 2 * KeySet.size(depth=self.pir_layout.depth, points=self.pir_layout.buckets, width=0,
+                                        check=False)
+            down_bytes = 2 * answer_bytes
+        union_bytes = 0 if all_ids else 4 * len(union)
+        train_bytes = (4 * self.n_user_params + req_bytes + down_bytes + union_bytes
                        + res_u.bytes_per_client + bytes_i)
         what = (f"user-tower gradient sum via the chain (s={cfg.chain_successors}) to SAS; item-id gradient "
                 + ("rows of each client in plaintext to RS" if cfg.item_aggregation == "none"
-                   else f"sums via {cfg.item_aggregation} to RS") + "; requests in plaintext to RS (no DP noise)")
+                   else f"sums via {cfg.item_aggregation} to RS") + ("; requests by two-server PIR (RS, SAS)" if pir else
+                                                                     "; requests in plaintext to RS") + " (no DP noise)")
         k = len(users)
         self._train_bytes.append(float(train_bytes))
         self.round += 1
@@ -381,6 +424,8 @@ class STTFedRec:
     def _receive_request(self, t: int, u: int, reply: dict[str, np.ndarray]) -> np.ndarray | None:
         """RS's check of one request reply (:meth:`check_request`); a refusal drops the client."""
         name, cfg = client(u), self.config
+        if cfg.decoys == "pir":
+            return self._receive_pir(t, name, reply)
         if cfg.decoys == "download-all":
             flag = reply["all"]
             if flag.shape != () or flag.dtype.kind not in "iu" or int(flag) != 1:
@@ -395,6 +440,29 @@ class STTFedRec:
                                 4 * cfg.request_size)
         self._served.add((t, name))
         return arr
+
+    def _receive_pir(self, t: int, name: str, reply: dict[str, np.ndarray]) -> tuple[bytes, bytes]:
+        """RS's and SAS's checks of one PIR request (a key set each, parsed strictly; a malformed or
+        foreign key drops the client with the reason); recorded at each server."""
+        lay = self.pir_layout
+        assert lay is not None
+        blobs = []
+        for key, party, server in (("pir_rs", 0, RS), ("pir_sas", 1, SAS)):
+            arr = reply[key]
+            if arr.dtype != np.uint8 or arr.ndim != 1:
+                raise RequestError(f"round {t}: {name}'s {key} is {arr.dtype} {arr.shape}; expected a uint8 key set")
+            blob = arr.tobytes()
+            try:
+                KeySet.from_bytes(blob, party=party, depth=lay.depth, points=lay.buckets, width=0, check=False)
+            except DpfError as exc:
+                raise RequestError(f"round {t}: {name}'s PIR key for {server}: {exc}") from None
+            blobs.append(blob)
+        self._check_fresh(t, name)
+        keep = self.transport.transcript.keep_payloads
+        for blob, server in zip(blobs, (RS, SAS)):
+            self.transport.send(name, server, t, "request-pir", blob if keep else None, len(blob))
+        self._served.add((t, name))
+        return blobs[0], blobs[1]
 
     def _receive_rows(self, t: int, u: int, reply: dict[str, np.ndarray], union: np.ndarray) -> np.ndarray:
         """RS's check of one client's plaintext item-gradient rows (``item_aggregation = "none"``)."""
@@ -433,6 +501,12 @@ class STTFedRec:
         out = {}
         for r, u in enumerate(users.tolist()):
             self._pending[u] = {"round": np.array(t, np.int64), "ids": ids[r].copy(), "labels": labels[r].copy()}
+            if self.config.decoys == "pir":  # one key set for RS, one for SAS (CSPRNG roots, secagg.dpf)
+                rows = np.unique(ids[r])
+                k_rs, k_sas, q = query(self.pir_layout, rows)
+                self._pending[u].update(pir_rows=rows, pir_buckets=q.buckets.astype(np.int64))
+                out[u] = {"pir_rs": np.frombuffer(k_rs, np.uint8).copy(), "pir_sas": np.frombuffer(k_sas, np.uint8).copy()}
+                continue
             out[u] = ({"all": np.array(1, np.int64)} if self.config.decoys == "download-all"
                       else {"ids": ids[r].copy()})
         return out
@@ -470,6 +544,8 @@ class STTFedRec:
             if not isinstance(table, np.ndarray) or table.shape != (self.n_items, cfg.dim):
                 raise ProtocolError(f"round {t}: expected all {self.n_items} item embeddings of {cfg.dim}")
             returned = torch.as_tensor(np.asarray(table, np.float32)[ids])
+        elif cfg.decoys == "pir":
+            returned = torch.as_tensor(np.stack([self._pir_rows(t, u, per_user.get(u, {})) for u in mine]))
         else:
             got = [per_user.get(u, {}).get("embeddings") for u in mine]
             if any(not isinstance(e, np.ndarray) or e.shape != want for e in got):
@@ -488,9 +564,21 @@ class STTFedRec:
         self._device_seconds.append(self._time_split_device(params, user_x, masks, returned, labels))
         return {u: {"vector": vec[r]} for r, u in enumerate(mine)}
 
+    def _pir_rows(self, t: int, u: int, answers: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The client's ``T`` embeddings from RS's and SAS's PIR answers (XOR per bucket, bit for bit)."""
+        cfg, lay, p = self.config, self.pir_layout, self._pending[u]
+        row_bytes = 4 * cfg.dim
+        dtype, words = (np.uint64, row_bytes // 8) if row_bytes % 8 == 0 else (np.uint8, row_bytes)
+        a, b = answers.get("pir_rs"), answers.get("pir_sas")
+        want = (lay.buckets, words)
+        if any(not isinstance(x, np.ndarray) or x.shape != want or x.dtype != dtype for x in (a, b)):
+            raise ProtocolError(f"round {t}: expected two PIR answers of {np.dtype(dtype)} {want}")
+        rows = np.ascontiguousarray(np.bitwise_xor(a, b)[p["pir_buckets"]]).view(np.float32).reshape(-1, cfg.dim)
+        return rows[np.searchsorted(p["pir_rows"], p["ids"])]
+
     def _step_rows(self, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
         cfg = self.config
-        if cfg.decoys == "download-all":
+        if cfg.decoys in ("download-all", "pir"):
             union = np.arange(self.n_items)
         else:
             union = broadcast.get("union")
@@ -516,7 +604,7 @@ class STTFedRec:
         return {k: v.copy() for k, v in self._pending.get(int(user), {}).items()}
 
     def load_device_state(self, user: int, state: Mapping[str, np.ndarray]) -> None:
-        if set(state) - {"round", "ids", "labels", "emb_grad"}:
+        if set(state) - {"round", "ids", "labels", "emb_grad", "pir_rows", "pir_buckets"}:
             raise ProtocolError(f"unknown device state keys {sorted(set(state))}")
         if state:
             self._pending[int(user)] = {k: np.array(v) for k, v in state.items()}

@@ -40,8 +40,8 @@ from recmodels.twotower import TOWERS
 __all__ = ["TwoTowerConfig", "TwoTowerData", "build_features", "sample_requests", "sample_requests_keyed"]
 
 _USER_FEATURES = ("auto", "demographics", "clicks", "history")
-_DECOYS = ("fresh", "fixed-pool", "download-all")
-_ITEM_AGG = ("secagg+", "secagg", "chain", "none")
+_DECOYS = ("fresh", "fixed-pool", "download-all", "pir")
+_ITEM_AGG = ("secagg+", "secagg", "chain", "none", "dpf")
 _CLICK_NORM = ("mean", "sqrt")
 
 
@@ -81,10 +81,15 @@ class TwoTowerConfig:
             drawn once, ``pool_factor`` times the history scaled by ``n_neg / n_pos``) or
             ``"download-all"`` (the defense that resists it: each sampled client receives all ``M``
             embeddings, sends RS no item id, picks its ``T`` training items on the device, and its
-            embedding gradients are scattered into all ``M`` ids before the secure sum).
+            embedding gradients are scattered into all ``M`` ids before the secure sum) or ``"pir"``
+            (two-server private retrieval, docs/dpf.md: the client draws the same ``T`` ids as under
+            ``"fresh"`` and fetches their embeddings from RS and SAS, which both hold the table, with
+            one DPF key set each; neither server learns which ids; sttfedrec only).
         pool_factor: pool size multiplier of ``"fixed-pool"``.
         item_aggregation: how the per-item-id gradients reach RS (notes G1): ``"secagg+"``,
-            ``"secagg"``, ``"chain"`` (sum only) or ``"none"`` (each client's rows in plaintext,
+            ``"secagg"``, ``"chain"`` (sum only), ``"dpf"`` (the two-server DPF sum with RS as the
+            receiver and SAS as the second server: each client sends only its ``T`` rows, as key sets
+            neither server can read; docs/dpf.md) or ``"none"`` (each client's rows in plaintext,
             the naive fix that attack ``item-gradient`` exploits).
         chain_successors: s of the circular chain carrying the user-tower gradients to SAS.
         frac_bits, value_clip: fixed-point encoding of every secure sum.

@@ -244,6 +244,14 @@ def load_with_format(
             item column, unparsable ids or fields, NaN or out-of-range ratings (the message names
             the file and line).
     """
+    from recmodels.public_data import PublicLayout, load_public, public_file, public_format_of
+
+    public = public_format_of(path, fmt)
+    if public is not None and (columns is not None or sep is not None or rating_range is not None):
+        raise DataFormatError(path, None, f"columns, sep and rating_range apply to fmt='csv' only; the {public} format "
+                              "has a fixed published layout.")
+    if public is not None:  # FilmTrust, Ciao, Yelp, Douban/RecBole in their published formats
+        return load_public(path, public), PublicLayout(public_file(path, public), public, inferred=fmt is None)
     if fmt is None and rating_range is not None:
         fmt = "csv"
     if fmt not in (None, "csv") and rating_range is not None:

@@ -20,8 +20,20 @@ Metrics, averaged over evaluated users (all higher-is-better, all in [0, 1]):
 ============== ================================================================
 
 Protocols: :func:`evaluate_sampled` ranks the target among its sampled candidates (see
-:func:`recmodels.sampling.sample_eval_candidates`); :func:`evaluate_full` ranks it among all
-items not in the user's training data (and not its validation item).
+:func:`recmodels.sampling.sample_eval_candidates`) or the candidates a paper's files list
+(:mod:`recmodels.splitfiles`); :func:`evaluate_full` ranks it among all items not in the user's
+training data (and not its validation item).
+
+Tie rules (:data:`TIE_RULES`). The rule above is ``pessimistic``, the framework's: a model that
+scores the target like its rivals gains nothing. Binary codes (LightFR) take only ``f + 1`` score
+values, so ties are common and the rule moves the figures a lot. :func:`evaluate_sampled_by_rule`
+and :func:`evaluate_full_by_rule` report the same metrics under three rules, from one scoring pass:
+
+``pessimistic``  ``rank = 1 + greater + tied`` (``greater``/``tied``: valid rivals scoring above / equal)
+``optimistic``   ``rank = 1 + greater``: ties in the target's favour, what ``pandas.rank(method="first")``
+                 gives when the target is listed first (LightFR's and most authors' code)
+``random``       the expectation when the target's rank is uniform over ``1 + greater .. 1 + greater + tied``
+                 (exact, no sampling: :func:`metrics_from_rank_range`)
 """
 
 from __future__ import annotations
@@ -36,11 +48,20 @@ from recmodels.splits import Split
 
 __all__ = [
     "METRIC_INFO",
+    "TIE_RULES",
     "evaluate_full",
+    "evaluate_full_by_rule",
     "evaluate_sampled",
+    "evaluate_sampled_by_rule",
+    "metrics_by_tie_rule",
+    "metrics_from_rank_range",
     "metrics_from_ranks",
     "rank_of_target",
+    "rank_range",
 ]
+
+#: The tie rules every evaluation reports (module docstring); the first is the framework's.
+TIE_RULES: tuple[str, ...] = ("pessimistic", "optimistic", "random")
 
 #: Formula of each metric family (K replaced by the cut-off); all are higher-is-better.
 METRIC_INFO: dict[str, str] = {
@@ -114,6 +135,30 @@ def rank_of_target(
     return 1 + beats.sum(axis=1, dtype=np.int64)
 
 
+def rank_range(
+    scores: np.ndarray,
+    target_col: np.ndarray | int = 0,
+    valid_mask: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The target's best and worst 1-based rank: ``(1 + greater, 1 + greater + tied)``.
+
+    ``greater``/``tied`` count the valid entries other than the target that score strictly above /
+    exactly like it. The worst rank is :func:`rank_of_target`'s (the pessimistic rule), the best the
+    optimistic rule's; they differ only where the target ties. Arguments and errors as
+    :func:`rank_of_target`.
+    """
+    worst = rank_of_target(scores, target_col, valid_mask)
+    scores = np.asarray(scores)
+    b = scores.shape[0]
+    rows = np.arange(b)
+    target = np.broadcast_to(np.asarray(target_col, dtype=np.int64), (b,))
+    above = scores > scores[rows, target][:, None]
+    if valid_mask is not None:
+        above &= np.asarray(valid_mask, dtype=bool)
+    above[rows, target] = False
+    return 1 + above.sum(axis=1, dtype=np.int64), worst
+
+
 def metrics_from_ranks(
     ranks: np.ndarray, n_candidates: np.ndarray | int, ks: Iterable[int] = (5, 10, 20)
 ) -> dict[str, float]:
@@ -163,6 +208,66 @@ def metrics_from_ranks(
     return out
 
 
+def metrics_from_rank_range(
+    best: np.ndarray, worst: np.ndarray, n_candidates: np.ndarray | int, ks: Iterable[int] = (5, 10, 20)
+) -> dict[str, float]:
+    """The metrics of :func:`metrics_from_ranks` in expectation when each user's rank is uniform on
+    ``best..worst`` (the ``random`` tie rule: the target and its ``worst - best`` tied rivals in a
+    random order). Exact, from prefix sums: with ``n = worst - best + 1``,
+
+    * ``E[1[rank <= K]] = clip(min(worst, K) - best + 1, 0, n) / n``;
+    * ``E[NDCG@K] = sum_{r=best}^{min(worst, K)} 1/log2(r + 1) / n``;
+    * ``E[1/rank] = (H(worst) - H(best - 1)) / n`` (harmonic numbers);
+    * ``E[AUC] = (n_candidates - (best + worst)/2) / (n_candidates - 1)``.
+
+    With ``best == worst`` it equals :func:`metrics_from_ranks` (up to rounding).
+
+    Raises:
+        ValueError: ``best > worst``, or ranks outside ``1..n_candidates``.
+    """
+    ks = _check_ks(ks)
+    best = np.asarray(best, dtype=np.int64).reshape(-1)
+    worst = np.asarray(worst, dtype=np.int64).reshape(-1)
+    if best.shape != worst.shape or (best.size and np.any(best > worst)):
+        raise ValueError("best and worst ranks must have one entry per user with best <= worst.")
+    n_cand = np.broadcast_to(np.asarray(n_candidates, dtype=np.int64), best.shape)
+    if best.size and (best.min() < 1 or np.any(worst > n_cand)):
+        raise ValueError(f"ranks must lie in 1..n_candidates; found {int(best.min())}..{int(worst.max())}.")
+    if best.size == 0:
+        return metrics_from_ranks(best, n_cand, ks)
+    top = int(worst.max())
+    r = np.arange(1, top + 1, dtype=np.float64)
+    ndcg_prefix = np.concatenate(([0.0], np.cumsum(1.0 / np.log2(r + 1.0))))  # [q] = sum_{r<=q}
+    harmonic = np.concatenate(([0.0], np.cumsum(1.0 / r)))
+    n = (worst - best + 1).astype(np.float64)
+    out: dict[str, float] = {}
+    for k in ks:
+        upper = np.minimum(worst, k)
+        inside = np.clip(upper - best + 1, 0, None)
+        hr = float(np.mean(inside / n))
+        out[f"HR@{k}"] = hr
+        gain = np.where(inside > 0, ndcg_prefix[np.maximum(upper, 0)] - ndcg_prefix[best - 1], 0.0)
+        out[f"NDCG@{k}"] = float(np.mean(gain / n))
+        out[f"Precision@{k}"] = hr / k
+        out[f"Recall@{k}"] = hr
+    out["MRR"] = float(np.mean((harmonic[worst] - harmonic[best - 1]) / n))
+    two = n_cand >= 2
+    mean_rank = (best + worst) / 2.0
+    out["AUC"] = float(np.mean((n_cand[two] - mean_rank[two]) / (n_cand[two] - 1))) if two.any() else float("nan")
+    return out
+
+
+def metrics_by_tie_rule(
+    best: np.ndarray, worst: np.ndarray, n_candidates: np.ndarray | int, ks: Iterable[int] = (5, 10, 20)
+) -> dict[str, dict[str, float]]:
+    """``{rule: metrics}`` for each of :data:`TIE_RULES` from the best and worst ranks (:func:`rank_range`)."""
+    return {
+        "pessimistic": metrics_from_ranks(worst, n_candidates, ks),
+        "optimistic": metrics_from_ranks(best, n_candidates, ks),
+        "random": metrics_from_rank_range(best, worst, n_candidates, ks),
+    }
+
+
 def _scores_array(result: Any, shape: tuple[int, int], who: str) -> np.ndarray:
     if hasattr(result, "detach"):  # a torch tensor, without importing torch here
         result = result.detach().cpu().numpy()
@@ -191,24 +296,38 @@ def evaluate_sampled(
     Args:
         score_fn: ``score_fn(users int64[b], items int64[b, m]) -> float [b, m]`` (numpy or a
             torch tensor).
-        candidates: from :func:`recmodels.sampling.sample_eval_candidates` (column 0 = target).
+        candidates: from :func:`recmodels.sampling.sample_eval_candidates` (column 0 = target),
+            or a paper's candidate lists (entries with ``candidates.valid`` False do not compete).
         ks: cut-offs K.
         batch_users: users scored per call.
 
     Returns:
-        The metrics of :func:`metrics_from_ranks` with ``n_candidates = 1 + n_negatives``.
+        The metrics of :func:`metrics_from_ranks` (the pessimistic tie rule) with
+        ``n_candidates`` the number of competing candidates (``1 + n_negatives`` when sampled).
     """
+    return evaluate_sampled_by_rule(score_fn, candidates, ks, batch_users)["pessimistic"]
+
+
+def evaluate_sampled_by_rule(
+    score_fn: Callable[[np.ndarray, np.ndarray], Any],
+    candidates: EvalCandidates,
+    ks: Iterable[int] = (5, 10, 20),
+    batch_users: int = 4096,
+) -> dict[str, dict[str, float]]:
+    """:func:`evaluate_sampled` under every tie rule: ``{"pessimistic": ..., "optimistic": ..., "random": ...}``."""
     ks = _check_ks(ks)
     batch_users = _check_batch(batch_users)
     n, m = candidates.items.shape
-    ranks = np.empty(n, dtype=np.int64)
+    best = np.empty(n, dtype=np.int64)
+    worst = np.empty(n, dtype=np.int64)
     for start in range(0, n, batch_users):
         stop = min(start + batch_users, n)
         users = candidates.users[start:stop]
         items = candidates.items[start:stop]
+        mask = None if candidates.valid is None else candidates.valid[start:stop]
         scores = _scores_array(score_fn(users, items), (stop - start, m), "score_fn")
-        ranks[start:stop] = rank_of_target(scores, 0)
-    return metrics_from_ranks(ranks, m, ks)
+        best[start:stop], worst[start:stop] = rank_range(scores, 0, mask)
+    return metrics_by_tie_rule(best, worst, candidates.n_candidates(), ks)
 
 
 def evaluate_full(
@@ -230,15 +349,36 @@ def evaluate_full(
         batch_users: users scored per call.
 
     Returns:
-        The metrics of :func:`metrics_from_ranks`.
+        The metrics of :func:`metrics_from_ranks` (the pessimistic tie rule).
+    """
+    return evaluate_full_by_rule(score_matrix_fn, split, ks, batch_users)["pessimistic"]
+
+
+def evaluate_full_by_rule(
+    score_matrix_fn: Callable[[np.ndarray], Any],
+    split: Split,
+    ks: Iterable[int] = (5, 10, 20),
+    batch_users: int = 1024,
+    target: str = "test",
+) -> dict[str, dict[str, float]]:
+    """:func:`evaluate_full` under every tie rule.
+
+    With ``target="valid"`` the validation item of each user is ranked instead, among every item
+    not in the user's training data and not its test item (the model-selection figure).
     """
     ks = _check_ks(ks)
     batch_users = _check_batch(batch_users)
+    if target not in ("test", "valid"):
+        raise ValueError(f"target must be 'test' or 'valid'; found {target!r}.")
+    if target == "valid" and split.valid_items is None:
+        raise ValueError("target='valid' needs a split with validation items.")
+    targets, others = (split.test_items, split.valid_items) if target == "test" else (split.valid_items, split.test_items)
     train = split.train
     n_items = train.n_items
     csr = user_item_csr(train)
-    users_all = split.test_users.astype(np.int64)
-    ranks = np.empty(users_all.size, dtype=np.int64)
+    users_all = np.flatnonzero(targets >= 0).astype(np.int64)
+    best = np.empty(users_all.size, dtype=np.int64)
+    worst = np.empty(users_all.size, dtype=np.int64)
     n_cand = np.empty(users_all.size, dtype=np.int64)
     for start in range(0, users_all.size, batch_users):
         users = users_all[start : start + batch_users]
@@ -246,12 +386,12 @@ def evaluate_full(
         rows = np.arange(b)
         scores = _scores_array(score_matrix_fn(users), (b, n_items), "score_matrix_fn")
         valid = ~csr[users].toarray()
-        if split.valid_items is not None:
-            vi = split.valid_items[users]
-            has = vi >= 0
-            valid[rows[has], vi[has]] = False
-        target = split.test_items[users]
-        valid[rows, target] = True
-        ranks[start : start + b] = rank_of_target(scores, target, valid)
+        if others is not None:
+            oi = others[users]
+            has = oi >= 0
+            valid[rows[has], oi[has]] = False
+        target_items = targets[users]
+        valid[rows, target_items] = True
+        best[start : start + b], worst[start : start + b] = rank_range(scores, target_items, valid)
         n_cand[start : start + b] = valid.sum(axis=1)
-    return metrics_from_ranks(ranks, n_cand, ks)
+    return metrics_by_tie_rule(best, worst, n_cand, ks)

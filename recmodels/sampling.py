@@ -38,20 +38,54 @@ _MAX_BULK_ROUNDS = 30
 
 @dataclass(frozen=True, eq=False)
 class EvalCandidates:
-    """Candidates of the sampled evaluation protocol.
+    """Candidates of the sampled evaluation protocol, or the ones a paper's files give.
 
     Attributes:
         users: int64 ``[n_eval_users]``, dense user indices (those with a held-out item).
         items: int64 ``[n_eval_users, 1 + n_negatives]``; column 0 is the held-out item.
+        valid: bool ``[n_eval_users, 1 + n_negatives]`` or ``None`` (every entry competes). Lists of
+            unequal length (a paper's candidate file) are padded with the held-out item and the
+            padding is ``False`` here; so is a listed negative that *is* the held-out item
+            (:mod:`recmodels.splitfiles`). Column 0 is always ``True``.
+        source: where the candidates come from (``"sampled"`` or a file path), for the protocol text.
     """
 
     users: np.ndarray
     items: np.ndarray
+    valid: np.ndarray | None = None
+    source: str = "sampled"
+
+    def __post_init__(self) -> None:
+        items = np.asarray(self.items)
+        if items.ndim != 2 or items.shape[0] != len(self.users) or items.shape[1] < 1:
+            raise ValueError(
+                f"EvalCandidates.items must be [n_users, 1 + n_negatives] with one row per user "
+                f"({len(self.users)}); found shape {items.shape}."
+            )
+        if self.valid is not None:
+            valid = np.asarray(self.valid, dtype=bool)
+            if valid.shape != items.shape:
+                raise ValueError(f"EvalCandidates.valid has shape {valid.shape}; items has {items.shape}.")
+            if valid.size and not valid[:, 0].all():
+                raise ValueError("EvalCandidates.valid must be True in column 0 (the held-out item always competes).")
+            object.__setattr__(self, "valid", valid)
 
     @property
     def n_negatives(self) -> int:
-        """Number of sampled negatives per user."""
+        """Number of negative columns per user (the longest list when lists differ in length)."""
         return int(self.items.shape[1] - 1)
+
+    def n_candidates(self) -> np.ndarray:
+        """int64 ``[n_eval_users]``: how many candidates compete for each user (the held-out item included)."""
+        if self.valid is None:
+            return np.full(len(self.users), self.items.shape[1], dtype=np.int64)
+        return self.valid.sum(axis=1, dtype=np.int64)
+
+    def take(self, rows: np.ndarray) -> EvalCandidates:
+        """The candidates of the users at ``rows`` (indices into ``users``), mask and source kept."""
+        rows = np.asarray(rows)
+        valid = None if self.valid is None else self.valid[rows]
+        return EvalCandidates(self.users[rows], self.items[rows], valid, self.source)
 
     def __len__(self) -> int:
         return int(len(self.users))
@@ -174,6 +208,7 @@ def sample_eval_candidates(
     n_negatives: int = 99,
     rng: np.random.Generator,
     exclude: Interactions | None = None,
+    target: str = "test",
 ) -> EvalCandidates:
     """Held-out item plus ``n_negatives`` distinct never-interacted items per evaluated user.
 
@@ -183,19 +218,29 @@ def sample_eval_candidates(
         rng: seeded generator (simulation randomness).
         exclude: further interactions that must never be sampled as negatives (e.g. the
             full dataset before a filter), with the same id maps as ``split.train``.
+        target: ``"test"`` (column 0 is each user's test item) or ``"valid"`` (its validation
+            item; users without one are skipped). Either way no negative is a training, test or
+            validation item of the user.
 
     Returns:
         :class:`EvalCandidates` with column 0 the held-out item.
 
     Raises:
-        ValueError: if a user has fewer than ``n_negatives`` non-interacted items.
+        ValueError: if a user has fewer than ``n_negatives`` non-interacted items, or
+            ``target="valid"`` on a split without validation items.
     """
     n_negatives = _check_count("n_negatives", n_negatives)
     rng = _check_rng(rng)
+    if target not in ("test", "valid"):
+        raise ValueError(f"target must be 'test' or 'valid'; found {target!r}.")
+    if target == "valid" and split.valid_items is None:
+        raise ValueError("target='valid' needs a split with validation items (leave_one_out(..., validation=True)).")
+    targets = split.test_items if target == "test" else split.valid_items
     train = split.train
     n_items = train.n_items
-    users = split.test_users.astype(np.int64)
-    key_parts = [pair_keys(train.users, train.items, n_items), pair_keys(users, split.test_items[users], n_items)]
+    users = np.flatnonzero(targets >= 0).astype(np.int64)
+    tu = split.test_users.astype(np.int64)
+    key_parts = [pair_keys(train.users, train.items, n_items), pair_keys(tu, split.test_items[tu], n_items)]
     if split.valid_items is not None:
         vu = np.flatnonzero(split.valid_items >= 0)
         key_parts.append(pair_keys(vu, split.valid_items[vu], n_items))
@@ -237,7 +282,7 @@ def sample_eval_candidates(
             taken = positives[(positives >= u * n_items) & (positives < (u + 1) * n_items)] - u * n_items
             pool = np.setdiff1d(np.arange(n_items), taken, assume_unique=True)
             negs[row] = rng.choice(pool, size=n_negatives, replace=False)
-    items = np.concatenate([split.test_items[users][:, None], negs], axis=1)
+    items = np.concatenate([targets[users][:, None], negs], axis=1)
     return EvalCandidates(users=users, items=items)
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
-import secrets
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -251,7 +251,19 @@ class CuckooLayout:
     def decoys(self) -> np.ndarray:
         """A position per bucket drawn from the OS CSPRNG (0 for a bucket of no positions): where
         a bucket without a point puts its zero value."""
-        return np.array([secrets.randbelow(int(s)) if s else 0 for s in self.sizes], dtype=np.int64)
+        sizes = np.asarray(self.sizes, dtype=np.uint64)
+        out = np.zeros(sizes.size, np.int64)
+        todo = np.flatnonzero(sizes > 0)
+        span = sizes[todo]
+        # exactly uniform: accept a 64-bit draw below the largest multiple of the size (rejection is
+        # below 2^-40 per bucket), in one CSPRNG call per pass rather than one per bucket
+        top = np.uint64(2**64 - 1) - ((np.uint64(2**64 - 1) % span) + np.uint64(1)) % span
+        while todo.size:
+            draw = np.frombuffer(os.urandom(8 * todo.size), dtype="<u8").astype(np.uint64)
+            ok = draw <= top
+            out[todo[ok]] = (draw[ok] % span[ok]).astype(np.int64)
+            todo, span, top = todo[~ok], span[~ok], top[~ok]
+        return out
 
     # -- server: back to the domain ----------------------------------------------------------------
     def to_domain(self, flat: np.ndarray) -> np.ndarray:

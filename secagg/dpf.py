@@ -107,6 +107,7 @@ _LOW = np.uint64(1)
 _CLEAR = np.uint64(0xFFFFFFFFFFFFFFFE)
 _GROUP = 8  #: keys whose deferred corrections share one subset-sum table
 _GROUP_LEAVES = 1 << 16  #: leaves per group of trees expanded together (cache-sized levels)
+_FLUSH_ITEMS = 1 << 18  #: 16-byte items gathered at once when the deferred corrections are applied
 
 
 class DpfError(MessageError):
@@ -694,35 +695,40 @@ class Accumulator:
             checks = [_encryptor(b"check/%d" % c) for c in range(CHECK_BLOCKS)]
         acc = self._acc
         t_all = np.empty(self.forest.leaves, np.uint8)
-        offsets = self.forest.offsets
+        offsets, owner = self.forest.offsets, self.forest.owner
+        if mac is not None:  # each leaf's tree's check correction, gathered per chunk (16-byte items)
+            check_rows = [_rows(np.ascontiguousarray(key.check_cw[:, c])) for c in range(CHECK_BLOCKS)]
         for j0, j1, sub in self.forest.groups():
             seeds, t = _expand_trees(key, j0, j1, sub)
             base = int(offsets[j0])
             t_all[base:base + t.size] = t
-            for j in range(j0, j1):
-                end = int(offsets[j + 1])
-                for lo in range(int(offsets[j]), end, self._chunk):
-                    hi = min(lo + self._chunk, end)
-                    n = hi - lo
-                    sig = _sigma(seeds[lo - base:hi - base])
-                    src = memoryview(sig).cast("B")
-                    y = buf[:n]
-                    for i, enc in enumerate(values):
-                        enc.update_into(src, out)
-                        np.bitwise_xor(y, sig, out=y)
-                        op(acc[i, lo:hi], y, out=acc[i, lo:hi])
-                    if mac is not None:
-                        mask = np.repeat(np.uint64(0) - t[lo - base:hi - base].astype(np.uint64), 2)
-                        state = first[lo:hi]
-                        for c, enc in enumerate(checks):
-                            x = sig ^ tweaks[c][lo:hi]
-                            enc.update_into(memoryview(x).cast("B"), out)
-                            np.bitwise_xor(y, x, out=y)
-                            y.reshape(-1)[:] ^= np.tile(key.check_cw[j, c], n) & mask
-                            np.bitwise_xor(state, y, out=x)
-                            mac.update_into(memoryview(x).cast("B"), out2)
-                            state = buf2[:n]
-                        np.bitwise_xor(folded[:n], state, out=folded[:n])
+            # chunks run across the trees of the group (the leaves of consecutive trees are
+            # contiguous), so the Python overhead is per chunk, not per tree
+            for lo in range(base, base + t.size, self._chunk):
+                hi = min(lo + self._chunk, base + t.size)
+                n = hi - lo
+                sig = _sigma(seeds[lo - base:hi - base])
+                src = memoryview(sig).cast("B")
+                y = buf[:n]
+                for i, enc in enumerate(values):
+                    enc.update_into(src, out)
+                    np.bitwise_xor(y, sig, out=y)
+                    op(acc[i, lo:hi], y, out=acc[i, lo:hi])
+                if mac is not None:
+                    mask = np.repeat(np.uint64(0) - t[lo - base:hi - base].astype(np.uint64), 2).reshape(n, 2)
+                    ow = owner[lo:hi]
+                    state = first[lo:hi]
+                    for c, enc in enumerate(checks):
+                        x = sig ^ tweaks[c][lo:hi]
+                        enc.update_into(memoryview(x).cast("B"), out)
+                        np.bitwise_xor(y, x, out=y)
+                        cw = _blocks(check_rows[c][ow])
+                        cw &= mask
+                        y ^= cw
+                        np.bitwise_xor(state, y, out=x)
+                        mac.update_into(memoryview(x).cast("B"), out2)
+                        state = buf2[:n]
+                    np.bitwise_xor(folded[:n], state, out=folded[:n])
         t = t_all
         digest = np.bitwise_xor.reduce(folded, axis=0)
         cw = key.value_cw if not negate else np.uint64(0) - key.value_cw
@@ -740,28 +746,38 @@ class Accumulator:
         return self._mac_pos
 
     def _flush(self) -> None:
-        """Apply the deferred ``t_x CW_j`` of the pending keys, eight keys at a time ("four Russians"):
-        per tree, a table of the 256 subset sums of the eight keys' ``CW_j`` (exact in Z_2^64), and
-        per leaf one row of it, picked by the byte of the eight keys' control bits there."""
+        """Apply the deferred ``t_x CW_j`` of the pending keys, ``g`` keys at a time ("four Russians"):
+        per tree, a table of the ``2^g`` subset sums of the ``g`` keys' ``CW_j`` (exact in Z_2^64), and
+        per leaf one row of it, picked by the ``g`` keys' control bits there. ``g`` (at most 8) keeps
+        the table (``m 2^g`` rows) an eighth of the leaves or less (cache-resident gathers), so small tables with many trees do not
+        pay for subset sums they never read; one gather over all trees per chunk of leaves."""
         pending, self._pending = self._pending, []
         n = self.forest.leaves
-        offsets = self.forest.offsets
-        for g in range(0, len(pending), _GROUP):
-            group = pending[g:g + _GROUP]
-            index = np.zeros(n, np.uint8)
+        m = self.forest.points
+        g_max = max(1, min(_GROUP, (n // max(m, 1)).bit_length() - 4))  # 2^g <= leaves / (8 m): measured best
+        owner = self.forest.owner
+        for g in range(0, len(pending), g_max):
+            group = pending[g:g + g_max]
+            index = np.zeros(n, np.int64)
             for k, (packed, _) in enumerate(group):
-                index |= np.unpackbits(packed, count=n) << np.uint8(k)
-            cws = np.stack([cw for _, cw in group])  # [g, m, d]
-            table = np.zeros((self.forest.points, 1 << len(group), 2 * self.blocks), np.uint64)
+                index |= np.unpackbits(packed, count=n).astype(np.int64) << k
+            size = 1 << len(group)
+            index += owner * size
+            # block-major from the start: [blocks, m, 2^g, 2] words, so no transposed copy of the table
+            cws = np.zeros((len(group), m, 2 * self.blocks), np.uint64)
+            for k, (_, cw) in enumerate(group):
+                cws[k, :, :self.width] = cw
+            cws = np.ascontiguousarray(cws.reshape(len(group), m, self.blocks, 2).transpose(0, 2, 1, 3))
+            table = np.zeros((self.blocks, m, size, 2), np.uint64)
             for k in range(len(group)):
                 half = 1 << k
-                np.add(table[:, :half, :self.width], cws[k][:, None, :], out=table[:, half:2 * half, :self.width])
-            # block-major rows: [m, blocks, 2^g] items of 16 bytes
-            rows = _rows(table.reshape(self.forest.points, 1 << len(group), self.blocks, 2).transpose(0, 2, 1, 3)
-                         .copy()).reshape(self.forest.points, self.blocks, 1 << len(group))
-            for j in range(self.forest.points):
-                lo, hi = int(offsets[j]), int(offsets[j + 1])
-                picked = np.take(rows[j], index[lo:hi], axis=1)  # [blocks, n_j] complex
+                np.add(table[:, :, :half], cws[k][:, :, None, :], out=table[:, :, half:2 * half])
+            # item (j, subset) of block i at [i, j * 2^g + subset], 16 bytes each
+            rows = table.reshape(self.blocks, -1).view(np.complex128)
+            step = max(1, _FLUSH_ITEMS // self.blocks)
+            for lo in range(0, n, step):
+                hi = min(n, lo + step)
+                picked = np.take(rows, index[lo:hi], axis=1)  # [blocks, hi - lo] complex
                 view = self._acc[:, lo:hi, :]
                 np.add(view, picked.view(np.uint64).reshape(self.blocks, hi - lo, 2), out=view)
 

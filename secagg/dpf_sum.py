@@ -51,6 +51,7 @@ send any bytes, any keys, different keys to A and B.
 from __future__ import annotations
 
 import enum
+import hashlib
 import hmac
 import os
 import time
@@ -63,11 +64,13 @@ from secagg.cuckoo import CuckooError, CuckooLayout
 from secagg.dpf import Accumulator, DpfError, Forest, KeySet, gen
 from secagg.errors import AbortError, MessageError
 from secagg.messages import INSTANCE_BYTES, SERVER, Message, Reader, Writer, decode, register
+from secagg.prg import SEED_BYTES, expand
 
 __all__ = [
     "SERVER_A",
     "SERVER_B",
     "DpfChallenge",
+    "DpfDense",
     "DpfDigests",
     "DpfIds",
     "DpfShare",
@@ -78,12 +81,16 @@ __all__ = [
     "DpfSumServer",
     "DpfUpload",
     "run_dpf",
+    "run_dpf_rows",
 ]
 
 SERVER_A = SERVER  #: party id of server A (the receiver) in message headers
 SERVER_B = SERVER - 1  #: party id of server B
 _DIGEST = 48
 _MAX_CLIENTS = 2**24
+_MAX_PARTS = 1 << 12  #: key sets one client may send in one sum (``DpfSumConfig.max_parts``)
+_DENSE_LABEL = b"secagg/dpf/dense"  #: domain separation of the dense share's expansion
+_DENSE_DIGEST = b"dense".ljust(_DIGEST, b"\0")  #: a dense client's digest (nothing to check: any vector is valid)
 
 
 class Stage(enum.IntEnum):
@@ -94,6 +101,7 @@ class Stage(enum.IntEnum):
     CHALLENGE = 82
     DIGESTS = 83
     SHARE = 84
+    DENSE = 85
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,18 @@ class DpfSumConfig:
         points: ``P``, the rows a client may declare (at most ``m``).
         instance: 16-byte instance id; round: the round number (bound into every message).
         check: verify every key set (the VDPF check); ``False`` only to measure its cost.
+        max_parts: the most key sets one client may send (each of at most ``points`` rows): a
+            client with more rows splits them over ``ceil(rows / points)`` key sets, and **the
+            servers see how many** (``pad_parts``: every client sends exactly ``max_parts``, so
+            they see nothing). 1 (default): one key set per client.
+        pad_parts: every client pads its upload to ``max_parts`` key sets (zero-valued ones), so
+            the number of key sets says nothing about its rows; the servers refuse any other count.
+        dense_above: a client whose rows need more than this many key sets sends a **dense
+            two-server share** instead (:class:`DpfDense`: a 32-byte CSPRNG seed to B, its whole
+            ``N x d`` update minus the seed's AES-CTR expansion to A), which costs each server one
+            vector add or expansion instead of full-domain evaluations; each alone still sees
+            nothing of the update (A a uniform vector, B a random seed), but both see that the
+            client is dense (its size class, as the key-set count). 0 (default): never.
     """
 
     n: int
@@ -116,6 +136,9 @@ class DpfSumConfig:
     instance: bytes
     round: int = 0
     check: bool = True
+    max_parts: int = 1
+    pad_parts: bool = False
+    dense_above: int = 0
     forest: Forest = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +150,10 @@ class DpfSumConfig:
             raise ValueError(f"points must be an int in [1, {self.layout.buckets}]; found {self.points!r}")
         if not isinstance(self.instance, bytes) or len(self.instance) != INSTANCE_BYTES:
             raise ValueError(f"instance must be {INSTANCE_BYTES} bytes")
+        if type(self.max_parts) is not int or not 1 <= self.max_parts <= _MAX_PARTS:
+            raise ValueError(f"max_parts must be an int in [1, {_MAX_PARTS}]; found {self.max_parts!r}")
+        if type(self.dense_above) is not int or self.dense_above < 0 or (self.dense_above and self.pad_parts):
+            raise ValueError(f"dense_above must be an int >= 0, and 0 with pad_parts; found {self.dense_above!r}")
         object.__setattr__(self, "forest", Forest(self.layout.sizes, self.layout.depth))
 
     def key_bytes(self) -> int:
@@ -139,20 +166,48 @@ class DpfSumConfig:
 @register
 @dataclass(frozen=True)
 class DpfUpload(Message):
-    """Client -> one server: the client's survivor floor and its key set for that server."""
+    """Client -> one server: the client's survivor floor and key set ``part`` of its ``parts`` for
+    that server (one message per key set; a client's sum counts only when every part arrived)."""
 
     KIND = int(Stage.UPLOAD)
     STAGE = int(Stage.UPLOAD)
     floor: int = 2
     key: bytes = b""
+    part: int = 0
+    parts: int = 1
 
     def _write_body(self, w: Writer) -> None:
-        w.u32(self.floor).u32(len(self.key)).raw(self.key)
+        w.u32(self.floor).u32(self.part).u32(self.parts).u32(len(self.key)).raw(self.key)
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> DpfUpload:
-        floor = r.u32()
-        return cls(**head, floor=floor, key=r.raw(r.u32()))
+        floor, part, parts = r.u32(), r.u32(), r.u32()
+        if not 1 <= parts <= _MAX_PARTS or part >= parts:
+            raise MessageError(f"DpfUpload: part {part} of {parts} (at most {_MAX_PARTS} parts)")
+        return cls(**head, floor=floor, key=r.raw(r.u32()), part=part, parts=parts)
+
+
+@register
+@dataclass(frozen=True)
+class DpfDense(Message):
+    """Client -> one server: a dense two-server share of its whole update (``dense_above``): to A
+    ``share`` (``N x d`` words, row-major) and no seed, to B the 32-byte ``seed`` and no share."""
+
+    KIND = int(Stage.DENSE)
+    STAGE = int(Stage.UPLOAD)
+    floor: int = 2
+    seed: bytes = b""
+    share: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+
+    def _write_body(self, w: Writer) -> None:
+        w.u32(self.floor).u32(len(self.seed)).raw(self.seed).u64_vector(self.share)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> DpfDense:
+        floor, n = r.u32(), r.u32()
+        if n not in (0, SEED_BYTES):
+            raise MessageError(f"DpfDense: a seed of {n} bytes (0 or {SEED_BYTES})")
+        return cls(**head, floor=floor, seed=r.raw(n), share=r.u64_vector())
 
 
 @register
@@ -262,12 +317,66 @@ class DpfSumClient:
         values = np.asarray(values)
         if values.dtype != np.uint64 or values.shape != (rows.size, self.cfg.width):
             raise ValueError(f"values must be uint64 [{rows.size}, {self.cfg.width}]; found {values.dtype} {values.shape}")
-        alpha, beta = self.cfg.layout.spread(rows, values)
-        k0, k1, _ = gen(alpha, self.cfg.layout.depth, beta, check=self.cfg.check)
+        if self.cfg.pad_parts and self.cfg.max_parts != 1:
+            raise ValueError("pad_parts: send every key set with upload_parts")
+        out = self._parts([(rows, values)], 1)
         self.sent = True
+        return out[0]
+
+    def upload_parts(self, rows: np.ndarray, values: np.ndarray) -> list[tuple[bytes, bytes]]:
+        """The uploads (to A, to B) of every key set of an update with ``values[i]`` at row ``rows[i]``:
+        ``ceil(len(rows) / points)`` key sets (at least one), or exactly ``max_parts`` with
+        ``pad_parts``. One call per instance and round.
+
+        Raises:
+            ValueError: more rows than ``max_parts x points``, repeated or out-of-range rows, a bad value
+                array (in words, naming the configuration to change).
+            CuckooError: some part's rows admit no placement (the client sits out).
+            MessageError: called twice.
+        """
+        if self.sent:
+            raise MessageError(f"client {self.id}: already uploaded in round {self.cfg.round}")
         c = self.cfg
-        return tuple(DpfUpload(c.instance, c.round, self.id, to, floor=self.floor, key=k.to_bytes()).to_bytes()
-                     for to, k in ((SERVER_A, k0), (SERVER_B, k1)))  # type: ignore[return-value]
+        rows = np.asarray(rows, dtype=np.int64)
+        values = np.asarray(values)
+        cap = c.max_parts * c.points
+        if rows.ndim != 1 or rows.size > cap:
+            raise ValueError(f"client {self.id}: {rows.size} rows, above the declared max_parts x points = "
+                             f"{c.max_parts} x {c.points}; raise one of them")
+        if values.dtype != np.uint64 or values.shape != (rows.size, c.width):
+            raise ValueError(f"values must be uint64 [{rows.size}, {c.width}]; found {values.dtype} {values.shape}")
+        if rows.size and (np.unique(rows).size != rows.size or rows.min() < 0 or rows.max() >= c.layout.domain):
+            raise ValueError(f"client {self.id}: rows must be distinct and in [0, {c.layout.domain})")
+        count = c.max_parts if c.pad_parts else max(1, -(-rows.size // c.points))
+        if c.dense_above and count > c.dense_above:
+            self.sent = True
+            return [self._dense(rows, values)]
+        chunks = [(rows[i * c.points:(i + 1) * c.points], values[i * c.points:(i + 1) * c.points])
+                  for i in range(count)]
+        out = self._parts(chunks, count)
+        self.sent = True
+        return out
+
+    def _dense(self, rows: np.ndarray, values: np.ndarray) -> tuple[bytes, bytes]:
+        """The dense two-server share: ``x - PRG(seed)`` to A, ``seed`` (OS CSPRNG) to B."""
+        c = self.cfg
+        seed = os.urandom(SEED_BYTES)
+        share = np.uint64(0) - expand(seed, c.layout.domain * c.width, label=_DENSE_LABEL)
+        table = share.reshape(c.layout.domain, c.width)
+        table[rows] += values
+        return (DpfDense(c.instance, c.round, self.id, SERVER_A, floor=self.floor, share=share).to_bytes(),
+                DpfDense(c.instance, c.round, self.id, SERVER_B, floor=self.floor, seed=seed).to_bytes())
+
+    def _parts(self, chunks: list[tuple[np.ndarray, np.ndarray]], count: int) -> list[tuple[bytes, bytes]]:
+        c = self.cfg
+        out = []
+        for part, (rows, values) in enumerate(chunks):
+            alpha, beta = c.layout.spread(rows, values)
+            k0, k1, _ = gen(alpha, c.layout.depth, beta, check=c.check)
+            out.append(tuple(DpfUpload(c.instance, c.round, self.id, to, floor=self.floor, key=k.to_bytes(),
+                                       part=part, parts=count).to_bytes()
+                             for to, k in ((SERVER_A, k0), (SERVER_B, k1))))
+        return out  # type: ignore[return-value]
 
 
 class DpfSumServer:
@@ -278,8 +387,10 @@ class DpfSumServer:
             raise ValueError(f"party must be 0 or 1; found {party!r}")
         self.cfg, self.party = cfg, party
         self.me, self.peer = (SERVER_A, SERVER_B) if party == 0 else (SERVER_B, SERVER_A)
-        self.keys: dict[int, KeySet] = {}
+        self.parts: dict[int, dict[int, KeySet]] = {}  # client -> part -> key set
+        self.declared: dict[int, int] = {}  # client -> the number of parts it declared
         self.floors: dict[int, int] = {}
+        self.dense: dict[int, DpfDense] = {}  # client -> its dense share (dense_above)
         self.survivors: list[int] | None = None
         self.challenge: bytes | None = None
         self.digests: dict[int, bytes] = {}
@@ -301,29 +412,78 @@ class DpfSumServer:
         if self.stage != Stage.UPLOAD:
             raise MessageError(f"stage {self.stage.name}: uploads are closed")
         msg = decode(blob)
+        if isinstance(msg, DpfDense):
+            return self._receive_dense(msg)
         if not isinstance(msg, DpfUpload):
             raise MessageError(f"stage UPLOAD: unexpected {type(msg).__name__}")
         self._check_head(msg, Stage.UPLOAD, False)
         if not 0 <= msg.sender < self.cfg.n:
             raise MessageError(f"stage UPLOAD: bad sender {msg.sender}")
-        if msg.sender in self.keys:
+        if msg.sender in self.dense:
+            raise MessageError(f"stage UPLOAD: client {msg.sender} already sent a dense share")
+        if msg.part in self.parts.get(msg.sender, {}):
             raise MessageError(f"stage UPLOAD: replayed upload from client {msg.sender} (already received)")
         if not 2 <= msg.floor <= self.cfg.n:
             raise MessageError(f"stage UPLOAD: client {msg.sender}'s floor {msg.floor} is not in [2, n]")
+        c = self.cfg
+        if msg.parts > c.max_parts or (c.pad_parts and msg.parts != c.max_parts):
+            raise MessageError(f"stage UPLOAD: client {msg.sender} declares {msg.parts} key sets; "
+                               f"{'exactly' if c.pad_parts else 'at most'} {c.max_parts} allowed")
+        if msg.sender in self.declared and (self.declared[msg.sender], self.floors[msg.sender]) != (msg.parts, msg.floor):
+            raise MessageError(f"stage UPLOAD: client {msg.sender}'s parts disagree on their count or floor")
         lay = self.cfg.layout
         try:
             key = KeySet.from_bytes(msg.key, party=self.party, depth=lay.depth, points=lay.buckets,
                                     width=self.cfg.width, check=self.cfg.check)
         except DpfError as exc:
             raise MessageError(f"stage UPLOAD: client {msg.sender}: {exc}") from None
-        self.keys[msg.sender] = key
+        self.parts.setdefault(msg.sender, {})[msg.part] = key
+        self.declared[msg.sender] = msg.parts
         self.floors[msg.sender] = msg.floor
         return msg.sender
 
+    def _receive_dense(self, msg: DpfDense) -> int:
+        c = self.cfg
+        self._check_head(msg, Stage.UPLOAD, False)
+        if not c.dense_above:
+            raise MessageError("stage UPLOAD: a dense share, but this sum takes key sets only (dense_above = 0)")
+        if not 0 <= msg.sender < c.n:
+            raise MessageError(f"stage UPLOAD: bad sender {msg.sender}")
+        if msg.sender in self.dense or msg.sender in self.parts:
+            raise MessageError(f"stage UPLOAD: replayed upload from client {msg.sender} (already received)")
+        if not 2 <= msg.floor <= c.n:
+            raise MessageError(f"stage UPLOAD: client {msg.sender}'s floor {msg.floor} is not in [2, n]")
+        want = (0, c.layout.domain * c.width) if self.party == 0 else (SEED_BYTES, 0)
+        if (len(msg.seed), msg.share.size) != want:
+            raise MessageError(f"stage UPLOAD: client {msg.sender}'s dense share has a {len(msg.seed)}-byte seed and "
+                               f"{msg.share.size} words; server {'AB'[self.party]} expects {want[0]} and {want[1]}")
+        self.dense[msg.sender] = msg
+        self.floors[msg.sender] = msg.floor
+        return msg.sender
+
+    def _dense_sum(self, clients: list[int]) -> np.ndarray:
+        """This server's share of the dense clients' sum, ``uint64 [N, d]`` (A: their vectors; B: the seeds'
+        expansions)."""
+        c = self.cfg
+        out = np.zeros(c.layout.domain * c.width, np.uint64)
+        for cid in clients:
+            if cid in self.dense:
+                msg = self.dense[cid]
+                out += msg.share if self.party == 0 else expand(msg.seed, out.size, label=_DENSE_LABEL)
+        return out.reshape(c.layout.domain, c.width)
+
+    @property
+    def keys(self) -> dict[int, KeySet]:
+        """Client -> its first key set, for every client whose every part arrived."""
+        return {c: p[0] for c, p in self.parts.items() if len(p) == self.declared[c]}
+
+    def _complete(self) -> list[int]:
+        return sorted([c for c, p in self.parts.items() if len(p) == self.declared[c]] + list(self.dense))
+
     def received(self) -> bytes:
-        """Close the uploads; the ids received, for the other server."""
+        """Close the uploads; the ids received (every part), for the other server."""
         self.stage = Stage.IDS
-        return DpfIds(self.cfg.instance, self.cfg.round, self.me, self.peer, ids=tuple(sorted(self.keys))).to_bytes()
+        return DpfIds(self.cfg.instance, self.cfg.round, self.me, self.peer, ids=tuple(self._complete())).to_bytes()
 
     def agree(self, blob: bytes) -> list[int]:
         """The other server's ids: the survivors are the clients both received."""
@@ -333,7 +493,7 @@ class DpfSumServer:
         if not isinstance(msg, DpfIds):
             raise MessageError(f"stage IDS: unexpected {type(msg).__name__}")
         self._check_head(msg, Stage.IDS, True)
-        self.survivors = sorted(set(self.keys) & set(msg.ids))
+        self.survivors = sorted(set(self._complete()) & set(msg.ids))
         self.stage = Stage.CHALLENGE
         return self.survivors
 
@@ -363,9 +523,14 @@ class DpfSumServer:
         self.acc = Accumulator(self.cfg.forest, self.cfg.width, self.party,
                                challenge=self.challenge if self.cfg.check else None)
         for cid in self.survivors:
-            d = self.acc.add(self.keys[cid])
-            if d is not None:
-                self.digests[cid] = d
+            if cid in self.dense:  # nothing to verify: any vector is a valid dense update
+                self.digests[cid] = _DENSE_DIGEST
+                continue
+            got = [self.acc.add(self.parts[cid][p]) for p in range(self.declared[cid])]
+            if got[0] is not None:  # one digest per client: the MACs XOR-ed, the public parts hashed together
+                mac = np.bitwise_xor.reduce(np.stack([np.frombuffer(g[:16], np.uint8) for g in got]), axis=0)
+                pub = got[0][16:] if len(got) == 1 else hashlib.sha256(b"".join(g[16:] for g in got)).digest()
+                self.digests[cid] = mac.tobytes() + pub
         return DpfDigests(self.cfg.instance, self.cfg.round, self.me, self.peer,
                           digests=tuple(sorted(self.digests.items()))).to_bytes()
 
@@ -382,7 +547,8 @@ class DpfSumServer:
         bad = [] if not self.cfg.check else [
             c for c in self.survivors or [] if not hmac.compare_digest(self.digests[c], theirs.get(c, b""))]
         for c in bad:
-            self.acc.add(self.keys[c], sign=-1)
+            for p in range(self.declared.get(c, 0)):
+                self.acc.add(self.parts[c][p], sign=-1)
         self.survivors = [c for c in self.survivors or [] if c not in set(bad)]
         self.stage = Stage.SHARE
         return bad
@@ -402,6 +568,7 @@ class DpfSumServer:
         self.shared = True
         assert self.acc is not None
         share = self.acc.scatter(self.cfg.layout.elements, self.cfg.layout.domain)  # public map: N rows, not 3N
+        share += self._dense_sum(self.survivors or [])
         return DpfShare(self.cfg.instance, self.cfg.round, self.me, self.peer, survivors=tuple(self.survivors or ()),
                         share=share.reshape(-1)).to_bytes()
 
@@ -422,6 +589,7 @@ class DpfSumServer:
             raise MessageError(f"stage SHARE: a share of {msg.share.size} words; expected {rows * self.cfg.width}")
         self.shared = True
         total = self.acc.scatter(self.cfg.layout.elements, self.cfg.layout.domain)
+        total += self._dense_sum(self.survivors or [])
         total += msg.share.reshape(rows, self.cfg.width)
         return total
 
@@ -443,7 +611,9 @@ class DpfSpec:
         check: verify the keys.
         failure_bits: the cuckoo failure target (buckets from :func:`secagg.cuckoo.buckets_for`).
         tamper: ``client -> (key_A, key_B) -> (key_A, key_B)`` replacing a client's keys (tests of
-            malicious clients), applied to the parsed key sets before encoding.
+            malicious clients), applied to the parsed key sets before encoding (every part's).
+        max_parts, pad_parts, dense_above: as :class:`DpfSumConfig`'s (a client with more than
+            ``points`` rows sends several key sets, or above ``dense_above`` of them a dense share).
     """
 
     rows: int
@@ -456,6 +626,9 @@ class DpfSpec:
     check: bool = True
     failure_bits: int = 40
     tamper: Mapping[int, object] = field(default_factory=dict)
+    max_parts: int = 1
+    pad_parts: bool = False
+    dense_above: int = 0
 
 
 @dataclass(frozen=True)
@@ -469,6 +642,7 @@ class DpfSumResult:
         client_s: seconds per client (placement and key generation).
         server_s: seconds at A and at B (everything after the uploads, including the check).
         bytes_up: ``[n, 2]`` bytes each client sent to A and to B.
+        parts: ``[n]`` key sets each client sent (0: refused before sending or dense).
         records: ``(sender, receiver, stage, blob)`` for every message, in order; parties ``"A"``,
             ``"B"`` or a client index.
     """
@@ -482,6 +656,7 @@ class DpfSumResult:
     bytes_up: np.ndarray
     records: list[tuple[object, object, str, bytes]]
     buckets: int = 0
+    parts: np.ndarray | None = None
 
 
 def _split_rows(x: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -493,21 +668,30 @@ def _split_rows(x: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
 def run_dpf(inputs: np.ndarray, spec: DpfSpec) -> DpfSumResult:
     """Simulate one two-server sum over ``inputs`` (``uint64 [n, N * d]``, client ``i`` in row ``i``).
 
-    A client whose update has more than ``points`` nonzero rows, or whose rows cannot be placed, is
-    refused (listed in ``refused``) and sends nothing. Every message crosses as wire bytes.
+    A client whose update has more than ``max_parts x points`` nonzero rows, or whose rows cannot be
+    placed, is refused (listed in ``refused``) and sends nothing. Every message crosses as wire bytes.
     """
     x = np.asarray(inputs)
     if x.dtype != np.uint64 or x.ndim != 2 or x.shape[1] != spec.rows * spec.width:
         raise ValueError(f"inputs must be uint64 [n, {spec.rows} x {spec.width}]; found {x.dtype} {x.shape}")
-    n = x.shape[0]
+    return run_dpf_rows([_split_rows(row, spec.width) for row in x], spec)
+
+
+def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) -> DpfSumResult:
+    """:func:`run_dpf` on sparse updates: ``updates[i] = (rows int64 [k_i], values uint64 [k_i, d])``,
+    client ``i``'s nonzero rows (distinct, below ``spec.rows``) and their values; ``total`` is
+    ``uint64 [N * d]``. The clients' work is proportional to their rows, not to the table."""
+    n = len(updates)
     layout = CuckooLayout.for_points(spec.rows, spec.points, seed=spec.seed or bytes(32),
                                      failure_bits=spec.failure_bits)
-    cfg = DpfSumConfig(n, layout, spec.width, spec.points, os.urandom(INSTANCE_BYTES), spec.round, spec.check)
+    cfg = DpfSumConfig(n, layout, spec.width, spec.points, os.urandom(INSTANCE_BYTES), spec.round, spec.check,
+                       max_parts=spec.max_parts, pad_parts=spec.pad_parts, dense_above=spec.dense_above)
     servers = (DpfSumServer(cfg, 0), DpfSumServer(cfg, 1))
     records: list[tuple[object, object, str, bytes]] = []
     refused: dict[int, str] = {}
     client_s = np.zeros(n)
     bytes_up = np.zeros((n, 2), np.int64)
+    parts = np.zeros(n, np.int64)
     lost = {name: set(spec.dropouts.get(name, ())) for name in ("A", "B")}
     for name in spec.dropouts:
         if name not in ("A", "B", "upload"):
@@ -515,26 +699,27 @@ def run_dpf(inputs: np.ndarray, spec: DpfSpec) -> DpfSumResult:
     for i in spec.dropouts.get("upload", ()):
         lost["A"].add(i)
         lost["B"].add(i)
-    for i in range(n):
-        rows, vals = _split_rows(x[i], spec.width)
+    for i, (rows, vals) in enumerate(updates):
         t0 = time.perf_counter()
         try:
-            blobs = DpfSumClient(cfg, i, floor=spec.min_survivors).upload(rows, vals)
+            sent = DpfSumClient(cfg, i, floor=spec.min_survivors).upload_parts(rows, vals)
         except (ValueError, CuckooError) as exc:
             refused[i] = str(exc)
             continue
-        if i in spec.tamper:
-            blobs = _tampered(cfg, blobs, spec.tamper[i])
+        if i in spec.tamper and parts_of(sent):
+            sent = [_tampered(cfg, blobs, spec.tamper[i]) for blobs in sent]
         client_s[i] = time.perf_counter() - t0
-        for b, name in enumerate(("A", "B")):
-            if i in lost[name]:
-                continue
-            records.append((i, name, "upload", blobs[b]))
-            bytes_up[i, b] = len(blobs[b])
-            try:
-                servers[b].receive(blobs[b])
-            except MessageError as exc:
-                refused[i] = f"server {name}: {exc}"
+        parts[i] = 0 if isinstance(decode(sent[0][1]), DpfDense) else len(sent)
+        for blobs in sent:
+            for b, name in enumerate(("A", "B")):
+                if i in lost[name]:
+                    continue
+                records.append((i, name, "upload", blobs[b]))
+                bytes_up[i, b] += len(blobs[b])
+                try:
+                    servers[b].receive(blobs[b])
+                except MessageError as exc:
+                    refused[i] = f"server {name}: {exc}"
     timers = [0.0, 0.0]
 
     def timed(b: int, fn, *args):  # noqa: ANN001, ANN202
@@ -563,12 +748,18 @@ def run_dpf(inputs: np.ndarray, spec: DpfSpec) -> DpfSumResult:
     except AbortError as exc:
         abort = str(exc)
     return DpfSumResult(total, frozenset(servers[0].survivors or ()), refused, abort, client_s,
-                        (timers[0], timers[1]), bytes_up, records, layout.buckets)
+                        (timers[0], timers[1]), bytes_up, records, layout.buckets, parts)
+
+
+def parts_of(sent: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a client's uploads are key sets (not a dense share)."""
+    return not isinstance(decode(sent[0][1]), DpfDense)
 
 
 def _tampered(cfg: DpfSumConfig, blobs: tuple[bytes, bytes], fn) -> tuple[bytes, bytes]:  # noqa: ANN001
     """Re-encode a client's uploads after ``fn`` replaced its parsed key sets (malicious-client tests)."""
     msgs = [DpfUpload.from_bytes(b) for b in blobs]
     keys = fn(*(KeySet.from_bytes(m.key) for m in msgs))
-    return tuple(DpfUpload(m.instance, m.round, m.sender, m.receiver, floor=m.floor, key=k.to_bytes()).to_bytes()
+    return tuple(DpfUpload(m.instance, m.round, m.sender, m.receiver, floor=m.floor, key=k.to_bytes(),
+                           part=m.part, parts=m.parts).to_bytes()
                  for m, k in zip(msgs, keys))  # type: ignore[return-value]

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from secagg.errors import MessageError
+from secagg import simshare
 
 __all__ = ["KEY_BYTES", "KeyPair", "hkdf_sha256"]
 
@@ -87,6 +88,13 @@ class KeyPair:
         except ValueError as exc:  # all-zero shared secret: low-order point
             raise MessageError("key agreement: peer public key is a low-order point; refused.") from exc
 
-    def agree(self, peer_public: bytes, *, info: bytes) -> bytes:
-        """A 32-byte symmetric key shared with the owner of ``peer_public``."""
-        return hkdf_sha256(self.exchange(peer_public), info=_KA_DOMAIN + info)
+    def agree(self, peer_public: bytes, *, info: bytes, shared: bool = True) -> bytes:
+        """A 32-byte symmetric key shared with the owner of ``peer_public``.
+
+        Inside :func:`secagg.simshare.shared_work` (simulations only) the pair's key is computed once
+        for both ends; ``shared=False`` always computes it (the server's own agreements)."""
+        memo = simshare.active() if shared else None
+        if memo is None or not isinstance(peer_public, (bytes, bytearray)) or len(peer_public) != KEY_BYTES:
+            return hkdf_sha256(self.exchange(peer_public), info=_KA_DOMAIN + info)
+        return memo.agree(self.public_bytes, peer_public, info,
+                          lambda: hkdf_sha256(self.exchange(peer_public), info=_KA_DOMAIN + info))

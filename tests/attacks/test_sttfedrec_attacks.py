@@ -93,6 +93,22 @@ def test_cli_request_intersection_json_and_defense(capsys):
     assert rows["download-all"]["train_bytes_per_client_per_round"] > rows["none"]["train_bytes_per_client_per_round"]
 
 
+@pytest.mark.parametrize("attack", ["request-intersection", "item-gradient"])
+def test_cli_dpf_defense_leaves_both_servers_views_at_random_guessing(capsys, attack):
+    """``--defense dpf``: PIR requests and DPF gradients; the attack on RS's and on SAS's view has no id."""
+    rows = {}
+    for defense in ("none", "dpf"):
+        code = main(["attack", "sttfedrec", "--attack", attack, "--defense", defense, "--rounds", "3",
+                     "--users", "30", "--items", "300", "--clients", "10", "--json"])
+        assert code == 0
+        rows[defense] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rows["none"]["attack"]["f1"] > rows["none"]["attack"]["random_f1"]
+    for view in ("attack", "attack_sas"):
+        a = rows["dpf"][view]
+        assert a["f1"] <= a["random_f1"] and "nothing to attack" in a["status"]
+    assert rows["dpf"]["train_bytes_per_client_per_round"] > 0
+
+
 def test_cli_refuses_a_defense_that_does_not_apply(capsys):
     code = main(["attack", "sttfedrec", "--attack", "item-gradient", "--defense", "fixed-pool", "--rounds", "1"])
     assert code == 2 and "does not apply" in capsys.readouterr().err

@@ -17,7 +17,7 @@ def test_a_small_run_reports_exact_sums_bytes_seconds_and_bounds(capsys):
                  "--secagg-dim", "512", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["exact"] is True and out["check"] is True
-    assert out["upload_bytes_per_client_per_server"] == out["key_bytes"] + 48  # the message header
+    assert out["upload_bytes_per_client_per_server"] == out["key_bytes"] + 56  # the message header (with part, parts)
     assert out["key_bytes"] == KeySet.size(depth=out["depth"], points=out["buckets"], width=4)
     assert out["leaves"] == 3 * 3000
     assert out["prg_bound_s_per_client"] > 0 and out["server_s_per_client"]["max"] > 0

@@ -24,6 +24,7 @@ from recmodels.synthetic import generate_synthetic
 VARIANTS = [  # (server update, secure aggregation, secure rows)
     ("grad", "none", "union"), ("para", "none", "union"), ("dcd", "none", "union"),
     ("grad", "secagg+", "union"), ("para", "secagg", "all"), ("dcd", "secagg+", "union"), ("grad", "secagg+", "all"),
+    ("grad", "dpf", "all"),  # two servers (docs/dpf.md): key sets of the rated rows only
 ]
 
 

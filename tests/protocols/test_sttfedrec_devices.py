@@ -75,6 +75,7 @@ def _gap(a, b) -> float:
 VARIANTS = [
     dict(item_id_embedding=True, click_id_dim=16),  # the presets' options, SecAgg+ rows
     dict(decoys="download-all", item_aggregation="secagg"),
+    dict(decoys="pir", item_aggregation="dpf"),  # RS and SAS as two servers: PIR requests, DPF gradients
     dict(user_features="history", item_aggregation="none"),
     dict(mode="fl", item_id_embedding=True),  # fl-twotower: plaintext updates of both towers
     pytest.param(dict(mode="fl", decoys="download-all", item_id_embedding=True), marks=pytest.mark.slow),

@@ -138,3 +138,29 @@ def test_a_server_refuses_mutated_uploads_with_message_error_only(data):
     except MessageError:
         return
     assert server.keys[1].to_bytes() in bytes(blob)  # accepted: a well-formed key of the right shape
+
+
+_DCFG = DpfSumConfig(2, CuckooLayout.for_points(40, 2, seed=b"u" * 32), 2, 2, b"i" * 16, max_parts=4, dense_above=1)
+_DENSE = DpfSumClient(_DCFG, 1).upload_parts(np.arange(6), np.ones((6, 2), np.uint64))[0]  # (to A, to B)
+
+
+@FUZZ
+@given(st.data())
+def test_a_server_refuses_mutated_dense_shares_and_parts_with_message_error_only(data):
+    """The dense share (kind 85) and the part fields of a key-set upload: bit flips, truncation and
+    random tails raise only MessageError at the server; what is accepted is a share of the right shape."""
+    party = data.draw(st.integers(0, 1))
+    blob = bytearray(_DENSE[party])
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(blob) - 1))
+        blob[i] ^= 1 << data.draw(st.integers(0, 7))
+    cut = data.draw(st.integers(0, len(blob)))
+    blob = blob[:cut] + bytearray(data.draw(st.binary(max_size=8)))
+    server = DpfSumServer(_DCFG, party)
+    try:
+        server.receive(bytes(blob))
+    except MessageError:
+        return
+    assert len(server.dense) == 1  # accepted: exactly one dense share, of the shape this server expects
+    got = next(iter(server.dense.values()))
+    assert (len(got.seed), got.share.size) == ((0, 80) if party == 0 else (32, 0))

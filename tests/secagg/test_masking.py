@@ -14,6 +14,7 @@ from scipy.stats import chisquare
 
 from secagg import prg, shamir
 from secagg.bonawitz import (
+    UnmaskRequest,
     ClientPolicy,
     CLIENT_TRANSITIONS,
     SERVER_TRANSITIONS,
@@ -300,6 +301,29 @@ def test_a_single_survivor_sum_is_never_unmasked_even_with_t_one(start_round):
     # any safe threshold (t > half the holders) needs at least 2 survivors: the round aborts
     res = run_secagg(x, RunSpec(t=2, dropouts={"masked_input": frozenset({1, 2})}))
     assert not res.ok and "fewer than t" in res.abort
+
+
+def test_unmask_needs_t_distinct_valid_holder_signatures_however_many_bad_ones_come_first(start_round):
+    """UNMASK stops checking at the t-th valid signature: forged entries and repeats of one valid
+    signature never count, so the decision is the one checking every entry would give."""
+    n, d, t = 7, 4, 5
+    cfg = MaskingConfig.secagg(n, d, t=t)
+    identities, clients, server, inbox = start_round(cfg)
+    x = _inputs(n, d)
+    for c in clients:
+        server.receive(c.mask_input(inbox[c.id], x[c.id]).to_bytes())
+    inbox = server.request_consistency()
+    for c in clients:
+        server.receive(c.sign_survivors(inbox[c.id]).to_bytes())
+    real = dict(decode(server.request_unmask()[0]).signatures)
+    forged = [(who, bytes(64)) for who in range(n)]
+
+    def ask(u, sigs):  # noqa: ANN001, ANN202
+        return clients[u].unmask(UnmaskRequest(cfg.instance, cfg.round, SERVER, u, signatures=tuple(sigs)).to_bytes())
+
+    with pytest.raises(AbortError, match="valid consistency signatures"):
+        ask(0, forged + [(1, real[1])] * t + [(w, real[w]) for w in range(2, t)])  # t - 1 distinct valid
+    assert ask(1, forged + [(w, real[w]) for w in range(t)] + forged)  # t valid after forgeries: answered
 
 
 # ------------------------------------------------------------------------------------------------

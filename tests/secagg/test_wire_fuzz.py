@@ -79,6 +79,8 @@ def _samples() -> list[bytes]:
     x = np.zeros((3, 20 * 2), dtype=U64)
     x[:, :2] = 1
     blobs += [blob for *_, blob in run_dpf(x, DpfSpec(20, 2, 2)).records]  # the two-server DPF sum
+    x[0, :12] = 1  # six rows: above dense_above = 1 key set of 2 rows, so a dense two-server share
+    blobs += [blob for *_, blob in run_dpf(x, DpfSpec(20, 2, 2, max_parts=4, dense_above=1)).records]
     return blobs
 
 

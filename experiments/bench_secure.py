@@ -1,0 +1,241 @@
+"""``secagg bench secure``: every secure preset's round beside the bound its cryptography must pay.
+
+For each preset (default: every preset whose protocol section sets a secure aggregation other than
+``"none"``), the bench prepares the preset's data (``--data``, default the embedded synthetic data),
+builds the protocol as ``secagg run`` does, and times ``--rounds`` rounds. Every secure-aggregation
+instance a round runs (:func:`protocols.secure_sum.observe`) is priced by :mod:`secagg.costmodel` at
+unit costs measured at the start of the same run (AES-CTR into a preallocated buffer, X25519+HKDF,
+Ed25519, Shamir, SHA-256, uint64 adds). Per round it reports:
+
+* ``instances``: secure sums run, with their ``n``, ``k``, ``t`` and ``dim`` (``shapes``);
+* ``device_bound_s``: the largest per-client bound summed over the instances that client took part
+  in: what the slowest real device must spend on cryptography in that round;
+* ``simulation_bound_s``: every client's bound plus the server's (one process simulates them all);
+  ``server_bound_s`` the server's part;
+* ``secure_measured_s``: the seconds the instances reported (every client's protocol work plus the
+  server's), and ``secure_over_bound`` = measured / simulation bound;
+* ``round_s``: the wall-clock round, and with ``--plaintext`` the same preset with
+  ``secure_aggregation = "none"`` (``plain_round_s``): ``round_over_bound`` = round / (plaintext
+  round + simulation bound), the figure issue 27's 1.5x target is about;
+* ``peak_rss_mb``: the process's peak resident memory after the round;
+* with ``--no-shared-work``, ``unshared_round_s``: the same round with every simulated client doing
+  all its own verifications and agreements (:mod:`secagg.simshare` off), the simulation's cost
+  before that optimisation. The bounds are per device either way: sharing changes only how long
+  the one process simulating every device takes.
+
+``--json`` prints one object on the last line: ``{"units": ..., "presets": {name: {...}}}``.
+Timings are only as good as the machine is quiet: run nothing else beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+from experiments import jsonio
+from experiments.errors import UserError
+
+__all__ = ["bench", "register", "secure_presets"]
+
+
+def register(bench_subparsers: argparse._SubParsersAction) -> None:
+    p = bench_subparsers.add_parser(
+        "secure",
+        help="every secure preset's round beside the bound its cryptography must pay",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("presets", nargs="*", metavar="PRESET",
+                   help="presets to time (default: every preset with a secure aggregation)")
+    p.add_argument("--data", default="synthetic", help="dataset path, or 'synthetic' (default)")
+    p.add_argument("--users", type=int, help="synthetic data: users (e.g. 943 for ML-100K's shape, 6040 for ML-1M's)")
+    p.add_argument("--items", type=int, help="synthetic data: items (e.g. 1682 for ML-100K's shape, 3706 for ML-1M's)")
+    p.add_argument("--rounds", type=int, default=1, help="timed rounds per preset (default 1)")
+    p.add_argument("--plaintext", action="store_true",
+                   help="also time the preset with secure_aggregation = 'none' (the round's non-crypto work)")
+    p.add_argument("--no-shared-work", action="store_true",
+                   help="also time each preset with every simulated client doing all its own verifications and "
+                   "agreements (secagg.simshare off): the simulation's cost before that optimisation")
+    p.add_argument("--json", action="store_true", help="one JSON object on the last line of stdout")
+    p.set_defaults(func=_main)
+
+
+def _secure_key(config) -> tuple[str, str] | None:  # noqa: ANN001 (RunConfig)
+    """(section, value) of the active protocol's ``secure_aggregation`` key, if it has one."""
+    section = config.spec.section
+    proto = config.protocol_config
+    value = getattr(proto, "secure_aggregation", None) if proto is not None else None
+    return None if section is None or value is None else (section, str(value))
+
+
+def secure_presets() -> list[str]:
+    """Federated presets whose protocol section sets a secure aggregation other than ``"none"``, plus
+    those whose protocol always aggregates securely (STTFedRec's chain)."""
+    from experiments import config as cfgmod
+
+    out = []
+    for name in cfgmod.PRESETS:
+        cfg = cfgmod.load_preset(name)
+        if not cfg.spec.federated:
+            continue
+        key = _secure_key(cfg)
+        if (key is not None and key[1] not in ("none", "plain")) or cfg.run.protocol == "sttfedrec":
+            out.append(name)
+    return out
+
+
+def _config(preset: str, data: str, rounds: int, plaintext: bool, shape: dict[str, int] | None = None):
+    from experiments import config as cfgmod
+
+    try:
+        cfg = cfgmod.load_preset(preset)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    # the bench never evaluates: no sampled candidates (a small synthetic catalogue may hold too few)
+    over: dict[str, dict[str, Any]] = {"data": {"source": data, **(shape or {})}, "run": {"rounds": rounds},
+                                       "eval": {"negatives": 0}}
+    if plaintext:
+        key = _secure_key(cfg)
+        if key is None:
+            return None
+        over[key[0]] = {"secure_aggregation": "none"}
+    return cfgmod.merge(cfg, over)
+
+
+def _build(cfg):  # noqa: ANN001, ANN202
+    from experiments.prepare import prepare_data
+    from protocols.guard import set_device_policy
+    from protocols.registry import BuildContext
+    from protocols.transport import InProcessTransport, Transcript
+
+    prep = prepare_data(cfg)
+    transport = InProcessTransport(Transcript()) if cfg.spec.federated else None
+    ctx = BuildContext(split=prep.split, config=cfg.protocol_config, seed=cfg.run.seed, source=cfg.data.source,
+                       transport=transport, data_options=cfg.to_dict()["data"], exclude=prep.exclude)
+    trainer = cfg.spec.build(ctx)
+    if cfg.spec.federated:
+        set_device_policy(trainer, cfg.clients.policy())
+    return trainer
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> list[dict[str, Any]]:  # noqa: ANN001
+    import contextlib
+
+    from protocols.secure_sum import observe
+    from secagg import simshare
+    from secagg.costmodel import instance_cost
+
+    trainer = _build(cfg)
+    rows = []
+    for r in range(rounds):
+        seen: list[dict] = []
+        t0 = time.perf_counter()
+        with observe(seen.append), (contextlib.nullcontext() if shared else simshare.disabled()):
+            trainer.run_round()
+        wall = time.perf_counter() - t0
+        per_client: dict[str, float] = defaultdict(float)
+        server_bound = measured = 0.0
+        parts: dict[str, float] = defaultdict(float)
+        shapes: dict[str, int] = defaultdict(int)
+        for inst in seen:
+            cost = instance_cost(inst["protocol"], n=inst["n"], dim=inst["dim"], k=inst["k"], t=inst["t"],
+                                 survivors=inst["survivors"], masks_expanded=inst["masks_expanded"],
+                                 key_agreements=inst["key_agreements"],
+                                 signatures_verified=inst["signatures_verified"], units=units)
+            for name in inst["senders"]:
+                per_client[name] += cost.client_s
+            server_bound += cost.server_s
+            for part, sec in cost.client_parts.items():
+                parts[f"clients_{part}"] += sec * inst["n"]
+            for part, sec in cost.server_parts.items():
+                parts[f"server_{part}"] += sec
+            measured += sum(inst["client_seconds"]) + inst["server_seconds"]
+            shapes[f"{inst['protocol']} n={inst['n']} k={inst['k']} t={inst['t']} d={inst['dim']}"] += 1
+        sim_bound = sum(per_client.values()) + server_bound
+        row = {
+            "round": r, "round_s": wall, "instances": len(seen), "shapes": dict(shapes),
+            "device_bound_s": max(per_client.values(), default=0.0),
+            "server_bound_s": server_bound, "simulation_bound_s": sim_bound,
+            "secure_measured_s": measured,
+            "secure_over_bound": measured / sim_bound if sim_bound > 0 else None,
+            "bound_parts_s": dict(parts), "peak_rss_mb": _peak_rss_mb(),
+        }
+        rows.append(row)
+        print(f"{label} round {r + 1}/{rounds}: {wall:.2f} s, {len(seen)} secure sums, bound "
+              f"{sim_bound:.2f} s (device {row['device_bound_s']:.3f} s), measured {measured:.2f} s",
+              file=sys.stderr)
+    return rows
+
+
+def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users: int | None = None,
+          items: int | None = None, unshared: bool = False) -> dict[str, Any]:
+    from secagg.costmodel import UnitCosts
+
+    if rounds < 1:
+        raise UserError(f"--rounds must be >= 1; found {rounds}")
+    shape = {}
+    for key, value in (("synthetic_users", users), ("synthetic_items", items)):
+        if value is not None:
+            if data != "synthetic":
+                raise UserError("--users and --items size the synthetic data; drop them with --data PATH")
+            if value < 2:
+                raise UserError(f"--{key.split('_')[1]} must be >= 2; found {value}")
+            shape[key] = value
+    names = presets or secure_presets()
+    configs = {name: _config(name, data, rounds, False, shape) for name in names}  # unknown presets fail first
+    print("measuring unit costs", file=sys.stderr)
+    units = UnitCosts.measure()
+    out: dict[str, Any] = {"units": units.as_dict(), "data": data, "shape": shape, "rounds": rounds, "presets": {}}
+    for name in names:
+        rows = _time_rounds(configs[name], rounds, units, name)
+        res: dict[str, Any] = {"rounds": rows}
+        last = rows[-1]
+        res.update({k: last[k] for k in ("round_s", "simulation_bound_s", "device_bound_s", "secure_measured_s",
+                                          "secure_over_bound", "peak_rss_mb", "instances")})
+        if plaintext:
+            try:
+                twin = _config(name, data, rounds, True, shape)
+                plain = None if twin is None else _time_rounds(twin, rounds, units, f"{name} (plaintext)")
+            except ValueError as exc:  # e.g. fel-dp: distributed noise is refused without secure aggregation
+                res["plain_error"] = str(exc)
+                print(f"{name}: no plaintext twin ({exc})", file=sys.stderr)
+                plain = None
+            if plain is not None:
+                res["plain_round_s"] = plain[-1]["round_s"]
+                denom = res["plain_round_s"] + last["simulation_bound_s"]
+                res["round_over_bound"] = last["round_s"] / denom if denom > 0 else None
+        if unshared:
+            alone = _time_rounds(configs[name], rounds, units, f"{name} (no shared work)", shared=False)
+            res["unshared_round_s"] = alone[-1]["round_s"]
+            res["unshared_secure_measured_s"] = alone[-1]["secure_measured_s"]
+        out["presets"][name] = res
+    return out
+
+
+def _main(args: argparse.Namespace) -> int:
+    out = bench(list(args.presets), args.data, args.rounds, args.plaintext, users=args.users, items=args.items,
+                unshared=args.no_shared_work)
+    u = out["units"]
+    print(f"units: AES-256-CTR {u['aes256_ctr_gbps']:.2f} GB/s, X25519+HKDF {u['x25519_hkdf_agree_us']:.0f} us, "
+          f"Ed25519 sign {u['ed25519_sign_us']:.0f} us / verify {u['ed25519_verify_us']:.0f} us")
+    print(f"{'preset':<26}{'round s':>9}{'unshared':>9}{'plain s':>9}{'bound s':>9}{'device s':>10}{'secure s':>10}"
+          f"{'sec/bnd':>9}{'rnd/bnd':>9}{'RSS MB':>8}")
+    for name, r in out["presets"].items():
+        def f(x: Any, spec: str) -> str:
+            return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0]))
+        print(f"{name:<26}{f(r['round_s'], '9.2f')}{f(r.get('unshared_round_s'), '9.2f')}"
+              f"{f(r.get('plain_round_s'), '9.2f')}"
+              f"{f(r['simulation_bound_s'], '9.2f')}{f(r['device_bound_s'], '10.3f')}"
+              f"{f(r['secure_measured_s'], '10.2f')}{f(r['secure_over_bound'], '9.2f')}"
+              f"{f(r.get('round_over_bound'), '9.2f')}{f(r['peak_rss_mb'], '8.0f')}")
+    if args.json:
+        print(jsonio.dumps(out, sort_keys=True))
+    return 0

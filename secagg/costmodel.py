@@ -1,0 +1,199 @@
+"""What one secure-aggregation instance must cost: its cryptographic work priced at unit costs measured
+on this machine, per client and at the server.
+
+A bound here is the floor an implementation of the protocol cannot go below on this machine's crypto
+library: the operations the protocol's messages force (key generations, X25519 agreements with HKDF,
+Ed25519 signatures and verifications, Shamir sharing and reconstruction of the two seeds, SHA-256 over
+the signed masked input, the AES-CTR keystream of every mask, one uint64 add per mask word and per
+summed word), each counted from the instance's public parameters and multiplied by its unit cost
+measured in the same process (:meth:`UnitCosts.measure`). Not counted: message encoding, the
+small AES-GCM seals of the shares, Python dispatch; so a measured time divided by the bound is the
+overhead an optimisation could still remove.
+
+Counts per client of one SecAgg/SecAgg+ instance with ``k`` neighbours (SecAgg: ``k = n - 1``) and
+threshold ``t`` over ``d`` words (:mod:`secagg.bonawitz`):
+
+* ADVERTISE: 2 X25519 key generations, 1 signature;
+* SHARE_KEYS: ``k + 1`` verifications (the neighbours' adverts and its own), one Shamir split of
+  two 32-byte seeds into ``k + 1`` shares at threshold ``t``, ``k`` agreements (share encryption);
+* MASKED_INPUT: ``k`` agreements (mask seeds), ``k + 1`` keystreams of ``8 d`` bytes and as many
+  ``d``-word adds, SHA-256 over ``8 d`` bytes and 1 signature;
+* CONSISTENCY: 1 signature; UNMASK: ``t`` verifications (it stops at the ``t``-th valid holder
+  signature, the decision the protocol needs).
+
+The server's counts come from the run (:class:`secagg.runner.RunResult`: ``masks_expanded``,
+``key_agreements``, ``signatures_verified``, exact for that instance's dropouts), plus SHA-256 over
+every masked input, the plain sum of the survivors' inputs (one add per word) and the Shamir
+reconstruction of one seed per survivor and per dropped client with a surviving neighbour.
+
+The circular chain (:mod:`secagg.chain`, ``s`` successors, docs/chain.md "Cost") per client and
+attempt: 1 key generation, ``2 s + 1`` agreements (ring neighbours and the server), ``2 s + 1``
+keystreams and adds of ``d`` words, an AES-GCM tag over ``8 d`` bytes; the server per upload: 1
+agreement, the tag check and a ``d``-word add, then the ``masks_expanded`` pads. One attempt is
+priced (a re-run after dropouts costs more: the bound stays a floor).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["InstanceCost", "UnitCosts", "instance_cost"]
+
+
+def _best_of(fn: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@dataclass
+class UnitCosts:
+    """Unit costs on this machine (seconds, or bytes/words per second), measured by :meth:`measure`.
+
+    ``aes_ctr_bps`` is AES-256-CTR keystream into a preallocated buffer (``update_into``, no
+    allocation), the fastest way ``cryptography`` offers; ``gcm_bps`` AES-256-GCM over a large buffer;
+    ``add_wps`` uint64 adds in place (numpy); ``sha256_bps`` hashing. Shamir costs depend on
+    ``(holders, t)`` and are measured on first use with this package's own batched implementation
+    (:mod:`secagg.shamir`; no library does Shamir over our field vectorised), then cached.
+    """
+
+    aes_ctr_bps: float
+    gcm_bps: float
+    add_wps: float
+    sha256_bps: float
+    keygen_s: float
+    agree_s: float
+    sign_s: float
+    verify_s: float
+    _split: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    _combine: dict[int, float] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def measure(cls, *, buffer_mb: int = 16, repeats: int = 5) -> UnitCosts:
+        """Measure every unit cost once (about a second)."""
+        import hashlib
+
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        from secagg.keys import KeyPair
+
+        nbytes = buffer_mb << 20
+        src = bytearray(nbytes)
+        out = bytearray(nbytes + 16)
+        key = os.urandom(32)
+
+        def ctr() -> None:
+            Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor().update_into(src, out)
+
+        aes = nbytes / _best_of(ctr, repeats)
+        gcm_key = AESGCM(key)
+        gcm = nbytes / _best_of(lambda: gcm_key.encrypt(bytes(12), bytes(src), None), max(2, repeats // 2))
+        a = np.zeros(nbytes // 8, dtype=np.uint64)
+        b = np.ones(nbytes // 8, dtype=np.uint64)
+        add = a.size / _best_of(lambda: np.add(a, b, out=a), repeats)
+        sha = nbytes / _best_of(lambda: hashlib.sha256(src).digest(), repeats)
+        reps = 200
+        keygen = _best_of(lambda: [KeyPair.generate() for _ in range(reps)], 3) / reps
+        p, q = KeyPair.generate(), KeyPair.generate()
+        agree = _best_of(lambda: [p.agree(q.public_bytes, info=b"bound") for _ in range(reps)], 3) / reps
+        sk = Ed25519PrivateKey.generate()
+        pk, sig = sk.public_key(), sk.sign(b"bound")
+        sign = _best_of(lambda: [sk.sign(b"bound") for _ in range(reps)], 3) / reps
+        verify = _best_of(lambda: [pk.verify(sig, b"bound") for _ in range(reps)], 3) / reps
+        return cls(aes, gcm, add, sha, keygen, agree, sign, verify)
+
+    def shamir_split_s(self, holders: int, t: int) -> float:
+        """One client's Shamir split of its two seeds into ``holders`` shares at threshold ``t``."""
+        key = (holders, t)
+        if key not in self._split:
+            from secagg import shamir
+
+            secrets = [os.urandom(32), os.urandom(32)]
+            xs = list(range(1, holders + 1))
+            self._split[key] = _best_of(lambda: shamir.split_many(secrets, t=t, xs=xs), 3)
+        return self._split[key]
+
+    def shamir_combine_s(self, secrets: int, t: int) -> float:
+        """Reconstructing ``secrets`` seeds at threshold ``t`` (one batched call)."""
+        if secrets <= 0:
+            return 0.0
+        if t not in self._combine:
+            from secagg import shamir
+
+            batch = 64
+            xs = np.tile(np.arange(1, t + 1, dtype=np.uint64), (batch, 1))
+            ys = np.asarray(np.frombuffer(os.urandom(batch * t * 11 * 4), dtype="<u4") % np.uint32(shamir.PRIME),
+                            dtype=np.uint64).reshape(batch, t, 11)
+            self._combine[t] = _best_of(lambda: shamir.combine_batch(xs, ys), 3) / batch
+        return self._combine[t] * secrets
+
+    def as_dict(self) -> dict[str, float]:
+        return {"aes256_ctr_gbps": self.aes_ctr_bps / 1e9, "aes256_gcm_gbps": self.gcm_bps / 1e9,
+                "uint64_add_gwps": self.add_wps / 1e9, "sha256_gbps": self.sha256_bps / 1e9,
+                "x25519_keygen_us": self.keygen_s * 1e6, "x25519_hkdf_agree_us": self.agree_s * 1e6,
+                "ed25519_sign_us": self.sign_s * 1e6, "ed25519_verify_us": self.verify_s * 1e6}
+
+
+@dataclass(frozen=True)
+class InstanceCost:
+    """The bound of one instance: seconds per client (each client's own device) and at the server,
+    broken down by kind of work."""
+
+    client_s: float
+    server_s: float
+    client_parts: dict[str, float]
+    server_parts: dict[str, float]
+
+
+def instance_cost(protocol: str, *, n: int, dim: int, k: int | None, t: int | None, survivors: int,
+                  masks_expanded: int, key_agreements: int, signatures_verified: int,
+                  units: UnitCosts) -> InstanceCost:
+    """The bound of one instance (see the module docstring for the counts)."""
+    word = 8 * dim
+    if protocol in ("secagg", "secagg+"):
+        k = n - 1 if k is None else k
+        t = 1 if t is None else t
+        c = {
+            "public_key": 2 * units.keygen_s + 2 * k * units.agree_s,
+            "signatures": 3 * units.sign_s + (k + 1 + t) * units.verify_s,
+            "shamir": units.shamir_split_s(k + 1, t),
+            "prg": (k + 1) * word / units.aes_ctr_bps,
+            "adds_hash": (k + 1) * dim / units.add_wps + word / units.sha256_bps,
+        }
+        # each dropped client whose seed is rebuilt has at most k surviving neighbours: a floor on their number
+        dropped_with_nbrs = -(-key_agreements // max(k, 1))
+        s = {
+            "public_key": key_agreements * units.agree_s,
+            "signatures": signatures_verified * units.verify_s,
+            "shamir": units.shamir_combine_s(survivors + dropped_with_nbrs, t),
+            "prg": masks_expanded * word / units.aes_ctr_bps,
+            "adds_hash": (survivors + masks_expanded) * dim / units.add_wps + n * word / units.sha256_bps,
+        }
+    elif protocol == "chain":
+        succ = 1 if k is None else k
+        c = {
+            "public_key": units.keygen_s + (2 * succ + 1) * units.agree_s,
+            "prg": (2 * succ + 1) * word / units.aes_ctr_bps,
+            "adds_hash": (2 * succ + 1) * dim / units.add_wps + word / units.gcm_bps,
+        }
+        s = {
+            "public_key": n * units.agree_s,
+            "prg": masks_expanded * word / units.aes_ctr_bps,
+            "adds_hash": survivors * word / units.gcm_bps + (survivors + masks_expanded) * dim / units.add_wps,
+        }
+    elif protocol == "plain":
+        c = {}
+        s = {"adds_hash": survivors * dim / units.add_wps}
+    else:
+        raise ValueError(f"no cost model for protocol {protocol!r}")
+    return InstanceCost(sum(c.values()), sum(s.values()), c, s)

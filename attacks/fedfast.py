@@ -39,7 +39,7 @@ from protocols.transport import SERVER, Record
 __all__ = ["STATUS_MASKED", "STATUS_OK", "IkInference", "changed_set_score", "ik_attack", "infer", "score", "server_view"]
 
 STATUS_OK = "ok"
-STATUS_MASKED = "ok on masked values: per-client uploads are masked by secure aggregation"
+STATUS_MASKED = "ok on masked values: per-client uploads are masked by secure aggregation (or DPF key shares)"
 STATUS_EMPTY = "no client upload in the view"
 #: Items guessed per client from a masked upload when the protocol publishes no mean (FedAvg).
 _MASKED_GUESS = 10
@@ -89,11 +89,16 @@ def ik_attack(view: Iterable[Record], public: Mapping[str, Any], *, rounds: Iter
     changed: dict[int, set[int]] = {}
     masked = plain = False
     seen: set[int] = set()
+    unread: set[int] = set()
     for r in view:
         if r.receiver != SERVER or r.kind != "update" or r.payload is None or (keep is not None and r.round not in keep):
             continue
         u = _sender_user(r)
         seen.add(r.round)
+        if not isinstance(r.payload, (ClientUpdate, np.ndarray)):  # DPF key sets, ciphertexts: unreadable
+            masked = True
+            unread.add(u)
+            continue
         s = scores.setdefault(u, np.full(n_items, -np.inf))
         if isinstance(r.payload, ClientUpdate):
             plain = True
@@ -106,6 +111,8 @@ def ik_attack(view: Iterable[Record], public: Mapping[str, Any], *, rounds: Iter
             rows = np.arange(n_items)
             n_pos[u] = max(1, int(round(public.get("mean_positives", _MASKED_GUESS))))
         else:
+            if u not in n_pos:  # an array of another kind: nothing read from this client
+                scores.pop(u, None)
             continue
         ev = _row_scores(delta, method)
         s[rows] = np.where(np.isinf(s[rows]), 0.0, s[rows]) + ev  # evidence adds up over rounds
@@ -113,7 +120,9 @@ def ik_attack(view: Iterable[Record], public: Mapping[str, Any], *, rounds: Iter
     for u, s in scores.items():
         order = np.argsort(-s, kind="stable")
         out[u] = np.sort(order[: min(n_pos[u], int(np.isfinite(s).sum()))]).astype(np.int64)
-    out.status = STATUS_EMPTY if not scores else (STATUS_MASKED if masked and not plain else STATUS_OK)
+    for u in unread - set(scores):  # its upload was seen but could not be read
+        out[u] = np.zeros(0, np.int64)
+    out.status = STATUS_EMPTY if not out else (STATUS_MASKED if masked and not plain else STATUS_OK)
     out.rounds = tuple(sorted(seen))
     out.changed = {u: np.array(sorted(c), np.int64) for u, c in changed.items()}
     return out

@@ -85,15 +85,19 @@ def one_upload_attack(view: list[Record], public: dict[str, Any], *, round: int 
     prior = float(public.get("rating_mean", (lo + hi) / 2))
     d = _model(view, round, f)
     out, codes = [], {}
-    plain = masked = 0
+    plain = masked = opaque = 0
     for rec in view:
         if rec.receiver != SERVER or rec.round != round or rec.kind not in ("update", "lightfr:rated") \
                 or rec.payload is None:
             continue
+        user = int(rec.sender.split(":")[1])
+        if isinstance(rec.payload, (bytes, bytearray)):  # a DPF key share: nothing to invert
+            opaque += 1
+            out.append(UserInference(user, np.zeros(0, np.int64), None))
+            continue
         union = public.get("secure_rows", "all") == "union"
         if union and rec.kind == "update" and not isinstance(rec.payload, Upload):
             continue  # the masked indicator over all items is in the first ("lightfr:rated") sum
-        user = int(rec.sender.split(":")[1])
         if isinstance(rec.payload, Upload):
             plain += 1
             if d is None:
@@ -125,6 +129,8 @@ def one_upload_attack(view: list[Record], public: dict[str, Any], *, round: int 
         status = f"inverted {plain} plaintext uploads of round {round}"
     elif masked:
         status = f"round {round}: {masked} uploads are masked (secure aggregation); nothing to invert"
+    elif opaque:
+        status = f"round {round}: {opaque} uploads are DPF key shares; nothing to invert"
     else:
         status = f"no uploads in the view for round {round}"
     return AttackResult("lightfr-one-upload", round, status, tuple(out)), codes

@@ -128,3 +128,12 @@ def test_a_run_dir_named_like_a_target_is_reached_with_a_path() -> None:
     assert cli._attack_run_dir_alias(parser, ["--plugin", "m", "attack", "runs/x", "--json"]) == \
         ["--plugin", "m", "attack", "run-dir", "runs/x", "--json"]
     assert cli._attack_run_dir_alias(parser, ["run", "runs/x"]) == ["run", "runs/x"]
+
+
+def test_a_two_server_dpf_run_records_both_servers_and_scores_zero(tmp_path: Path, capsys) -> None:
+    run = _run(tmp_path, "fedavg-gmf-dpf", "--rounds", "1", "--record-views")
+    index = json.loads((run / VIEWS_DIR / "index.json").read_text())
+    assert index["roles"] == ["server", "server2"]  # the DPF sum's second server is an adversary too
+    assert all(e["records"]["server2"] > 0 for e in index["rounds"])
+    [f] = _attack(capsys, str(run))["findings"]
+    assert f["attack"] == "fedavg-ik" and f["status"].startswith(STATUS_PUBLIC) and f["advantage"] == 0.0

@@ -28,12 +28,14 @@ from experiments.errors import UserError
 
 __all__ = ["CELLS", "EXPECT", "HOLD_MAX", "LEAK_MIN", "check_cell", "register", "run_matrix"]
 
-#: protocol -> (base preset or None for the protocol's defaults, config section, defense -> overrides).
+#: protocol -> (base preset or None for the protocol's defaults, config section, defense -> overrides;
+#: an override ``"_preset"`` takes another preset as the cell's base, e.g. a two-server DPF preset).
 CELLS: dict[str, tuple[str | None, str, dict[str, dict[str, Any]]]] = {
     "fedavg": ("fedavg-gmf", "fedavg", {
         "none": {"secure_aggregation": "none"},
         "secagg": {"secure_aggregation": "secagg"},
         "secagg+": {"secure_aggregation": "secagg+"},
+        "dpf": {"_preset": "fedavg-gmf-dpf"},
     }),
     "fedfast": ("fedfast", "fedfast", {
         "none": {"secure_aggregation": "none"},
@@ -50,6 +52,7 @@ CELLS: dict[str, tuple[str | None, str, dict[str, dict[str, Any]]]] = {
     "lightfr": ("lightfr-grad", "lightfr", {
         "none": {"secure_aggregation": "none"},
         "secagg+": {"secure_aggregation": "secagg+"},
+        "dpf": {"_preset": "lightfr-dpf"},
     }),
     "fedcl": ("fedcl", "fedcl", {
         "ldp-eps4": {"epsilon": 4.0},
@@ -57,11 +60,12 @@ CELLS: dict[str, tuple[str | None, str, dict[str, dict[str, Any]]]] = {
     }),
     "sttfedrec": ("sttfedrec", "sttfedrec", {
         "secagg+": {"item_aggregation": "secagg+"},
+        "dpf": {"_preset": "sttfedrec-dpf"},
     }),
 }
 #: What a defense must do: "leaks" (an attack must succeed), "holds" (none may), None (reported only).
 EXPECT: dict[str, str | None] = {"none": "leaks", "secagg": "holds", "secagg+": "holds", "chain": "holds",
-                                 "paillier": "holds", "ckks": "holds"}
+                                 "paillier": "holds", "ckks": "holds", "dpf": "holds"}
 #: Cells whose defense does not cover every attack on them: STTFedRec's SecAgg+ sums the item
 #: gradients, while its requests stay in the clear (their obfuscation is the defense), so the
 #: request attack is reported there, not checked.
@@ -74,7 +78,7 @@ HOLD_MAX = 0.05
 SMALL_DATA = {"synthetic_users": 40, "synthetic_items": 60, "synthetic_mean_interactions": 8}
 #: The default cells: fast ones; ``--protocols``/``--defenses`` add the others.
 DEFAULT_PROTOCOLS = ("fedavg", "fedfast", "fedmf", "lightfr")
-DEFAULT_DEFENSES = ("none", "secagg", "secagg+", "ldp-eps1", "ldp-eps1000")
+DEFAULT_DEFENSES = ("none", "secagg", "secagg+", "dpf", "ldp-eps1", "ldp-eps1000")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -103,12 +107,14 @@ def _config(protocol: str, defense: str, args: argparse.Namespace) -> Any:
     from experiments import config as cfgmod
 
     preset, section, defenses = CELLS[protocol]
+    overrides = dict(defenses[defense])
+    preset = overrides.pop("_preset", preset)
     base = cfgmod.load_preset(preset) if preset else cfgmod.merge(cfgmod.RunConfig(), {"run": {"protocol": protocol}})
     data: dict[str, Any] = {"source": args.data} if args.data else {"source": "synthetic", **SMALL_DATA}
     over = {"run": {"rounds": args.rounds, "seed": args.seed, "eval_every": 0, "record_views": True,
                     "record_every": 1},
             "data": data, "eval": {"negatives": 10 if not args.data else base.eval.negatives},
-            section: dict(defenses[defense])}
+            **({section: overrides} if overrides else {})}
     return cfgmod.merge(base, over)
 
 

@@ -93,7 +93,41 @@ def score(result: EmbeddingAttackResult, truth: dict[int, np.ndarray], n_items: 
     return score_sets(result.inferred, {u: truth[u] for u in result.inferred}, n_items)
 
 
+#: Items guessed per user on a run directory (the per-paper study's default k).
+RUN_DIR_K = 10
+
+
+def infer(view: list[Record], public: dict[str, Any]) -> EmbeddingAttackResult:
+    """:func:`embedding_topk_attack` on a recorded view: every embedding upload averaged per user and
+    ranked against the item table of the last model the server sent (it computed that table)."""
+    from attacks.findings import NotApplicable
+
+    models = [r for r in view if r.sender == SERVER and r.kind == "model" and isinstance(r.payload, dict)
+              and isinstance(r.payload.get("item"), np.ndarray)]
+    if not models:
+        raise NotApplicable("the view holds no model the server sent (its item table ranks the embeddings)")
+    if not any(r.kind == "embedding" and r.payload is not None for r in view):
+        raise NotApplicable("the view holds no embedding upload payloads")
+    table = max(models, key=lambda r: r.round).payload["item"]
+    return embedding_topk_attack(view, public, item_table=np.asarray(table), k=RUN_DIR_K)
+
+
+def assess(result: EmbeddingAttackResult, truth: Any, public: dict[str, Any]) -> list[Any]:
+    """Precision@k of each attacked user's top-k against its training items, beside a random set
+    and a fixed public guess of k items."""
+    from attacks.findings import public_items, set_finding
+
+    n_items = int(public["n_items"])
+    users = sorted(result.inferred)
+    guess = public_items(public, n_items, RUN_DIR_K)
+    return [set_finding(attack="fedcl-embedding-topk", role=SERVER, target="training items", metric="precision",
+                        inferred=result.inferred, truth={u: truth.items_of(u) for u in users}, n_candidates=n_items,
+                        public_guess={u: guess for u in users}, rounds=(), status="ok",
+                        extra={"uploads_per_user": float(np.mean(list(result.uploads_used.values())))})]
+
+
 register_attack(AttackSpec(
     protocol="fedcl", name="fedcl-embedding-topk", view=SERVER, run=embedding_topk_attack,
     summary="top-k items of the averaged LDP user embeddings, as the server ranks them",
+    infer=infer, assess=assess,
 ))

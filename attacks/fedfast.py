@@ -36,11 +36,13 @@ from attacks.scoring import SetScore, score_sets
 from protocols.fedavg import ClientUpdate
 from protocols.transport import SERVER, Record
 
-__all__ = ["STATUS_MASKED", "STATUS_OK", "IkInference", "changed_set_score", "ik_attack", "score", "server_view"]
+__all__ = ["STATUS_MASKED", "STATUS_OK", "IkInference", "changed_set_score", "ik_attack", "infer", "score", "server_view"]
 
 STATUS_OK = "ok"
-STATUS_MASKED = "ok on masked values: per-client uploads are masked by secure aggregation"
+STATUS_MASKED = "ok on masked values: per-client uploads are masked by secure aggregation (or DPF key shares)"
 STATUS_EMPTY = "no client upload in the view"
+#: Items guessed per client from a masked upload when the protocol publishes no mean (FedAvg).
+_MASKED_GUESS = 10
 
 
 class IkInference(dict):
@@ -48,6 +50,7 @@ class IkInference(dict):
 
     status: str = STATUS_OK
     changed: dict[int, np.ndarray]
+    rounds: tuple[int, ...] = ()
 
 
 def _sender_user(record: Record) -> int:
@@ -85,10 +88,17 @@ def ik_attack(view: Iterable[Record], public: Mapping[str, Any], *, rounds: Iter
     n_pos: dict[int, int] = {}
     changed: dict[int, set[int]] = {}
     masked = plain = False
+    seen: set[int] = set()
+    unread: set[int] = set()
     for r in view:
         if r.receiver != SERVER or r.kind != "update" or r.payload is None or (keep is not None and r.round not in keep):
             continue
         u = _sender_user(r)
+        seen.add(r.round)
+        if not isinstance(r.payload, (ClientUpdate, np.ndarray)):  # DPF key sets, ciphertexts: unreadable
+            masked = True
+            unread.add(u)
+            continue
         s = scores.setdefault(u, np.full(n_items, -np.inf))
         if isinstance(r.payload, ClientUpdate):
             plain = True
@@ -99,8 +109,10 @@ def ik_attack(view: Iterable[Record], public: Mapping[str, Any], *, rounds: Iter
             masked = True
             delta = r.payload[: n_items * d].view(np.int64).astype(np.float64).reshape(n_items, d)
             rows = np.arange(n_items)
-            n_pos[u] = max(1, int(round(public["mean_positives"])))
+            n_pos[u] = max(1, int(round(public.get("mean_positives", _MASKED_GUESS))))
         else:
+            if u not in n_pos:  # an array of another kind: nothing read from this client
+                scores.pop(u, None)
             continue
         ev = _row_scores(delta, method)
         s[rows] = np.where(np.isinf(s[rows]), 0.0, s[rows]) + ev  # evidence adds up over rounds
@@ -108,7 +120,10 @@ def ik_attack(view: Iterable[Record], public: Mapping[str, Any], *, rounds: Iter
     for u, s in scores.items():
         order = np.argsort(-s, kind="stable")
         out[u] = np.sort(order[: min(n_pos[u], int(np.isfinite(s).sum()))]).astype(np.int64)
-    out.status = STATUS_EMPTY if not scores else (STATUS_MASKED if masked and not plain else STATUS_OK)
+    for u in unread - set(scores):  # its upload was seen but could not be read
+        out[u] = np.zeros(0, np.int64)
+    out.status = STATUS_EMPTY if not out else (STATUS_MASKED if masked and not plain else STATUS_OK)
+    out.rounds = tuple(sorted(seen))
     out.changed = {u: np.array(sorted(c), np.int64) for u, c in changed.items()}
     return out
 
@@ -125,7 +140,46 @@ def changed_set_score(inferred: IkInference, truth: Mapping[int, np.ndarray], n_
     return score_sets(inferred.changed, {u: truth[u] for u in inferred.changed}, n_items)
 
 
+def infer(view: Iterable[Record], public: Mapping[str, Any]) -> IkInference:
+    """:func:`ik_attack` over every recorded round of the server's view."""
+    from attacks.findings import NotApplicable
+
+    out = ik_attack(view, public)
+    if out.status == STATUS_EMPTY:
+        raise NotApplicable("the view holds no client upload payloads")
+    return out
+
+
+def _assess(name: str) -> Any:
+    def assess(inferred: IkInference, truth: Any, public: Mapping[str, Any]) -> list[Any]:
+        """Training positives (F1) of every client whose upload the server saw; masked uploads yield
+        the public guess (a fixed set of the public mean number of positives)."""
+        from attacks.findings import STATUS_PUBLIC, public_items, set_finding
+
+        n_items = int(public["n_items"])
+        users = sorted(inferred)
+        guess = public_items(public, n_items, int(round(public.get("mean_positives", _MASKED_GUESS))))
+        usable = inferred.status == STATUS_OK
+        extra = {}
+        if usable and inferred.changed:
+            cs = changed_set_score(inferred, {u: truth.items_of(u) for u in inferred.changed}, n_items)
+            extra = {"changed_set_f1": None if cs is None else cs.f1}
+        return [set_finding(
+            attack=name, role=SERVER, target="training positives",
+            inferred={u: (inferred[u] if usable else guess) for u in users},
+            truth={u: truth.items_of(u) for u in users}, n_candidates=n_items,
+            public_guess={u: guess for u in users}, rounds=getattr(inferred, "rounds", ()),
+            status=inferred.status if usable else STATUS_PUBLIC, extra=extra)]
+    return assess
+
+
 register_attack(AttackSpec(
     protocol="fedfast", name="fedfast-ik", view="server", run=ik_attack,
     summary="training positives from the changed item rows I_k of the delegates' uploads, ranked by |delta|",
+    infer=infer, assess=_assess("fedfast-ik"),
+))
+register_attack(AttackSpec(
+    protocol="fedavg", name="fedavg-ik", view="server", run=ik_attack,
+    summary="training positives from the item rows a FedAvg upload changes (the I_k attack on plain FedAvg)",
+    infer=infer, assess=_assess("fedavg-ik"),
 ))

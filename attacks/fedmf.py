@@ -45,7 +45,10 @@ __all__ = [
     "AttackResult",
     "AttackScore",
     "UserInference",
+    "assess",
     "get_attack",
+    "infer_one_round",
+    "infer_two_round",
     "one_round_attack",
     "score",
     "server_view",
@@ -290,11 +293,6 @@ ATTACKS: dict[str, Callable[..., AttackResult]] = {
 }
 
 
-for _name, _fn, _summary in (
-    ("fedmf-one-round", one_round_attack, "closed-form ratings from one round of FedMF's item-by-item update"),
-    ("fedmf-two-round", two_round_attack, "ratings from two consecutive rounds of the batch update"),
-):
-    register_attack(AttackSpec(protocol="fedmf", name=_name, view=SERVER, run=_fn, summary=_summary))
 
 
 def get_attack(name: str) -> Callable[..., AttackResult]:
@@ -344,3 +342,81 @@ def score(result: AttackResult, truth_items: list[np.ndarray], truth_ratings: li
         random_exact_match=1.0 / len(scale),
         users=len(f1),
     )
+
+
+# -- on a recorded view: inference, then scoring against the run's training data ----------------------
+
+
+def _update_rounds(view: list[Record]) -> list[int]:
+    return sorted({r.round for r in view if r.receiver == SERVER and r.kind == "update" and r.payload is not None})
+
+
+def infer_one_round(view: list[Record], public: dict[str, Any]) -> AttackResult:
+    """:func:`one_round_attack` on the first round of ``view`` that holds uploads (sequential updates only)."""
+    from attacks.findings import NotApplicable
+
+    if public.get("user_update") != "sequential":
+        raise NotApplicable("the one-round inversion needs FedMF's item-by-item (sequential) user update; "
+                            f"this run used {public.get('user_update')!r} (fedmf-two-round applies)")
+    rounds = _update_rounds(view)
+    if not rounds:
+        raise NotApplicable("the view holds no upload payloads")
+    with np.errstate(all="ignore"):
+        return one_round_attack(view, public, round=rounds[0])
+
+
+def infer_two_round(view: list[Record], public: dict[str, Any]) -> AttackResult:
+    """:func:`two_round_attack` on the first two consecutive recorded rounds (batch updates only)."""
+    from attacks.findings import NotApplicable
+
+    if public.get("user_update") != "batch":
+        raise NotApplicable("the two-round inversion is for FedMF's batch user update; this run used "
+                            f"{public.get('user_update')!r} (fedmf-one-round applies)")
+    rounds = _update_rounds(view)
+    pairs = [r for r in rounds if r + 1 in rounds]
+    if not pairs:
+        raise NotApplicable(f"needs two consecutive recorded rounds; recorded {rounds} (record_every = 1)")
+    with np.errstate(all="ignore"):
+        return two_round_attack(view, public, round=pairs[0])
+
+
+def assess(result: AttackResult, truth: Any, public: dict[str, Any]) -> list[Any]:
+    """Rated set (F1) and ratings (RMSE) of every attacked user, beside the random and public guesses.
+
+    A view with no usable values (masked, or ciphertexts) yields the public guess: the ``mean_count``
+    items a guesser without uploads picks and the middle of the rating scale (the part variant's
+    item ids in the clear are still read)."""
+    from attacks.findings import STATUS_PUBLIC, public_items, ratings_finding, set_finding
+
+    n_items = int(public["n_items"])
+    scale = [float(x) for x in public["rating_scale"]]
+    prior = float(public.get("rating_mean", (min(scale) + max(scale)) / 2))
+    guess_set = public_items(public, n_items, int(round(public["mean_count"])))
+    rounds = (result.round,) if result.attack == "fedmf-one-round" else (result.round, result.round + 1)
+    unusable = result.status in (STATUS_MASKED, STATUS_CIPHER)
+    inferred, ratings = {}, {}
+    for inf in result.users:
+        if unusable:
+            inferred[inf.user] = guess_set
+        else:
+            inferred[inf.user] = inf.rated
+            if inf.ratings is not None:
+                ratings[inf.user] = (inf.rated, inf.ratings)
+    status = STATUS_PUBLIC if unusable else result.status
+    users = [inf.user for inf in result.users]
+    sets = set_finding(attack=result.attack, role=SERVER, target="rated items", inferred=inferred,
+                       truth={u: truth.items_of(u) for u in users}, n_candidates=n_items,
+                       public_guess={u: guess_set for u in users}, rounds=rounds, status=status)
+    rates = ratings_finding(attack=result.attack, role=SERVER, guesses=ratings, truth=truth, users=users,
+                            scale=scale, prior=prior, rounds=rounds, status=status)
+    return [sets, rates]
+
+
+
+for _name, _fn, _infer, _summary in (
+    ("fedmf-one-round", one_round_attack, infer_one_round,
+     "closed-form ratings from one round of FedMF's item-by-item update"),
+    ("fedmf-two-round", two_round_attack, infer_two_round, "ratings from two consecutive rounds of the batch update"),
+):
+    register_attack(AttackSpec(protocol="fedmf", name=_name, view=SERVER, run=_fn, summary=_summary,
+                               infer=_infer, assess=assess))

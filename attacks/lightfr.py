@@ -34,7 +34,7 @@ from protocols.lightfr import Upload
 from protocols.transport import SERVER, Record
 from recmodels import binary_codes as bc
 
-__all__ = ["code_agreement", "exact_up_to_reflection", "one_upload_attack", "score", "server_view"]
+__all__ = ["assess", "code_agreement", "exact_up_to_reflection", "infer", "one_upload_attack", "score", "server_view"]
 
 
 def server_view(records: Any) -> list[Record]:
@@ -85,15 +85,19 @@ def one_upload_attack(view: list[Record], public: dict[str, Any], *, round: int 
     prior = float(public.get("rating_mean", (lo + hi) / 2))
     d = _model(view, round, f)
     out, codes = [], {}
-    plain = masked = 0
+    plain = masked = opaque = 0
     for rec in view:
         if rec.receiver != SERVER or rec.round != round or rec.kind not in ("update", "lightfr:rated") \
                 or rec.payload is None:
             continue
+        user = int(rec.sender.split(":")[1])
+        if isinstance(rec.payload, (bytes, bytearray)):  # a DPF key share: nothing to invert
+            opaque += 1
+            out.append(UserInference(user, np.zeros(0, np.int64), None))
+            continue
         union = public.get("secure_rows", "all") == "union"
         if union and rec.kind == "update" and not isinstance(rec.payload, Upload):
             continue  # the masked indicator over all items is in the first ("lightfr:rated") sum
-        user = int(rec.sender.split(":")[1])
         if isinstance(rec.payload, Upload):
             plain += 1
             if d is None:
@@ -125,6 +129,8 @@ def one_upload_attack(view: list[Record], public: dict[str, Any], *, round: int 
         status = f"inverted {plain} plaintext uploads of round {round}"
     elif masked:
         status = f"round {round}: {masked} uploads are masked (secure aggregation); nothing to invert"
+    elif opaque:
+        status = f"round {round}: {opaque} uploads are DPF key shares; nothing to invert"
     else:
         status = f"no uploads in the view for round {round}"
     return AttackResult("lightfr-one-upload", round, status, tuple(out)), codes
@@ -157,8 +163,47 @@ def code_agreement(codes: dict[int, np.ndarray], truth: np.ndarray) -> float | N
     return float(np.mean([max(np.mean(c == truth[u]), np.mean(-c == truth[u])) for u, c in codes.items()]))
 
 
+def infer(view: list[Record], public: dict[str, Any]) -> AttackResult:
+    """:func:`one_upload_attack` on the first recorded round that holds uploads."""
+    from attacks.findings import NotApplicable
+
+    rounds = sorted({r.round for r in view if r.receiver == SERVER and r.payload is not None
+                     and r.kind in ("update", "lightfr:rated")})
+    if not rounds:
+        raise NotApplicable("the view holds no upload payloads")
+    with np.errstate(all="ignore"):
+        return one_upload_attack(view, public, round=rounds[0])[0]
+
+
+def assess(result: AttackResult, truth: Any, public: dict[str, Any]) -> list[Any]:
+    """Rated set (F1) and ratings (RMSE) of every user whose upload the server saw; masked uploads
+    yield the public guess (a fixed set of the public mean size, the public mean rating)."""
+    from attacks.findings import STATUS_PUBLIC, public_items, ratings_finding, set_finding
+
+    n_items = int(public["n_items"])
+    lo, hi = (float(x) for x in public["rating_range"])
+    scale = [float(x) for x in public.get("rating_scale", (lo, hi))]
+    prior = float(public.get("rating_mean", (lo + hi) / 2))
+    users = [inf.user for inf in result.users]
+    mean_size = float(np.mean([len(truth.items_of(u)) for u in range(truth.n_users)])) if truth.n_users else 1.0
+    guess_set = public_items(public, n_items, int(public.get("mean_count", round(mean_size))))
+    usable = result.status.startswith("inverted")
+    inferred = {inf.user: (inf.rated if usable else guess_set) for inf in result.users}
+    ratings = {inf.user: (inf.rated, inf.ratings) for inf in result.users if usable and inf.ratings is not None}
+    status = result.status if usable else f"{STATUS_PUBLIC} ({result.status})"
+    rounds = (result.round,)
+    return [
+        set_finding(attack=result.attack, role=SERVER, target="rated items", inferred=inferred,
+                    truth={u: truth.items_of(u) for u in users}, n_candidates=n_items,
+                    public_guess={u: guess_set for u in users}, rounds=rounds, status=status),
+        ratings_finding(attack=result.attack, role=SERVER, guesses=ratings, truth=truth, users=users, scale=scale,
+                        prior=prior, rounds=rounds, status=status),
+    ]
+
+
 register_attack(AttackSpec(
     protocol="lightfr", name="lightfr-one-upload", view="server",
     run=lambda view, public, **kw: one_upload_attack(view, public, **kw)[0],
     summary="code up to sign, rated set and ratings from ONE plaintext Agg_grad upload (notes §1.3)",
+    infer=infer, assess=assess,
 ))

@@ -19,7 +19,8 @@ plus keys of the attack's own.
 Plugins (docs/plugins.md) register attacks the same way from their own module, imported by
 ``secagg --plugin MODULE`` or as an entry point of the group :data:`ATTACK_ENTRY_POINTS`
 (``secagg_fedrec.attacks``), which the first lookup imports after :data:`ATTACK_MODULES`. An attack
-with a ``score`` runs on any run directory of its protocol: ``secagg attack run-dir RUN_DIR``.
+with ``infer`` + ``assess`` (or a plugin's ``score``) runs on any run directory of its protocol:
+``secagg attack RUN_DIR`` (:mod:`experiments.attack_rundir`, on the views recorded by ``--record-views``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,13 @@ class AttackSpec:
         score: optional ``score(inferences, train, public) -> dict`` against the ground truth
             ``train`` (the run's training :class:`recmodels.data.Interactions`, dense ids), returning
             at least ``f1``, ``precision``, ``recall``, ``random_f1`` and ``status``; with it the attack
-            runs on any run directory of its protocol (``secagg attack run-dir``).
+            runs on any run directory of its protocol (``secagg attack RUN_DIR``; ``infer`` + ``assess`` are
+            the newer form, in the one schema of :mod:`attacks.findings`).
+        infer: optional ``infer(view, public) -> inferences`` on a recorded view (the role's records
+            over every recorded round, :mod:`experiments.views`) and ``public_info()``: reads nothing else.
+        assess: optional ``assess(inferences, truth, public) -> list[Finding]`` scoring them
+            (:mod:`attacks.findings`: one schema for every attack); with ``infer`` the attack runs in
+            ``secagg attack RUN_DIR`` and the attack matrix.
     """
 
     protocol: str
@@ -68,6 +75,8 @@ class AttackSpec:
     run: Callable[..., Any]
     summary: str = ""
     score: Callable[..., dict[str, Any]] | None = None
+    infer: Callable[..., Any] | None = None
+    assess: Callable[..., list[Any]] | None = None
 
 
 _REGISTRY: dict[tuple[str, str], AttackSpec] = {}

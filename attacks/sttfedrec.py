@@ -182,14 +182,45 @@ def chain_collusion_attack(view: ChainView, public: dict[str, Any], *, target: i
     return remove_masks(view.uploads[target], sent=sent, received=received, pad=view.pads[target])
 
 
-register_attack(AttackSpec(
-    protocol="sttfedrec", name="request-intersection", view="rs", run=request_intersection_attack,
-    summary="clicks recur across a client's obfuscated requests while fresh decoys do not",
-))
-register_attack(AttackSpec(
-    protocol="sttfedrec", name="item-gradient", view="rs", run=item_gradient_attack,
-    summary="the sign of an item-embedding gradient along the user direction marks the clicks",
-))
+def _on_run_dir(name: str, attack: Any) -> tuple[Any, Any]:
+    """``infer`` and ``assess`` of an RS attack on a recorded view: the inferred clicks are scored by
+    precision against the client's training items (a click is one), beside a random set and a fixed
+    public guess of ``n_pos`` items."""
+
+    def infer(view: list[Record], public: dict[str, Any]) -> dict[int, np.ndarray]:
+        from attacks.findings import NotApplicable
+
+        if not any(r.kind == "request" and r.payload is not None for r in view):
+            pir = {_user(r.sender) for r in view if r.kind == "request-pir" and r.sender.startswith("client:")}
+            if pir:  # two-server PIR queries: no item id to read, the attack infers nothing about these clients
+                return {u: np.zeros(0, np.int64) for u in sorted(pir)}
+            raise NotApplicable("the view holds no request payloads")
+        return attack(view, public)
+
+    def assess(inferred: dict[int, np.ndarray], truth: Any, public: dict[str, Any]) -> list[Any]:
+        from attacks.findings import public_items, set_finding
+
+        n_items = int(public["n_items"])
+        users = sorted(inferred)
+        guess = public_items(public, n_items, int(public["n_pos"]))
+        mean_guessed = float(np.mean([len(v) for v in inferred.values()])) if inferred else 0.0
+        return [set_finding(attack=name, role="rs", target="clicked items", metric="precision", inferred=inferred,
+                            truth={u: truth.items_of(u) for u in users}, n_candidates=n_items,
+                            public_guess={u: guess for u in users}, rounds=(), status="ok",
+                            extra={"items_guessed_per_user": mean_guessed})]
+
+    return infer, assess
+
+
+for _name, _fn, _summary in (
+    ("request-intersection", request_intersection_attack,
+     "clicks recur across a client's obfuscated requests while fresh decoys do not"),
+    ("item-gradient", item_gradient_attack,
+     "the sign of an item-embedding gradient along the user direction marks the clicks"),
+):
+    _infer, _assess = _on_run_dir(_name, _fn)
+    register_attack(AttackSpec(protocol="sttfedrec", name=_name, view="rs", run=_fn, summary=_summary,
+                               infer=_infer, assess=_assess))
 register_attack(AttackSpec(
     protocol="sttfedrec", name="chain-collusion", view="sas", run=chain_collusion_attack,
     summary="SAS plus a client's 2s ring neighbours strip the chain masks off its user-tower gradient",

@@ -86,6 +86,24 @@ def _resume_hint(args: argparse.Namespace, run_dir: object) -> str:
     return f"secagg run --resume {run_dir}"
 
 
+def _attack_run_dir_alias(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``secagg attack RUN_DIR ...`` is ``secagg attack run-dir RUN_DIR ...``: after ``attack``, a first
+    argument that is no attack target and no option names a run directory."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("--plugin"):
+        i += 1 if "=" in argv[i] else 2
+    if i + 1 >= len(argv) or argv[i] != "attack" or argv[i + 1].startswith("-"):
+        return argv
+    targets: set[str] = set()
+    for action in parser._subparsers._group_actions if parser._subparsers else ():  # the top-level commands
+        attack = getattr(action, "choices", {}).get("attack")
+        for sub in getattr(attack, "_subparsers", None)._group_actions if attack and attack._subparsers else ():
+            targets |= set(getattr(sub, "choices", None) or ())
+    if argv[i + 1] in targets:
+        return argv
+    return argv[: i + 1] + ["run-dir"] + argv[i + 1:]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``secagg`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -93,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv:
         # No sub-command: the main job (fedavg-gmf on the embedded synthetic data).
         argv = ["run"]
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attack_run_dir_alias(parser, argv))
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

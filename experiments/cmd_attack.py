@@ -36,7 +36,8 @@ PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = (
     "attack_sttfedrec",
     "attack_fedfast",
     "attack_fel",
-    "attack_rundir",  # any protocol's registered, scored attack on a run directory (plugins too)
+    "attack_rundir",  # every registered attack on a run directory's views (plugins too): secagg attack RUN_DIR
+    "attack_matrix",  # every protocol x defense x attack: secagg attack matrix
 )
 
 
@@ -49,8 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     attack = subparsers.add_parser(
         "attack", help="run an attack on a protocol's transcript",
         description="Attacks on what a protocol's adversary sees. 'secagg attack <protocol>' runs a paper's study "
-        "(train under a defense, attack, score beside random guessing); 'secagg attack run-dir RUN_DIR' runs any "
-        "registered attack with a scorer, a plugin's too, on a run directory's protocol.")
+        "(train under a defense, attack, score beside random guessing); 'secagg attack RUN_DIR' runs every registered attack "
+        "that applies, a plugin's too, on what a run's servers saw (its recorded views, or a replay) and writes "
+        "RUN_DIR/attacks.json (docs/attacks.md).")
     sub = attack.add_subparsers(dest="attack_target", metavar="TARGET")
     p = sub.add_parser(
         "fedmf",

@@ -56,6 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--resume", metavar="RUN_DIR",
                      help="continue a killed simulation from its checkpoint (each virtual node continues from its "
                      "own store in RUN_DIR/flower-nodes); only --rounds may be given with it")
+    sim.add_argument("--record-views", action="store_true",
+                     help="keep what the server received in RUN_DIR/views, as secagg run --record-views "
+                     "(run.record_views; docs/attacks.md)")
+    sim.add_argument("--record-every", type=int, metavar="N",
+                     help="with --record-views: record every N-th round and the last (run.record_every)")
     sim.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     sim.set_defaults(func=_simulate)
@@ -96,7 +101,9 @@ def _config(args: argparse.Namespace):
         raise UserError("give a preset (e.g. fedavg-gmf) or --resume RUN_DIR")
     ns = argparse.Namespace(resume=resume, preset=args.preset, config=args.config, data=args.data, format=None,
                             columns=None, sep=None, rounds=getattr(args, "rounds", None), seed=args.seed,
-                            eval_negatives=args.eval_negatives, out=None)
+                            eval_negatives=args.eval_negatives, out=None,
+                            record_views=getattr(args, "record_views", False),
+                            record_every=getattr(args, "record_every", None))
     preset, config = cmd_run._resolve(ns)
     from experiments import config as cfgmod
 

@@ -57,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             f"synthetic data. Protocols (run.protocol in a --config file): {', '.join(BUILTIN_PROTOCOLS)}, and "
             "those of plugins. Writes run.json, config.toml, metrics.jsonl, costs.jsonl, "
             "transcript.csv, privacy_ledger.sqlite, checkpoint.safetensors, summary.json and metrics.png "
-            "into the run directory."
+            "into the run directory (and views/ with --record-views: what each server saw, for "
+            "'secagg attack RUN_DIR')."
         ),
         epilog=presets_epilog(),
     )
@@ -77,6 +78,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "only at the end); the last round is always evaluated")
     p.add_argument("--eval-negatives", type=int, metavar="N",
                    help="sampled negatives per held-out item (default 99; 0: full ranking only)")
+    p.add_argument("--record-views", action="store_true",
+                   help="keep what every server received (payloads included) and public_info() in RUN_DIR/views, for "
+                   "'secagg attack RUN_DIR' (run.record_views)")
+    p.add_argument("--record-every", type=int, metavar="N",
+                   help="with --record-views: record every N-th round and the last (run.record_every; default 1)")
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/<preset>-<UTC timestamp>)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue an interrupted run from its last checkpoint (its plugins are imported again)")
@@ -128,6 +134,12 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         if args.eval_negatives < 0:
             raise UserError(f"--eval-negatives must be >= 0 (0: full ranking only); found {args.eval_negatives}")
         overrides.setdefault("eval", {})["negatives"] = args.eval_negatives
+    if getattr(args, "record_views", False):
+        overrides.setdefault("run", {})["record_views"] = True
+    if getattr(args, "record_every", None) is not None:
+        if args.record_every < 1:
+            raise UserError(f"--record-every must be >= 1; found {args.record_every}")
+        overrides.setdefault("run", {})["record_every"] = args.record_every
     if getattr(args, "eval_every", None) is not None:
         if args.eval_every < 0:
             raise UserError(f"--eval-every must be >= 0 (0: only at the end); found {args.eval_every}")
@@ -141,7 +153,8 @@ def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
     overrides = _flag_overrides(args)
     if args.resume:
         if (args.preset or args.config or args.data or args.format or args.columns or args.sep or args.seed is not None
-                or args.eval_negatives is not None or args.out or getattr(args, "eval_every", None) is not None):
+                or args.eval_negatives is not None or args.out or getattr(args, "eval_every", None) is not None
+                or getattr(args, "record_views", False) or getattr(args, "record_every", None) is not None):
             raise UserError("--resume continues a run with its saved config; only --rounds may be changed")
         rd = RunDir.open_existing(Path(args.resume))
         _import_run_plugins(rd)
@@ -258,6 +271,11 @@ def _main(args: argparse.Namespace) -> int:
     for i, part in enumerate(summary["privacy"].get("parts") or [summary["privacy"]["statement"]]):
         print(f"{'privacy' if i == 0 else '':<10}{part}")
     print(f"seconds {summary['seconds']:.1f}  bytes/client/round {summary['bytes_per_client_per_round']:.0f}  run dir {summary['run_dir']}")
+    views = summary.get("views")
+    if views:
+        print(f"views     {views['rounds']} round(s) of {', '.join(views['roles'])} recorded: "
+              f"{views['bytes'] / 1e6:.2f} MB, {views['seconds']:.2f} s, in {summary['run_dir']}/{views['dir']} "
+              "(secagg attack RUN_DIR reads them)")
     if args.json:
         print(jsonio.dumps(summary, sort_keys=True))
     return 0

@@ -62,6 +62,11 @@ class RunSection:
         seed: seeds every simulation choice (split, sampling, init, client selection).
         eval_every: evaluate the sampled metrics every N rounds (0: only at the end).
         checkpoint_every: write a checkpoint every N rounds (>= 1).
+        record_views: keep what each adversary role (each server) received or sent, payloads
+            included, plus ``public_info()``, in ``RUN_DIR/views`` (``secagg attack RUN_DIR`` reads
+            them; :mod:`experiments.views`). Default false: a run keeps message sizes only.
+        record_every: with ``record_views``, record round ``r`` when ``r % record_every == 0``, and the
+            last round (>= 1; default 1: every round).
     """
 
     protocol: str = "fedavg"
@@ -69,6 +74,8 @@ class RunSection:
     seed: int = 0
     eval_every: int = 5
     checkpoint_every: int = 1
+    record_views: bool = False
+    record_every: int = 1
 
     def __post_init__(self) -> None:
         if self.protocol not in all_protocols():
@@ -79,6 +86,8 @@ class RunSection:
                 "run.rounds and run.eval_every must be >= 0 and run.checkpoint_every >= 1; "
                 f"found rounds={self.rounds}, eval_every={self.eval_every}, checkpoint_every={self.checkpoint_every}"
             )
+        if self.record_every < 1:
+            raise ValueError(f"run.record_every must be >= 1 (1: every round); found {self.record_every}")
 
 
 @dataclass(frozen=True)

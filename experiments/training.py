@@ -206,6 +206,17 @@ class _Run:
         self.delta = p.delta
         self.ledger = PrivacyLedger(rd.file(LEDGER), budget=None if math.isinf(p.budget_epsilon) else (p.budget_epsilon, p.delta))
         self.ledger.entries()  # an edited row (LedgerError) stops a resume now, not after it trained a round
+        self.views = None
+        if self.config.run.record_views and self.spec.federated and trainer.transport is not None:
+            from experiments.views import ViewRecorder
+            from protocols.secure_sum import SERVER2
+
+            roles = tuple(self.spec.adversaries)
+            if getattr(self.config.protocol_config, "secure_aggregation", None) == "dpf" and SERVER2 not in roles:
+                roles += (SERVER2,)  # the DPF sum's second server (secure_sum's receiver2) is an adversary too
+            self.views = ViewRecorder(rd, self.spec.name, roles, self.config.run.record_every,
+                                      self.rounds - 1)
+            trainer.transport.transcript.keep_payloads = self.views.filter
 
     # -- evaluation ------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -245,9 +256,13 @@ class _Run:
     def round(self, r: int, t0: float) -> dict[str, Any]:
         # With a budget, a round whose releases would exceed it is undone: nothing from it is kept.
         snapshot = self.trainer.state_dict() if self.ledger.budget is not None else None
+        if self.views is not None:
+            self.views.begin(r)
         try:
             stats = self.trainer.run_round()
         except (ValueError, ArithmeticError) as exc:  # a mechanism refused a non-finite value (FedMF's LDP clip)
+            if self.views is not None:
+                self.views.filter.active = False  # the round did not finish: nothing of it is recorded
             if not (isinstance(exc, NonFiniteInputError) or _has_non_finite(self.trainer.state_dict())):
                 raise
             self.rd.append_jsonl("metrics.jsonl", {"round": r + 1, "loss": None,
@@ -261,11 +276,15 @@ class _Run:
         except BudgetExceededError:
             if snapshot is not None:
                 self.trainer.load_state_dict(snapshot)
+            if self.views is not None:
+                self.views.filter.active = False  # the round is undone: nothing of it is recorded
             raise
         transport = self.trainer.transport
         cost: dict[str, Any] = {"round": r}
         if transport is not None:
             transcript = transport.transcript
+            if self.views is not None:  # after the ledger, before anything else of the round is published
+                self.views.end(r, transcript.records, self.trainer.public_info())
             cost.update(transcript.round_summary(r))
             self.rd.append("transcript.csv", "".join(
                 f"{r},{party},{b['sent']},{b['received']}\n" for party, b in sorted(transcript.bytes_by_party(r).items())
@@ -511,6 +530,8 @@ def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: s
     if trainer.transport is not None and not rd.file("transcript.csv").exists():
         rd.append("transcript.csv", TRANSCRIPT_HEADER + "\n")
     start = int(getattr(trainer, "round", 0))
+    if run.views is not None:
+        run.views.open(start)
     follow = main_metric(cfg)
     t0 = time.perf_counter() - elapsed
     bar = tqdm(total=rounds, initial=start, desc=req.preset, unit="round", file=sys.stderr,
@@ -574,6 +595,7 @@ def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: s
         "eval_seconds": {"main": round(eval_s, 3), "full": round(full_s, 3)},
         "privacy": run.privacy(),
         "public_info": _jsonable(trainer.public_info()),
+        **({"views": run.views.summary()} if run.views is not None else {}),
         "stopped": stopped,
         "versions": _versions(),
         "run_dir": str(rd.path),

@@ -505,7 +505,7 @@ class FedCL:
         sum of the clients' gradients, so the cohort's train step skips the per-client copies
         (same values up to float32 summation order;
         test_plaintext_fast_path_equals_the_sum_of_per_client_gradients)."""
-        return self.config.secure_aggregation == "none" and self.transport.transcript.keep_payloads is False
+        return self.config.secure_aggregation == "none" and not self.transport.transcript.keep_payloads
 
     def _answer_summed(self, ex: Exchange) -> Replies:
         """In process, the fast path of :meth:`_sum_only`: the train exchange is answered with the
@@ -536,10 +536,10 @@ class FedCL:
         if cfg.semi_hard:
             candidates = self._clients if (t == 0 and cfg.initial_upload) else sampled
             uploaders = self._due(candidates, t)
-        for u in np.union1d(sampled, uploaders):
-            self.transport.send(SERVER, client(u), t, "model", None, self.model_bytes)
         model = self.device_model()
         keep = self.transport.transcript.keep_payloads
+        for u in np.union1d(sampled, uploaders):  # one model object for every client (a view stores it once)
+            self.transport.send(SERVER, client(u), t, "model", model if keep else None, self.model_bytes)
         accepted = np.zeros(0, np.int64)
         per_user: dict[int, dict[str, np.ndarray]] = {}
         self.last_dropped = {}

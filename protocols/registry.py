@@ -196,6 +196,9 @@ class ProtocolSpec:
             clients on separate devices, e.g. on Flower).
         exchanges: optional :class:`Exchanges` (a protocol whose round is named exchanges,
             :mod:`protocols.exchange`, that runs with its clients on separate devices).
+        adversaries: the parties whose views a run records (``[run] record_views``): each
+            server of the protocol (``"server"``; STTFedRec's ``"rs"`` and ``"sas"``). A role's view
+            is every record of the transcript it received or sent.
     """
 
     name: str
@@ -210,8 +213,12 @@ class ProtocolSpec:
     privacy_report: Callable[[Any, float], dict[str, Any]] | None = None
     split: DeviceSplit | None = None
     exchanges: Exchanges | None = None
+    adversaries: tuple[str, ...] = ("server",)
 
     def __post_init__(self) -> None:
+        if not self.adversaries or not all(isinstance(a, str) and a and not a.startswith("client:")
+                                           for a in self.adversaries):
+            raise ValueError(f"protocol {self.name!r}: adversaries must name server parties; found {self.adversaries!r}")
         if self.task not in TASKS:
             raise ValueError(f"ProtocolSpec.task must be one of {TASKS}; found {self.task!r}")
         if (self.section is None) != (self.config_cls is None):

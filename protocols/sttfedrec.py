@@ -726,7 +726,8 @@ class STTFedRec:
                 raise ProtocolError(f"round {t}: {name}'s {key!r} must be finite "
                                     f"{'float64' if key == 'loss' else 'float32'}; found {value.dtype}")
         nbytes = 4 * (self.n_user_params + self.n_item_params) + 4 + (4 * cfg.request_size * cfg.dim if "ids" in reply else 0)
-        self.transport.send(name, RS, t, "update", None, nbytes)
+        # the plaintext gradients as RS received them (a recorded view keeps them; docs/attacks.md)
+        self.transport.send(name, RS, t, "update", dict(reply) if self.transport.transcript.keep_payloads else None, nbytes)
         return reply
 
     def _step_fl_train(self, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
@@ -934,13 +935,13 @@ register(ProtocolSpec(
     name="sttfedrec",
     summary="STTFedRec: split two-tower (DSSM/CLSM); item tower on RS, user tower on SAS via the circular chain",
     build=lambda ctx: _build(ctx, "split"), section="sttfedrec", config_cls=TwoTowerConfig,
-    exchanges=Exchanges(check=check_devices),
+    exchanges=Exchanges(check=check_devices), adversaries=(RS, SAS),
 ))
 register(ProtocolSpec(
     name="fl-twotower",
     summary="FL-DSSM/FL-CLSM: clients train both towers and upload plaintext gradients (STTFedRec's baseline)",
     build=lambda ctx: _build(ctx, "fl"), section="sttfedrec", config_cls=TwoTowerConfig,
-    exchanges=Exchanges(check=check_devices),
+    exchanges=Exchanges(check=check_devices), adversaries=(RS,),
 ))
 
 from protocols import twotower_central  # noqa: E402,F401  (registers centralized-twotower beside them)

@@ -109,13 +109,15 @@ def test_run_resume_report_and_attack_a_plugin_protocol(plugin_dir: Path, toy_co
     assert "each client's item counts, in plaintext" in summary["privacy"]["statement"]
     assert [json.loads(x)["round"] for x in (out / "costs.jsonl").read_text().splitlines()] == [0, 1, 2]
     forget_toy()
-    assert main(["attack", "run-dir", str(out), "--json"]) == 0
+    assert main(["attack", str(out), "--json"]) == 0  # no views recorded: a replay of its first round
     printed = capsys.readouterr().out
     result = json.loads(printed.splitlines()[-1])
-    assert result["attack_name"] == "toy-counts" and result["view"] == "server"
+    assert result["protocol"] == "toy" and result["source"] == "replay of 1 round(s)" and result["skipped"] == []
     assert result["replay_matches_run"] is True  # no DP noise: the replay is the run's own view
-    a = result["attack"]
-    assert a["f1"] == 1.0 and a["random_f1"] < 0.2 and a["status"] == "every rated set recovered"
+    [a] = result["findings"]
+    assert a["attack"] == "toy-counts" and a["role"] == "server" and a["metric"] == "f1"
+    assert a["value"] == 1.0 and a["random"] < 0.2 and a["advantage"] == 1.0 and a["status"] == "every rated set recovered"
+    assert json.loads((out / "attacks.json").read_text()) == result
     assert main(["privacy", "report", str(out)]) == 0
     assert "each client's item counts, in plaintext" in capsys.readouterr().out
 
@@ -170,4 +172,4 @@ def test_entry_points_register_without_a_flag(plugin_dir: Path, toy_config: Path
                           env={**__import__("os").environ, "PYTHONPATH": f"{plugin_dir}:{ROOT}"})
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "run.json").read_text())["plugins"] == ["toy_plugin"]  # the entry point's module
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["attack"]["f1"] == 1.0
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["findings"][0]["value"] == 1.0

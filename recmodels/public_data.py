@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from recmodels.data import Interactions, deduplicate
+from recmodels.datafiles import DataFileNotFoundError, DataFormatError, read_text
 
 __all__ = ["FILE_NAMES", "PUBLIC_FORMATS", "PublicLayout", "infer_public_format", "load_public", "public_format_of",
            "public_file"]
@@ -75,8 +76,6 @@ _YELP_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}"
 
 
 def _error(path: Path, line: int | None, message: str) -> Exception:
-    from recmodels.loaders import DataFormatError
-
     return DataFormatError(path, line, message)
 
 
@@ -142,8 +141,6 @@ def public_file(path: Path | str, fmt: str) -> Path:
         DataFileNotFoundError: nothing at ``path``, or a folder without the format's file.
         DataFormatError: a folder holding several candidate files.
     """
-    from recmodels.loaders import DataFileNotFoundError
-
     p = Path(path).expanduser()
     if p.is_file():
         return p
@@ -185,8 +182,6 @@ def load_public(path: Path | str, fmt: str) -> Interactions:
 
 
 def _lines(path: Path) -> list[tuple[int, str]]:
-    from recmodels.loaders import read_text
-
     out = []
     for number, line in enumerate(read_text(path).split("\n"), start=1):
         line = line.removesuffix("\r")

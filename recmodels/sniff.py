@@ -40,6 +40,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recmodels.datafiles import FORMATS, DataFileNotFoundError, DataFormatError, decode_text, resolve_data_path
+
 __all__ = [
     "parse_sep",
     "ROLES",
@@ -148,8 +150,6 @@ class DataFormat:
 
 
 def _error(path: Path, line: int | None, message: str) -> Exception:
-    from recmodels.loaders import DataFormatError  # the loaders' error type (no import cycle at import time)
-
     return DataFormatError(path, line, message)
 
 
@@ -332,8 +332,6 @@ def detect_format(
         DataFormatError: binary content, no consistent delimiter, no user/item column, or
             ``columns``/``sep`` given with a MovieLens ``fmt``.
     """
-    from recmodels.loaders import FORMATS, resolve_data_path
-
     file = resolve_data_path(path)
     given = normalize_columns(columns) if columns is not None else None
     if fmt is not None and fmt not in FORMATS:
@@ -346,15 +344,11 @@ def detect_format(
         with open(file, "rb") as fh:
             head = fh.read(SNIFF_BYTES)
     except OSError as exc:
-        from recmodels.loaders import DataFileNotFoundError
-
         raise DataFileNotFoundError(f"{file}: cannot read ({exc.strerror or exc}).") from exc
     reason = _binary_reason(head)
     if reason is not None:
         raise _error(file, None, f"not a text ratings file: {reason}. Pass a CSV/TSV file of user, item "
                      "(rating, timestamp) rows, or u.data / ratings.dat / ratings.csv from MovieLens.")
-    from recmodels.loaders import decode_text
-
     decode_text(file, head, partial=len(head) == SNIFF_BYTES)  # bytes that are not UTF-8: refused by line
     lines = _sample_lines(head)
     positional = {r: i for i, r in enumerate(ROLES)}

@@ -21,6 +21,7 @@ from secagg.chain import ChainClient, ChainConfig, Kind, effective_successors
 from secagg.chain_server import ChainServer, ServerStep
 from secagg.errors import AbortError, AuthenticationError, MessageError
 from secagg.messages import SERVER
+from secagg.runspec import RunResult, RunSpec
 
 __all__ = ["DROP_STAGES", "RUNNER_STAGES", "ChainRun", "Dropout", "run_chain", "simulate"]
 
@@ -219,7 +220,7 @@ def simulate(
     return run
 
 
-def run_chain(inputs: np.ndarray, spec) -> object:  # noqa: ANN001 (RunSpec -> RunResult, see below)
+def run_chain(inputs: np.ndarray, spec: RunSpec) -> RunResult:
     """Adapter for :data:`secagg.runner.PROTOCOLS`: ``run_chain(inputs, spec) -> RunResult``.
 
     ``spec.k`` is the number of successors ``s`` (default 1, the paper's chain; each client then
@@ -229,7 +230,6 @@ def run_chain(inputs: np.ndarray, spec) -> object:  # noqa: ANN001 (RunSpec -> R
     it never unmasks). Client seconds include every attempt a client took part in.
     """
     from secagg.messages import INSTANCE_BYTES
-    from secagg.runner import RunResult
 
     arr = np.asarray(inputs)
     if arr.dtype != np.uint64 or arr.ndim != 2 or arr.shape[1] < 1:

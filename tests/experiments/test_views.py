@@ -178,7 +178,6 @@ def test_attack_inference_needs_only_the_views_directory(tmp_path: Path, capsys,
 def test_a_flower_simulation_records_the_server_view_and_is_attacked(tmp_path: Path, capsys) -> None:
     """Flower runs the same run loop, so the server's transcript is recorded the same way (plaintext
     uploads as ClientUpdate, SecAgg+ uploads masked)."""
-    pytest.importorskip("flwr")
     cfg = tmp_path / "small.toml"
     cfg.write_text(SMALL.replace("synthetic_users = 30", "synthetic_users = 12"))
     out = tmp_path / "flower"

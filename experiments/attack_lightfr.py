@@ -1,9 +1,11 @@
 """``secagg attack lightfr``: train LightFR one round, attack the server's view of it, report both.
 
-``secagg attack lightfr --defense none|para|secagg [--data PATH] [--bits F] [--json]``
+``secagg attack lightfr --defense none|para|secagg|dpf [--data PATH] [--bits F] [--json]``
 
 ``none``: the paper's plaintext Agg_grad upload; ``para``: plaintext Agg_para (sign-vote codes);
-``secagg``: Agg_grad uploads through SecAgg+ (dense, zero-padded). Default data: synthetic,
+``secagg``: Agg_grad uploads through SecAgg+ (the rated union, then its rows); ``dpf``: Agg_grad
+rows through two non-colluding servers' DPF sum (docs/dpf.md), attacked on the first server's view
+(the key sets it received). Default data: synthetic,
 100 users x 200 items. ``--json`` prints one object (last line of stdout) with the same
 ``attack`` shape as ``secagg attack fedmf`` (``f1``, ``precision``, ``recall``, ``rating_rmse``,
 ``exact_match``, ``random_*``, ``status``) plus ``code_agreement`` and ``random_code_agreement``.
@@ -24,7 +26,8 @@ if TYPE_CHECKING:  # numpy is imported where used, so that --help stays fast
 
 __all__ = ["register", "run_attack"]
 
-DEFENSES = {"none": ("grad", "none"), "para": ("para", "none"), "secagg": ("grad", "secagg+")}
+DEFENSES = {"none": ("grad", "none"), "para": ("para", "none"), "secagg": ("grad", "secagg+"),
+            "dpf": ("grad", "dpf")}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

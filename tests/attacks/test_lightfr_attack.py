@@ -53,3 +53,13 @@ def test_registered_and_cli_json(capsys):
     assert a["f1"] == 1.0 and a["exact_match_up_to_reflection"] == 1.0 and a["code_agreement"] == 1.0
     assert {"precision", "recall", "random_f1", "rating_rmse", "random_rating_rmse", "status"} <= set(a)
     assert main(["attack", "lightfr", "--bits", "0"]) == 2
+
+
+def test_the_dpf_defense_leaves_the_first_server_nothing_to_invert(capsys):
+    """`--defense dpf`: the first server holds only DPF key sets; the attack infers nothing."""
+    m, res, codes, sc, refl = _attack("grad", "dpf", bits=8)
+    assert "DPF" in res.status and sc.f1 == 0.0 <= sc.random_f1 and refl is None and not codes
+    assert main(["attack", "lightfr", "--defense", "dpf", "--users", "30", "--items", "60", "--bits", "8",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr()[0].splitlines()[-1])
+    assert out["secure_aggregation"] == "dpf" and out["attack"]["f1"] == 0.0 and out["attacked_users"] > 0

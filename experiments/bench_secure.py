@@ -108,18 +108,9 @@ def _config(preset: str, data: str, rounds: int, plaintext: bool, shape: dict[st
 
 def _build(cfg):  # noqa: ANN001, ANN202
     from experiments.prepare import prepare_data
-    from protocols.guard import set_device_policy
-    from protocols.registry import BuildContext
-    from protocols.transport import InProcessTransport, Transcript
+    from experiments.training import build_trainer
 
-    prep = prepare_data(cfg)
-    transport = InProcessTransport(Transcript()) if cfg.spec.federated else None
-    ctx = BuildContext(split=prep.split, config=cfg.protocol_config, seed=cfg.run.seed, source=cfg.data.source,
-                       transport=transport, data_options=cfg.to_dict()["data"], exclude=prep.exclude)
-    trainer = cfg.spec.build(ctx)
-    if cfg.spec.federated:
-        set_device_policy(trainer, cfg.clients.policy())
-    return trainer
+    return build_trainer(cfg, prepare_data(cfg))
 
 
 def _peak_rss_mb() -> float:

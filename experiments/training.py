@@ -45,8 +45,8 @@ from protocols.state import loads_json
 from protocols.transport import InProcessTransport, Transcript
 from recmodels.metrics import TIE_RULES, evaluate_full_by_rule, evaluate_sampled, evaluate_sampled_by_rule
 
-__all__ = ["MAX_ROUNDS", "TIE_RULE", "TIE_RULES_TEXT", "VALID_PREFIX", "RunRequest", "best_validation", "execute",
-           "main_metric"]
+__all__ = ["MAX_ROUNDS", "TIE_RULE", "TIE_RULES_TEXT", "VALID_PREFIX", "RunRequest", "best_validation", "build_trainer",
+           "execute", "main_metric"]
 
 #: Prefix of the validation metrics in metrics.jsonl rows (``valid_HR@10``).
 VALID_PREFIX = "valid_"
@@ -396,7 +396,12 @@ def run_plugins(req: RunRequest) -> list[str]:
 
 
 def _build(req: RunRequest, prep: Prepared):
-    cfg = req.config
+    return build_trainer(req.config, prep)
+
+
+def build_trainer(cfg: cfgmod.RunConfig, prep: Prepared):  # noqa: ANN201 (the protocol's trainer)
+    """The trainer ``secagg run`` builds for ``cfg`` on the prepared data: the in-process transport for a
+    federated protocol, and the simulated clients' own policy (``[clients]``), never the server's."""
     transport = InProcessTransport(Transcript()) if cfg.spec.federated else None
     ctx = BuildContext(
         split=prep.split, config=cfg.protocol_config, seed=cfg.run.seed, source=cfg.data.source,

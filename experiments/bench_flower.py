@@ -183,16 +183,6 @@ def _run_side(side: str, n: int, dim: int, k: int, t: int, dropped: set[int], se
     return out
 
 
-def _best_of(fn, reps: int) -> float:  # noqa: ANN001
-    """The fastest of ``reps`` calls of ``fn`` in seconds (the least disturbed by other load: a floor)."""
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def flower_floor(n: int, dim: int, k: int, t: int, dropped: int, *, reps: int = 3) -> dict:
     """Lower bounds on Flower's SecAgg+ server and client seconds (see the module docstring).
 
@@ -201,7 +191,6 @@ def flower_floor(n: int, dim: int, k: int, t: int, dropped: int, *, reps: int = 
     import os
 
     import numpy as np
-
     from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
     from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
     from flwr.common.secure_aggregation.ndarrays_arithmetic import parameters_addition
@@ -213,6 +202,8 @@ def flower_floor(n: int, dim: int, k: int, t: int, dropped: int, *, reps: int = 
         private_key_to_bytes,
         public_key_to_bytes,
     )
+
+    from secagg.costmodel import best_of
 
     mod_range = 1 << 32  # SecAggPlusWorkflow's default modulus_range
     sk, _ = generate_key_pairs()
@@ -231,12 +222,12 @@ def flower_floor(n: int, dim: int, k: int, t: int, dropped: int, *, reps: int = 
     seed_shares = create_shares(seed, t, k + 1)
     sk_shares = create_shares(sk_bytes, t, k + 1)
     unit = {
-        "split_seed_s": _best_of(lambda: create_shares(seed, t, k + 1), reps),
-        "split_key_s": _best_of(lambda: create_shares(sk_bytes, t, k + 1), reps),
-        "combine_seed_s": _best_of(lambda: combine_shares(seed_shares[:t]), reps),
-        "combine_key_s": _best_of(lambda: combine_shares(sk_shares[:t]), reps),
-        "pairwise_mask_s": _best_of(pairwise, reps),
-        "private_mask_s": _best_of(private, reps),
+        "split_seed_s": best_of(lambda: create_shares(seed, t, k + 1), reps),
+        "split_key_s": best_of(lambda: create_shares(sk_bytes, t, k + 1), reps),
+        "combine_seed_s": best_of(lambda: combine_shares(seed_shares[:t]), reps),
+        "combine_key_s": best_of(lambda: combine_shares(sk_shares[:t]), reps),
+        "pairwise_mask_s": best_of(pairwise, reps),
+        "private_mask_s": best_of(private, reps),
     }
     survivors = n - dropped
     counts = {"seed_rebuilds": survivors, "key_rebuilds": dropped, "server_pairwise_masks": dropped * k,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["FORMATS", "DataFileNotFoundError", "DataFormatError", "decode_text", "infer_format", "read_text",
-           "resolve_data_path"]
+__all__ = ["FORMATS", "DataFileNotFoundError", "DataFormatError", "decode_text", "infer_format", "nonblank_lines",
+           "read_text", "resolve_data_path"]
 
 #: Supported values of ``fmt``.
 FORMATS: tuple[str, ...] = ("ml-100k", "ml-1m", "ml-csv", "csv")
@@ -81,6 +81,19 @@ def read_text(path: Path | str, encoding: str = "utf-8") -> str:
     except OSError as exc:
         raise DataFileNotFoundError(f"{path}: cannot read ({exc.strerror or exc}).") from exc
     return decode_text(path, data, encoding)
+
+
+def nonblank_lines(path: Path | str) -> list[tuple[int, str]]:
+    """(1-based line number, text without the line end) of the non-blank lines of ``path``, decoded
+    strictly (:func:`read_text`), a leading byte-order mark dropped."""
+    out = []
+    for number, line in enumerate(read_text(path).split("\n"), start=1):
+        line = line.removesuffix("\r")
+        if line.strip():
+            out.append((number, line))
+    if out and out[0][1].startswith("\ufeff"):
+        out[0] = (out[0][0], out[0][1][1:])
+    return out
 
 
 def infer_format(path: Path | str) -> str:

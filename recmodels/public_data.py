@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from recmodels.data import Interactions, deduplicate
-from recmodels.datafiles import DataFileNotFoundError, DataFormatError, read_text
+from recmodels.datafiles import DataFileNotFoundError, DataFormatError, nonblank_lines
 
 __all__ = ["FILE_NAMES", "PUBLIC_FORMATS", "PublicLayout", "infer_public_format", "load_public", "public_format_of",
            "public_file"]
@@ -181,17 +181,6 @@ def load_public(path: Path | str, fmt: str) -> Interactions:
 # --------------------------------------------------------------------------- readers
 
 
-def _lines(path: Path) -> list[tuple[int, str]]:
-    out = []
-    for number, line in enumerate(read_text(path).split("\n"), start=1):
-        line = line.removesuffix("\r")
-        if line.strip():
-            out.append((number, line))
-    if out and out[0][1].startswith("\ufeff"):
-        out[0] = (out[0][0], out[0][1][1:])
-    return out
-
-
 def _int(path: Path, line: int, value: str, what: str) -> int:
     if not _INT.fullmatch(value):
         raise _error(path, line, f"{what} {value[:40]!r} is not a non-negative integer.")
@@ -217,7 +206,7 @@ def _on_scale(path: Path, line: int | None, value: float, lo: float, hi: float, 
 
 def _filmtrust(path: Path) -> tuple[list, list, list, list]:
     users, items, ratings = [], [], []
-    for number, line in _lines(path):
+    for number, line in nonblank_lines(path):
         parts = line.strip().split()
         if len(parts) != 3 or line.strip() != " ".join(parts):
             raise _error(path, number, f"expected 'user item rating' separated by single spaces (FilmTrust's "
@@ -268,7 +257,7 @@ def _ciao(path: Path) -> tuple[list, list, list, list]:
 
 def _yelp(path: Path) -> tuple[list, list, list, list]:
     users, items, ratings, stamps = [], [], [], []
-    for number, line in _lines(path):
+    for number, line in nonblank_lines(path):
         try:
             row = json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not JSON")))
         except (ValueError, RecursionError) as exc:
@@ -298,7 +287,7 @@ def _yelp(path: Path) -> tuple[list, list, list, list]:
 
 
 def _recbole(path: Path, need_rating: bool = False) -> tuple[list, list, list, list]:
-    numbered = _lines(path)
+    numbered = nonblank_lines(path)
     if not numbered:
         return [], [], [], []
     head_line, head = numbered[0]

@@ -70,6 +70,7 @@ from typing import Any
 import numpy as np
 
 from recmodels.data import Interactions, deduplicate
+from recmodels.datafiles import nonblank_lines
 from recmodels.sampling import EvalCandidates
 from recmodels.splits import Split
 
@@ -288,21 +289,6 @@ def split_files(
 # --------------------------------------------------------------------------- parsing
 
 
-def _lines(path: Path) -> list[tuple[int, str]]:
-    """(1-based line number, text without the line end) of the non-blank lines, strictly decoded."""
-    from recmodels.loaders import read_text
-
-    text = read_text(path)
-    out = []
-    for number, line in enumerate(text.split("\n"), start=1):
-        line = line.removesuffix("\r")
-        if line.strip():
-            out.append((number, line))
-    if out and out[0][1].startswith("\ufeff"):
-        out[0] = (out[0][0], out[0][1][1:])
-    return out
-
-
 def _check_all(path: Path, values: list[str], lines: list[int], pattern: re.Pattern[str], what: str) -> None:
     """Refuse the first value that does not match ``pattern``, naming its line."""
     if not values or re.fullmatch(rf"(?:{pattern.pattern})(?:\n(?:{pattern.pattern}))*", "\n".join(values)):
@@ -355,7 +341,7 @@ def read_ncf_rating(path: Path | str) -> _Rows:
             timestamp that is not an integer, or an empty file.
     """
     path = Path(path)
-    numbered = _lines(path)
+    numbered = nonblank_lines(path)
     if not numbered:
         raise _error(path, None, "no rows (the file is empty); check the path.")
     fields = [line.split("\t") for _, line in numbered]
@@ -383,7 +369,7 @@ def read_ncf_negative(path: Path | str) -> tuple[np.ndarray, np.ndarray, list[np
             or whose negatives are not non-negative integers; an empty file.
     """
     path = Path(path)
-    numbered = _lines(path)
+    numbered = nonblank_lines(path)
     if not numbered:
         raise _error(path, None, "no rows (the file is empty); check the path.")
     users, positives, negatives, lines = [], [], [], []
@@ -417,7 +403,7 @@ def read_lightfr_csv(path: Path | str) -> _Rows:
             a non-negative integer, a rating that is not a finite number, no rows.
     """
     path = Path(path)
-    numbered = _lines(path)
+    numbered = nonblank_lines(path)
     if not numbered:
         raise _error(path, None, "no rows (the file is empty); check the path.")
     head_line, head = numbered[0]

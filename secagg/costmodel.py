@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["InstanceCost", "UnitCosts", "instance_cost"]
+__all__ = ["InstanceCost", "UnitCosts", "best_of", "instance_cost"]
 
 
-def _best_of(fn: Callable[[], object], repeats: int) -> float:
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of ``repeats`` calls of ``fn`` in seconds (the least disturbed by other load: a floor)."""
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -95,21 +96,21 @@ class UnitCosts:
         def ctr() -> None:
             Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor().update_into(src, out)
 
-        aes = nbytes / _best_of(ctr, repeats)
+        aes = nbytes / best_of(ctr, repeats)
         gcm_key = AESGCM(key)
-        gcm = nbytes / _best_of(lambda: gcm_key.encrypt(bytes(12), bytes(src), None), max(2, repeats // 2))
+        gcm = nbytes / best_of(lambda: gcm_key.encrypt(bytes(12), bytes(src), None), max(2, repeats // 2))
         a = np.zeros(nbytes // 8, dtype=np.uint64)
         b = np.ones(nbytes // 8, dtype=np.uint64)
-        add = a.size / _best_of(lambda: np.add(a, b, out=a), repeats)
-        sha = nbytes / _best_of(lambda: hashlib.sha256(src).digest(), repeats)
+        add = a.size / best_of(lambda: np.add(a, b, out=a), repeats)
+        sha = nbytes / best_of(lambda: hashlib.sha256(src).digest(), repeats)
         reps = 200
-        keygen = _best_of(lambda: [KeyPair.generate() for _ in range(reps)], 3) / reps
+        keygen = best_of(lambda: [KeyPair.generate() for _ in range(reps)], 3) / reps
         p, q = KeyPair.generate(), KeyPair.generate()
-        agree = _best_of(lambda: [p.agree(q.public_bytes, info=b"bound") for _ in range(reps)], 3) / reps
+        agree = best_of(lambda: [p.agree(q.public_bytes, info=b"bound") for _ in range(reps)], 3) / reps
         sk = Ed25519PrivateKey.generate()
         pk, sig = sk.public_key(), sk.sign(b"bound")
-        sign = _best_of(lambda: [sk.sign(b"bound") for _ in range(reps)], 3) / reps
-        verify = _best_of(lambda: [pk.verify(sig, b"bound") for _ in range(reps)], 3) / reps
+        sign = best_of(lambda: [sk.sign(b"bound") for _ in range(reps)], 3) / reps
+        verify = best_of(lambda: [pk.verify(sig, b"bound") for _ in range(reps)], 3) / reps
         return cls(aes, gcm, add, sha, keygen, agree, sign, verify)
 
     def shamir_split_s(self, holders: int, t: int) -> float:
@@ -120,7 +121,7 @@ class UnitCosts:
 
             secrets = [os.urandom(32), os.urandom(32)]
             xs = list(range(1, holders + 1))
-            self._split[key] = _best_of(lambda: shamir.split_many(secrets, t=t, xs=xs), 3)
+            self._split[key] = best_of(lambda: shamir.split_many(secrets, t=t, xs=xs), 3)
         return self._split[key]
 
     def shamir_combine_s(self, secrets: int, t: int) -> float:
@@ -134,7 +135,7 @@ class UnitCosts:
             xs = np.tile(np.arange(1, t + 1, dtype=np.uint64), (batch, 1))
             ys = np.asarray(np.frombuffer(os.urandom(batch * t * 11 * 4), dtype="<u4") % np.uint32(shamir.PRIME),
                             dtype=np.uint64).reshape(batch, t, 11)
-            self._combine[t] = _best_of(lambda: shamir.combine_batch(xs, ys), 3) / batch
+            self._combine[t] = best_of(lambda: shamir.combine_batch(xs, ys), 3) / batch
         return self._combine[t] * secrets
 
     def as_dict(self) -> dict[str, float]:

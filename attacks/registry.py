@@ -20,7 +20,7 @@ Plugins (docs/plugins.md) register attacks the same way from their own module, i
 ``secagg --plugin MODULE`` or as an entry point of the group :data:`ATTACK_ENTRY_POINTS`
 (``secagg_fedrec.attacks``), which the first lookup imports after :data:`ATTACK_MODULES`. An attack
 with ``infer`` + ``assess`` (or a plugin's ``score``) runs on any run directory of its protocol:
-``secagg attack RUN_DIR`` (:mod:`experiments.attack_rundir`, on the views recorded by ``--record-views``).
+``secagg attack RUN_DIR`` (:mod:`experiments.studies.attack_rundir`, on the views recorded by ``--record-views``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class AttackSpec:
             runs on any run directory of its protocol (``secagg attack RUN_DIR``; ``infer`` + ``assess`` are
             the newer form, in the one schema of :mod:`attacks.findings`).
         infer: optional ``infer(view, public) -> inferences`` on a recorded view (the role's records
-            over every recorded round, :mod:`experiments.views`) and ``public_info()``: reads nothing else.
+            over every recorded round, :mod:`experiments.run.views`) and ``public_info()``: reads nothing else.
         assess: optional ``assess(inferences, truth, public) -> list[Finding]`` scoring them
             (:mod:`attacks.findings`: one schema for every attack); with ``infer`` the attack runs in
             ``secagg attack RUN_DIR`` and the attack matrix.

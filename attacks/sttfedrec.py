@@ -3,7 +3,7 @@
 Adversary: the honest-but-curious RS. Input: RS's view only (the records it received, from
 ``transport.transcript.view("rs")``) plus :meth:`protocols.sttfedrec.STTFedRec.public_info`
 (``T``, ``n_pos``, ``n_neg``, catalogue size). Ground truth is used only by the scoring in
-:mod:`experiments.attack_sttfedrec`.
+:mod:`experiments.studies.attack_sttfedrec`.
 
 * ``request-intersection``: a client's clicks recur across its requests while fresh decoys are
   redrawn from the whole catalogue each time, so an id the client requested in at least

@@ -308,7 +308,7 @@ class FedAvgGMF:
             round and the user), so that a run is reproducible from it.
         transport: where messages go; a fresh in-process transport by default.
         exclude: pairs never drawn as training negatives besides the client's own positives
-            (ratings below the positive threshold; :attr:`experiments.prepare.Prepared.exclude`).
+            (ratings below the positive threshold; :attr:`experiments.run.prepare.Prepared.exclude`).
         clients: restrict the client pool to these user indices (e.g. one FEL cluster); default:
             every user with training data.
     """

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.config import PRESETS
+from experiments.run.config import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -22,7 +22,7 @@ import sys
 import time
 
 from experiments import jsonio
-from experiments import config as cfgmod
+from experiments.run import config as cfgmod
 from experiments.errors import UserError
 
 __all__ = ["register", "bench"]
@@ -52,7 +52,7 @@ def bench_secure(data: str, rounds: int, threads: int, protocols: list[str]) -> 
     import numpy as np
     import torch
 
-    from experiments.prepare import prepare_data
+    from experiments.run.prepare import prepare_data
     from protocols.fedavg import FedAvgGMF
 
     torch.set_num_threads(threads)
@@ -97,7 +97,7 @@ def bench_secure(data: str, rounds: int, threads: int, protocols: list[str]) -> 
 def bench(data: str, rounds: int, threads: int) -> dict:
     import torch
 
-    from experiments.prepare import prepare_data
+    from experiments.run.prepare import prepare_data
     from protocols.fedavg import FedAvgGMF
     from recmodels.metrics import evaluate_full, evaluate_sampled
     from recmodels.train import CentralTrainer

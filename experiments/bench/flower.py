@@ -62,7 +62,7 @@ import time
 from typing import TYPE_CHECKING
 
 from experiments import jsonio
-from experiments.bench_aggregation import _fraction, _guarantees, _positive_int
+from experiments.bench.aggregation import _fraction, _guarantees, _positive_int
 from secagg.defaults import DEFAULT_CORRUPT, DEFAULT_DROPOUT
 
 if TYPE_CHECKING:  # numpy is imported where used, so that --help stays fast

@@ -144,8 +144,8 @@ def collapse(lams: tuple[float, ...] = (0.0, 0.2, 0.6, 1.0), rounds: int = 10, s
 
 def ablation(data: str, rounds: int, seed: int) -> list[dict[str, Any]]:
     """Train each preset of :data:`ABLATION` and score the sampled protocol under three tie rules."""
-    from experiments import config as cfgmod
-    from experiments.prepare import prepare_data
+    from experiments.run import config as cfgmod
+    from experiments.run.prepare import prepare_data
     from protocols.lightfr import LightFR, rank_metrics
 
     rows = []
@@ -164,8 +164,8 @@ def ablation(data: str, rounds: int, seed: int) -> list[dict[str, Any]]:
 
 
 def _prepared(data: str, seed: int, extra: dict[str, Any] | None = None) -> tuple[Any, Any]:
-    from experiments import config as cfgmod
-    from experiments.prepare import prepare_data
+    from experiments.run import config as cfgmod
+    from experiments.run.prepare import prepare_data
 
     over = {"data": {"source": data, **(extra or {})}, "run": {"seed": seed}}
     config = cfgmod.merge(cfgmod.load_preset("lightfr-grad"), over)

@@ -75,7 +75,7 @@ def _secure_key(config) -> tuple[str, str] | None:  # noqa: ANN001 (RunConfig)
 def secure_presets() -> list[str]:
     """Federated presets whose protocol section sets a secure aggregation other than ``"none"``, plus
     those whose protocol always aggregates securely (STTFedRec's chain)."""
-    from experiments import config as cfgmod
+    from experiments.run import config as cfgmod
 
     out = []
     for name in cfgmod.PRESETS:
@@ -89,7 +89,7 @@ def secure_presets() -> list[str]:
 
 
 def _config(preset: str, data: str, rounds: int, plaintext: bool, shape: dict[str, int] | None = None):
-    from experiments import config as cfgmod
+    from experiments.run import config as cfgmod
 
     try:
         cfg = cfgmod.load_preset(preset)
@@ -107,8 +107,8 @@ def _config(preset: str, data: str, rounds: int, plaintext: bool, shape: dict[st
 
 
 def _build(cfg):  # noqa: ANN001, ANN202
-    from experiments.prepare import prepare_data
-    from experiments.training import build_trainer
+    from experiments.run.prepare import prepare_data
+    from experiments.run.training import build_trainer
 
     return build_trainer(cfg, prepare_data(cfg))
 

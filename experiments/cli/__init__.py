@@ -1,6 +1,6 @@
 """The ``secagg`` console command.
 
-Sub-command groups live in ``experiments/cmd_<name>.py`` modules, each exposing
+Sub-command groups live in ``experiments/cli/cmd_<name>.py`` modules, each exposing
 ``register(subparsers)``; they are listed explicitly in :data:`COMMAND_MODULES` (no
 import-time discovery). Conventions shared by every command:
 
@@ -32,7 +32,7 @@ from experiments.errors import TrainingDiverged, UserError
 
 __all__ = ["COMMAND_MODULES", "UserError", "build_parser", "main"]
 
-#: Modules under ``experiments`` that register sub-commands, in help order.
+#: Modules under ``experiments.cli`` that register sub-commands, in help order.
 COMMAND_MODULES: tuple[str, ...] = (
     "cmd_run",
     "cmd_data",
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "also accepted after the command; docs/plugins.md)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        module = importlib.import_module(f"experiments.{name}")
+        module = importlib.import_module(f"experiments.cli.{name}")
         module.register(sub)
     return parser
 

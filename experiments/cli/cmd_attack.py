@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from experiments import jsonio
-from experiments.attack_data import add_data_arguments, load_attack_data
+from experiments.studies.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
 __all__ = ["TrainingFailed", "register", "run_attack"]
 
 SWEEP_EPSILONS = (1.0, 10.0, 100.0, 1000.0)
 
-#: Modules under ``experiments`` that add one ``secagg attack <protocol>`` sub-command each
+#: Modules under ``experiments.studies`` that add one ``secagg attack <protocol>`` sub-command each
 #: (``register(subparsers)``), listed explicitly; ``fedmf`` is defined in this module.
 PROTOCOL_ATTACK_COMMANDS: tuple[str, ...] = (
     "attack_lightfr",
@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="run all defenses (LDP at several epsilons); write CSV, Markdown and PNG")
     p.set_defaults(func=_main)
     for name in PROTOCOL_ATTACK_COMMANDS:
-        importlib.import_module(f"experiments.{name}").register(sub)
+        importlib.import_module(f"experiments.studies.{name}").register(sub)
     attack.set_defaults(func=lambda args: (attack.print_help(sys.stderr), 2)[1])
 
 

@@ -1,6 +1,6 @@
 """``secagg bench ...``: benchmark drivers.
 
-Each benchmark lives in its own ``experiments/bench_<name>.py`` module exposing
+Each benchmark lives in its own ``experiments/bench/<name>.py`` module exposing
 ``register(bench_subparsers)``; they are listed in :data:`BENCH_MODULES`.
 """
 
@@ -11,9 +11,8 @@ import importlib
 
 __all__ = ["BENCH_MODULES", "register"]
 
-#: Benchmark modules under ``experiments``, in help order.
-BENCH_MODULES: tuple[str, ...] = ("bench_aggregation", "bench_he", "bench_fedavg", "bench_lightfr", "bench_flower",
-                                  "bench_dpf", "bench_secure")
+#: Benchmark modules under ``experiments.bench``, in help order.
+BENCH_MODULES: tuple[str, ...] = ("aggregation", "he", "fedavg", "lightfr", "flower", "dpf", "secure")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,5 +24,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     bench_sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
     for name in BENCH_MODULES:
-        importlib.import_module(f"experiments.{name}").register(bench_sub)
+        importlib.import_module(f"experiments.bench.{name}").register(bench_sub)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])

@@ -90,7 +90,7 @@ def _need_flower() -> None:
 
 
 def _config(args: argparse.Namespace):
-    from experiments import cmd_run
+    from experiments.cli import cmd_run
 
     resume = getattr(args, "resume", None)
     if resume and (args.clients is not None or getattr(args, "clients_per_round", None) is not None
@@ -105,7 +105,7 @@ def _config(args: argparse.Namespace):
                             record_views=getattr(args, "record_views", False),
                             record_every=getattr(args, "record_every", None))
     preset, config = cmd_run._resolve(ns)
-    from experiments import config as cfgmod
+    from experiments.run import config as cfgmod
 
     over: dict[str, dict[str, Any]] = {}
     if args.clients is not None:
@@ -131,8 +131,8 @@ def _simulate(args: argparse.Namespace) -> int:
     preset, config = _config(args)
     import torch
 
-    from experiments.flower_run import simulate_run
-    from experiments.training import RunRequest
+    from experiments.run.flower_run import simulate_run
+    from experiments.run.training import RunRequest
 
     torch.set_num_threads(1)
     summary = simulate_run(RunRequest(preset=preset, config=config, out=Path(args.out) if args.out else None,
@@ -152,11 +152,11 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def _partition(args: argparse.Namespace) -> int:
     preset, config = _config(args)
-    from experiments.flower_run import check_protocol
-    from experiments.prepare import prepare_data
+    from experiments.run.flower_run import check_protocol
+    from experiments.run.prepare import prepare_data
 
     check_protocol(config)
-    from experiments.flower_run import write_run_partitions  # no flwr import: partitions are plain numpy files
+    from experiments.run.flower_run import write_run_partitions  # no flwr import: partitions are plain numpy files
 
     prep = prepare_data(config)
     meta = write_run_partitions(config, prep, args.out)

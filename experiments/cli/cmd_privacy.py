@@ -13,7 +13,7 @@
   the ledger composes it and as the clients counted it themselves (``clients_ldp``: median and
   max of each; the clients' counts come from the checkpoint of an in-process run, whose trainer
   plays every client; on Flower they stay on the nodes), and where the two may differ. Every report
-  ends with what was spent "in words" (:mod:`experiments.privacy_text`): the releases without DP by
+  ends with what was spent "in words" (:mod:`experiments.cli.privacy_text`): the releases without DP by
   name, each cohort's (FEL: each leaf's and the over-arch's) epsilon, the per-user local-DP epsilon
   (median and max, basic composition and the protocol's tightest figure) and the overall guarantee.
 
@@ -256,7 +256,7 @@ def _report(args: argparse.Namespace) -> int:
     from dp.errors import LedgerError
     from dp.events import NonPrivate
     from dp.ledger import PrivacyLedger
-    from experiments.privacy_text import describe_spent
+    from experiments.cli.privacy_text import describe_spent
 
     try:
         ledger = PrivacyLedger(path)
@@ -337,7 +337,7 @@ def _clients_ldp(run_dir: Path, entries: list) -> dict | None:  # noqa: ANN001 -
     entries, basic composition) and by the clients' own records (the checkpoint), or ``None`` for a
     run without local-DP uploads."""
     from dp.events import Laplace
-    from experiments.rundir import RunDir
+    from experiments.run.rundir import RunDir
     from protocols.guard import ldp_counts
 
     by_ledger: dict[str, float] = {}

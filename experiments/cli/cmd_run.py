@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from experiments import config as cfgmod
+from experiments.run import config as cfgmod
 from experiments import jsonio
 from experiments.errors import UserError
 
@@ -148,7 +148,7 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
-    from experiments.rundir import RunDir
+    from experiments.run.rundir import RunDir
 
     overrides = _flag_overrides(args)
     if args.resume:
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     preset, config = _resolve(args)  # a mistyped preset or flag is refused before torch loads
     import torch
 
-    from experiments.training import RunRequest, execute
+    from experiments.run.training import RunRequest, execute
 
     torch.set_num_threads(args.threads)
     return execute(RunRequest(

@@ -64,7 +64,7 @@ class RunSection:
         checkpoint_every: write a checkpoint every N rounds (>= 1).
         record_views: keep what each adversary role (each server) received or sent, payloads
             included, plus ``public_info()``, in ``RUN_DIR/views`` (``secagg attack RUN_DIR`` reads
-            them; :mod:`experiments.views`). Default false: a run keeps message sizes only.
+            them; :mod:`experiments.run.views`). Default false: a run keeps message sizes only.
         record_every: with ``record_views``, record round ``r`` when ``r % record_every == 0``, and the
             last round (>= 1; default 1: every round).
     """

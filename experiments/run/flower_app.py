@@ -1,4 +1,4 @@
-"""The deployment ServerApp (``experiments.flower_app:server_app``; the app in ``flower-app/``).
+"""The deployment ServerApp (``experiments.run.flower_app:server_app``; the app in ``flower-app/``).
 
 ``flwr run flower-app CONNECTION --run-config "preset='fedavg-gmf' partition-dir='DIR' out='RUN_DIR'"``
 submits it to a SuperLink; it runs ``secagg run``'s loop (run directory, ledger, metrics,
@@ -19,12 +19,12 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from experiments import config as cfgmod
+from experiments.run import config as cfgmod
 from experiments.errors import UserError
-from experiments.flower_run import check_protocol, execute_on_grid
-from experiments.prepare import prepare_data
-from experiments.rundir import RunDir
-from experiments.training import RunRequest
+from experiments.run.flower_run import check_protocol, execute_on_grid
+from experiments.run.prepare import prepare_data
+from experiments.run.rundir import RunDir
+from experiments.run.training import RunRequest
 from fedflower.adapter import partition_meta
 
 __all__ = ["server_app"]

@@ -1,7 +1,7 @@
 """``secagg run``'s loop on Flower: the same run directory, ledger and report, clients on Flower nodes.
 
-Imported only by ``experiments/cmd_flower.py`` (lazily) and by the deployment ServerApp
-(``experiments.flower_app``), never by ``experiments.cli``: Flower is an optional extra.
+Imported only by ``experiments/cli/cmd_flower.py`` (lazily) and by the deployment ServerApp
+(``experiments.run.flower_app``), never by ``experiments.cli``: Flower is an optional extra.
 
 The harness (this module) is the experimenter, not a protocol party: like ``secagg run`` it
 prepares the data (to write each client's partition, and to evaluate), then hands the protocol's
@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from experiments import config as cfgmod
+from experiments.run import config as cfgmod
 from experiments.errors import UserError
-from experiments.prepare import Prepared, prepare_data
-from experiments.rundir import default_run_dir
-from experiments.training import RunRequest, _loop, _open
+from experiments.run.prepare import Prepared, prepare_data
+from experiments.run.rundir import default_run_dir
+from experiments.run.training import RunRequest, _loop, _open
 from fedflower.adapter import (
     PartitionMeta,
     build_server_trainer,

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.config import RunConfig
+from experiments.run.config import RunConfig
 from recmodels.data import Interactions, align_interactions, binarize, filter_min_interactions, subset
 from recmodels.loaders import load_with_format, resolve_data_path
 from recmodels.public_data import public_file, public_format_of

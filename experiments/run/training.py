@@ -34,11 +34,11 @@ from tqdm import tqdm
 from dp.errors import BudgetExceededError, NonFiniteInputError
 from dp.events import NoOp, NonPrivate
 from dp.ledger import PrivacyLedger
-from experiments import config as cfgmod
+from experiments.run import config as cfgmod
 from experiments import jsonio
 from experiments.errors import RunInterrupted, TrainingDiverged, UserError
-from experiments.prepare import Prepared, prepare_data, run_data_files
-from experiments.rundir import CHECKPOINT, RunDir, default_run_dir
+from experiments.run.prepare import Prepared, prepare_data, run_data_files
+from experiments.run.rundir import CHECKPOINT, RunDir, default_run_dir
 from protocols.guard import set_device_policy
 from protocols.registry import BuildContext
 from protocols.state import loads_json
@@ -208,7 +208,7 @@ class _Run:
         self.ledger.entries()  # an edited row (LedgerError) stops a resume now, not after it trained a round
         self.views = None
         if self.config.run.record_views and self.spec.federated and trainer.transport is not None:
-            from experiments.views import ViewRecorder
+            from experiments.run.views import ViewRecorder
             from protocols.secure_sum import SERVER2
 
             roles = tuple(self.spec.adversaries)
@@ -342,8 +342,8 @@ class _Run:
     # -- privacy ---------------------------------------------------------------------------------
     def privacy(self) -> dict[str, Any]:
         """The summary's ``privacy`` block; ``statement`` says in words what every release spent
-        (:func:`experiments.privacy_text.describe_spent`)."""
-        from experiments.privacy_text import describe_spent
+        (:func:`experiments.cli.privacy_text.describe_spent`)."""
+        from experiments.cli.privacy_text import describe_spent
 
         entries = self.ledger.entries()
         noisy = [e for e in entries if not isinstance(e.event, (NoOp, NonPrivate))]

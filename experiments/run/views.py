@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.errors import UserError
-from experiments.rundir import RunDir, atomic_write_bytes
+from experiments.run.rundir import RunDir, atomic_write_bytes
 from protocols.transport import Record
 
 __all__ = ["INDEX", "INDEX_FORMAT", "VIEWS_DIR", "RecordedViews", "RoleFilter", "ViewRecorder", "has_views",

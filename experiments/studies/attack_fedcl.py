@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import jsonio
-from experiments.attack_data import add_data_arguments, load_attack_data
+from experiments.studies.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
 __all__ = ["SWEEP_EPSILONS", "SWEEP_UPLOADS", "register", "run_fedcl_attack"]

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from experiments import jsonio
-from experiments.attack_data import add_data_arguments, load_attack_data
+from experiments.studies.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
 __all__ = ["register", "run_attack"]

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from experiments import jsonio
-from experiments.attack_data import add_data_arguments, load_attack_data
+from experiments.studies.attack_data import add_data_arguments, load_attack_data
 from experiments.errors import UserError
 
 if TYPE_CHECKING:  # numpy is imported where used, so that --help stays fast

@@ -5,7 +5,7 @@
 
 Each cell is a run (``secagg run`` of the protocol's preset under the defense, views recorded, in
 ``DIR/cells/<protocol>-<defense>``) attacked from its directory (``secagg attack RUN_DIR``,
-:mod:`experiments.attack_rundir`). ``DIR/matrix.json`` holds every finding of every cell,
+:mod:`experiments.studies.attack_rundir`). ``DIR/matrix.json`` holds every finding of every cell,
 ``DIR/matrix.md`` the table and ``DIR/matrix.png`` the heatmap of the best advantage per cell.
 
 Default data: the embedded synthetic generator at a CI size (:data:`SMALL_DATA`). Each defense
@@ -104,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _config(protocol: str, defense: str, args: argparse.Namespace) -> Any:
-    from experiments import config as cfgmod
+    from experiments.run import config as cfgmod
 
     preset, section, defenses = CELLS[protocol]
     overrides = dict(defenses[defense])
@@ -137,8 +137,8 @@ def check_cell(defense: str, findings: list[dict[str, Any]], expect: str | None 
 
 
 def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
-    from experiments.attack_rundir import attack_run_dir
-    from experiments.training import RunRequest, execute
+    from experiments.studies.attack_rundir import attack_run_dir
+    from experiments.run.training import RunRequest, execute
 
     unknown = [p for p in args.protocols if p not in CELLS]
     if unknown:

@@ -5,7 +5,7 @@
 
 The view each attack reads:
 
-* **recorded** (the run was made with ``--record-views``, :mod:`experiments.views`): the files of
+* **recorded** (the run was made with ``--record-views``, :mod:`experiments.run.views`): the files of
   ``RUN_DIR/views``, each verified against its SHA-256, every recorded round;
 * **replayed** (no views recorded): the protocol rebuilt from the run's configuration and data
   (checked against ``run.json`` as ``--resume`` checks them; its plugin modules imported again),
@@ -42,7 +42,7 @@ ATTACKS_JSON = "attacks.json"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``secagg attack run-dir`` (``secagg attack RUN_DIR`` is rewritten to it by the CLI)."""
-    from experiments.cmd_run import add_plugin_argument
+    from experiments.cli.cmd_run import add_plugin_argument
 
     p = subparsers.add_parser(
         "run-dir",
@@ -107,8 +107,8 @@ def _replay_matches(rd: Any, transcript: Any, rounds: int) -> bool | None:
 
 def _replay(rd: Any, config: Any, rounds: int) -> tuple[Any, bool | None]:
     """The first ``rounds`` rounds replayed with every payload kept, as :class:`RecordedViews`."""
-    from experiments.prepare import prepare_data
-    from experiments.views import RecordedViews
+    from experiments.run.prepare import prepare_data
+    from experiments.run.views import RecordedViews
     from protocols.guard import set_device_policy
     from protocols.registry import BuildContext
     from protocols.transport import InProcessTransport, Transcript
@@ -149,11 +149,11 @@ def attack_run_dir(run_dir: Path, attack: str | None = None, rounds: int | None 
                    write: bool = True) -> dict[str, Any]:
     """Attack ``run_dir`` (see the module docstring); the JSON-ready result, also written to attacks.json."""
     from attacks.findings import NotApplicable, Truth
-    from experiments import config as cfgmod
-    from experiments.cmd_run import _import_run_plugins
-    from experiments.rundir import RunDir, atomic_write_text
-    from experiments.training import verify_resume
-    from experiments.views import has_views, load_views
+    from experiments.run import config as cfgmod
+    from experiments.cli.cmd_run import _import_run_plugins
+    from experiments.run.rundir import RunDir, atomic_write_text
+    from experiments.run.training import verify_resume
+    from experiments.run.views import has_views, load_views
 
     if rounds is not None and rounds < 1:
         raise UserError(f"--rounds must be >= 1; found {rounds}")
@@ -194,7 +194,7 @@ def attack_run_dir(run_dir: Path, attack: str | None = None, rounds: int | None 
     # 2. scoring against the run's training data
     findings: list[dict[str, Any]] = []
     if inferred:
-        from experiments.prepare import prepare_data
+        from experiments.run.prepare import prepare_data
 
         train = prepare_data(config).split.train
         truth = Truth.from_interactions(train)

@@ -4,12 +4,12 @@
 several configurations on the same splits, per-user ranks for a paired test, and each user's
 composed epsilon. This module does that, and nothing else:
 
-* ``python -m experiments.fedcl_study run --data PATH --variant NAME=PRESET[:key=value,...] ...
+* ``python -m experiments.studies.fedcl_study run --data PATH --variant NAME=PRESET[:key=value,...] ...
   --seeds 0 1 2 --rounds 150 --out study.jsonl`` trains every variant on every seed (the seed sets
   the split, the init and the client sampling, so variants with the same seed are paired) and
   appends one JSON line per (variant, seed) as soon as it is done. An interrupted study keeps its
   finished lines, and a rerun skips them.
-* ``python -m experiments.fedcl_study summary study.jsonl --reference fed [--png out.png]``
+* ``python -m experiments.studies.fedcl_study summary study.jsonl --reference fed [--png out.png]``
   prints a Markdown table: the mean and standard deviation over seeds of full-ranking HR/NDCG@5/10,
   each user's composed epsilon (median and max over users, mean over seeds), and against the
   reference variant a paired t-test over seeds and an exact sign test over (seed, user) pairs
@@ -40,8 +40,8 @@ from scipy import stats
 from dp.events import Laplace
 from dp.ldp import ldp_repeated_uploads
 from experiments import jsonio
-from experiments import config as cfgmod
-from experiments.prepare import prepare_data
+from experiments.run import config as cfgmod
+from experiments.run.prepare import prepare_data
 from protocols.registry import BuildContext
 from protocols.transport import InProcessTransport, Transcript
 from recmodels.sampling import user_item_csr
@@ -307,7 +307,7 @@ def signal_to_noise(data: str, rounds: int, seed: int = 0, overrides: dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.fedcl_study", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.studies.fedcl_study", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="train variants x seeds, append JSON lines")
     r.add_argument("--data", required=True, help="dataset path, or 'synthetic'")

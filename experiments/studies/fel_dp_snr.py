@@ -1,6 +1,6 @@
 """Why DP-FedAvg FEL leaves sit at chance on small data: one leaf round's clipped sum against its noise.
 
-``python -m experiments.fel_dp_snr --data PATH [--setting C,DIM,CLIENTS,CLIP ...] [--epsilon E ...]
+``python -m experiments.studies.fel_dp_snr --data PATH [--setting C,DIM,CLIENTS,CLIP ...] [--epsilon E ...]
 [--rounds R] [--json]``
 
 For each setting (``CLIENTS = 0``: the whole cluster every round) it runs one round of leaf 0 with
@@ -61,10 +61,10 @@ def leaf_snr(train: Any, exclude: Any, *, clusters: int, dim: int, clients: int,
 
 def main(argv: list[str] | None = None) -> int:
     """Print one line per (setting, epsilon); ``--json``: one JSON list as the last line."""
-    from experiments.config import load_preset, merge
-    from experiments.prepare import prepare_data
+    from experiments.run.config import load_preset, merge
+    from experiments.run.prepare import prepare_data
 
-    p = argparse.ArgumentParser(prog="python -m experiments.fel_dp_snr", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.studies.fel_dp_snr", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="synthetic", help="ratings file (default: synthetic)")
     p.add_argument("--setting", action="append", default=None, metavar="C,DIM,CLIENTS,CLIP")
     p.add_argument("--epsilon", type=float, action="append", default=None, help="default: 4 and 1.5")

@@ -1,6 +1,6 @@
 """How far above ItemPop can STTFedRec's features take a ranking? (issue 10, "well above ItemPop").
 
-``python -m experiments.sttfedrec_bound --data PATH [--config TOML] [--run RUN_DIR ...] [--json]``
+``python -m experiments.studies.sttfedrec_bound --data PATH [--config TOML] [--run RUN_DIR ...] [--json]``
 
 No training: three cheap reference scorers on the framework's split and sampled candidates (the
 same seed, leave-one-out split and 99 negatives as ``secagg run``), each scored with
@@ -94,8 +94,8 @@ def blend_rows(run_dir: str) -> list[dict[str, Any]]:
     """A trained run's model with the device's click-embedding mean blended into its user vector."""
     import torch
 
-    from experiments.config import load_config_file
-    from experiments.prepare import prepare_data
+    from experiments.run.config import load_config_file
+    from experiments.run.prepare import prepare_data
     from protocols.state import load_state
     from protocols.sttfedrec import STTFedRec
     from recmodels.metrics import evaluate_sampled
@@ -130,14 +130,14 @@ def blend_rows(run_dir: str) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.sttfedrec_bound", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.studies.sttfedrec_bound", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="ratings file or folder (its movies.csv gives the item texts)")
     p.add_argument("--config", default=None, help="TOML layered on the fl-dssm preset (split, eval, data sizes)")
     p.add_argument("--run", action="append", default=[], metavar="RUN_DIR", help="a finished sttfedrec/fl-twotower run")
     p.add_argument("--json", action="store_true", help="print every row as one JSON object last")
     args = p.parse_args(argv)
-    from experiments.config import load_config_file, load_preset, merge
-    from experiments.prepare import prepare_data
+    from experiments.run.config import load_config_file, load_preset, merge
+    from experiments.run.prepare import prepare_data
 
     base = load_preset("fl-dssm") if args.config is None else load_config_file(args.config, load_preset("fl-dssm"))
     cfg = merge(base, {"data": {"source": args.data}})

@@ -1,6 +1,6 @@
 """What SAS reads off the summed first-layer gradient of the click-id user input (``click_id_dim``).
 
-``python -m experiments.sttfedrec_click_leak --data PATH [--dim B] [--cohort K] [--cohorts N] [--json]``
+``python -m experiments.studies.sttfedrec_click_leak --data PATH [--dim B] [--cohort K] [--cohorts N] [--json]``
 
 The gradient of the user tower's first layer with respect to the click-id column ``b`` is, for
 one client, its first-layer error vector (256 values) times its input ``x_b``, which is non-zero
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from recmodels.splits import leave_one_out
     from recmodels.trigram import hashed_ids
 
-    ap = argparse.ArgumentParser(prog="python -m experiments.sttfedrec_click_leak", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.studies.sttfedrec_click_leak", description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--dim", type=int, default=4096, help="click_id_dim B")
     ap.add_argument("--cohort", type=int, default=50, help="clients per round K")

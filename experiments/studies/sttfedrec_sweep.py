@@ -1,6 +1,6 @@
 """Accuracy sweeps of STTFedRec over rho and clients per round (issue 10), through ``secagg run``.
 
-``python -m experiments.sttfedrec_sweep --data PATH --out DIR [--preset fl-dssm] [--rounds R]
+``python -m experiments.studies.sttfedrec_sweep --data PATH --out DIR [--preset fl-dssm] [--rounds R]
 [--rho 0.5 0.7 0.9] [--clients 10 25 50]``
 
 Each point is one ordinary ``secagg run PRESET --config point.toml`` (run directory
@@ -54,7 +54,7 @@ def _row(kind: str, value: float, s: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.sttfedrec_sweep", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.studies.sttfedrec_sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--preset", default="fl-dssm")
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rho", type=float, nargs="*", default=[0.5, 0.7, 0.9])
     p.add_argument("--clients", type=int, nargs="*", default=[10, 25, 50])
     args = p.parse_args(argv)
-    from experiments.config import load_preset
+    from experiments.run.config import load_preset
 
     base = load_preset(args.preset).sections["sttfedrec"]
     rows = []

@@ -20,7 +20,7 @@ from attacks.fel import (
 from attacks.registry import get_attack
 from dp.accountant import RdpAccountant
 from dp.events import Gaussian, NonPrivate, PoissonSampled
-from experiments.attack_fel import canary_worlds, run_attack
+from experiments.studies.attack_fel import canary_worlds, run_attack
 from experiments.cli import main
 from protocols.fel import FelConfig, FelTrainer
 from protocols.fel_leaf import LEAF_MODEL_KIND, LeafModel
@@ -168,7 +168,7 @@ def test_dp_bound_holds_with_many_trials_central_and_distributed(eps):
 
 
 def test_dp_snr_diagnostic_on_synthetic_data():
-    from experiments.fel_dp_snr import leaf_snr
+    from experiments.studies.fel_dp_snr import leaf_snr
 
     rows = [r for c, m in ((1, 0), (2, 5)) for r in leaf_snr(_data(), None, clusters=c, dim=4, clients=m, clip=0.5,
                                                              epsilons=(4.0,), rounds=5)]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import attack_matrix
-from experiments.attack_matrix import HOLD_MAX, LEAK_MIN, check_cell
+from experiments.studies import attack_matrix
+from experiments.studies.attack_matrix import HOLD_MAX, LEAK_MIN, check_cell
 from experiments.cli import main
 
 

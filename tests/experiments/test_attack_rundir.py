@@ -10,7 +10,7 @@ import pytest
 
 from attacks.findings import STATUS_PUBLIC
 from experiments.cli import main
-from experiments.views import VIEWS_DIR
+from experiments.run.views import VIEWS_DIR
 
 SMALL = """
 [run]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.bench_aggregation import bench
+from experiments.bench.aggregation import bench
 from experiments.cli import main
 
 KEYS = {

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from experiments.bench_dpf import bench
+from experiments.bench.dpf import bench
 from experiments.cli import main
 from secagg.dpf import KeySet
 

@@ -17,7 +17,7 @@ def test_secure_lists_are_checked_and_run_side_by_side(capsys, monkeypatch):
 
     assert main(["bench", "fedavg", "--secure", "none,paillier"]) == 2
     assert "--secure" in capsys.readouterr().err
-    from experiments import bench_fedavg
+    from experiments.bench import fedavg as bench_fedavg
 
     seen = {}
 

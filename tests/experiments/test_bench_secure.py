@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.bench_secure import bench, secure_presets
+from experiments.bench.secure import bench, secure_presets
 from experiments.cli import main
 from experiments.errors import UserError
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import config as cfgmod
+from experiments.run import config as cfgmod
 from experiments import jsonio
 from experiments.cli import build_parser, main
 
@@ -142,7 +142,7 @@ def test_flower_help_names_what_runs_on_flower(probe: dict) -> None:
 
 
 def test_bench_aggregation_choices_are_the_runners_protocols() -> None:
-    from experiments.bench_aggregation import BENCH_PROTOCOLS
+    from experiments.bench.aggregation import BENCH_PROTOCOLS
     from secagg.runner import PROTOCOLS
 
     assert set(BENCH_PROTOCOLS) == set(PROTOCOLS) | {"chain"}
@@ -185,7 +185,7 @@ def test_eval_every_evaluates_every_round(tmp_path: Path, capsys) -> None:
 
 
 def test_ctrl_c_names_the_run_directory_to_resume(tmp_path: Path, capsys, monkeypatch) -> None:
-    from experiments import training
+    from experiments.run import training
 
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY.format(rounds=3))
@@ -272,7 +272,7 @@ def test_jsonio_writes_null_for_every_non_finite_value() -> None:
 
 
 def test_a_slow_first_round_says_how_long_the_run_will_take(tmp_path: Path, capsys, monkeypatch) -> None:
-    from experiments import training
+    from experiments.run import training
 
     assert training.pace_note(5.0, 1, 20) is None  # fast rounds: nothing to say
     assert training.pace_note(100.0, 20, 20) is None  # no round left

@@ -75,7 +75,7 @@ def test_sweep_reports_a_diverged_ldp_model_as_diverged_without_numpy_warnings(t
     'model diverged', and numpy's overflow warnings leaked to stderr."""
     import warnings
 
-    import experiments.cmd_attack as cmd_attack
+    import experiments.cli.cmd_attack as cmd_attack
 
     _seeded_ldp(monkeypatch)
     monkeypatch.setattr(cmd_attack, "SWEEP_EPSILONS", (1.0,))
@@ -98,7 +98,7 @@ def test_single_run_and_sweep_agree_on_divergence(capsys, monkeypatch):
 
 def test_a_sweep_row_that_fails_early_does_not_end_the_sweep(tmp_path, capsys, monkeypatch):
     """Divergence before round 2 (the attack needs rounds 0 and 1) is one row, not an exit 2."""
-    import experiments.cmd_attack as cmd_attack
+    import experiments.cli.cmd_attack as cmd_attack
 
     _seeded_ldp(monkeypatch)
     monkeypatch.setattr(cmd_attack, "SWEEP_EPSILONS", (1.0,))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.cmd_compare import compare_runs, curves_figure, default_metric, direction
+from experiments.cli.cmd_compare import compare_runs, curves_figure, default_metric, direction
 
 CONFIG = {
     "run": {"protocol": "fedmf", "seed": 0, "rounds": 3},

@@ -229,6 +229,6 @@ def test_the_clients_minimum_from_the_clients_section_reaches_the_secure_sums(tm
     err = capsys.readouterr().err
     assert code == 2 and "No sum was released" in err and "min_survivors" in err
     with pytest.raises(ValueError, match=r"\[clients\]: min_survivors must be an int >= 2"):
-        from experiments.config import ClientsSection
+        from experiments.run.config import ClientsSection
 
         ClientsSection(min_survivors=1)

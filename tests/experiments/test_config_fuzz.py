@@ -1,9 +1,9 @@
 """Fuzzing the TOML config loader: any file content ends in a config or a ValueError that says why.
 
-``experiments.config.load_config_file`` reads user files (``--config``) and the ``config.toml`` of
+``experiments.run.config.load_config_file`` reads user files (``--config``) and the ``config.toml`` of
 a run directory (``--resume``), both of which a user can edit. Random text, random bytes, mutated
 presets and well-formed TOML with random sections, keys and values must give a
-:class:`~experiments.config.RunConfig` or a ``ValueError`` with a message (the CLI turns it into
+:class:`~experiments.run.config.RunConfig` or a ``ValueError`` with a message (the CLI turns it into
 one line and exit code 2), never another exception. A missing file is a ``FileNotFoundError``.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from experiments import config as cfgmod
+from experiments.run import config as cfgmod
 
 FIXTURE_OK = [HealthCheck.function_scoped_fixture]
 PRESET_TEXTS = [resources.files("experiments.presets").joinpath(f"{n}.toml").read_text() for n in cfgmod.PRESETS]
@@ -124,7 +124,7 @@ def test_edge_cases_give_a_config_or_a_value_error(tmp_path: Path, text: str) ->
     _load(tmp_path, text.encode())
 
 
-#: The documented bound on a config file's nesting (experiments/config.py, docs/security.md).
+#: The documented bound on a config file's nesting (experiments/run/config.py, docs/security.md).
 TOML_DEPTH_LIMIT = 64
 
 
@@ -202,7 +202,7 @@ def test_a_100000_level_dotted_key_is_refused_without_exhausting_memory(tmp_path
     script = (
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
-        "from experiments import config\n"
+        "from experiments.run import config\n"
         "try:\n"
         "    config.load_config_file(sys.argv[1])\n"
         "except ValueError as exc:\n"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from experiments.cli import main
-from experiments.training import _has_non_finite
+from experiments.run.training import _has_non_finite
 
 FEDMF = """
 [run]

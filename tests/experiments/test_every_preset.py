@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import config as cfgmod
+from experiments.run import config as cfgmod
 from experiments.cli import main
 
 TINY = """

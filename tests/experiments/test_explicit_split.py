@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from experiments.cli import main
-from experiments.config import RunConfig, load_config_file, merge
-from experiments.prepare import prepare_data, run_data_files, split_files_of
+from experiments.run.config import RunConfig, load_config_file, merge
+from experiments.run.prepare import prepare_data, run_data_files, split_files_of
 from recmodels.loaders import DataFileNotFoundError, DataFormatError
 from recmodels.metrics import TIE_RULES
 

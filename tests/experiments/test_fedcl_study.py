@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments import fedcl_study as st
+from experiments.studies import fedcl_study as st
 from recmodels.data import Interactions
 from recmodels.metrics import evaluate_full, metrics_from_ranks
 from recmodels.splits import leave_one_out

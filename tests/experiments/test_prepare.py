@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.config import RunConfig, merge, parse_sections
-from experiments.prepare import prepare_data
+from experiments.run.config import RunConfig, merge, parse_sections
+from experiments.run.prepare import prepare_data
 from protocols.fedavg import FedAvgConfig, FedAvgGMF
 from recmodels.data import pair_keys
 from recmodels.train import CentralConfig, CentralTrainer

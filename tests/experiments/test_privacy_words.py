@@ -151,7 +151,7 @@ def test_a_protocols_stated_assumption_is_part_of_the_words(tmp_path: Path, caps
     """A protocol's report may state the premise of its accounting (``noise_assumption``, e.g. FEL's
     collusion bound on distributed noise): the words carry it, before the overall figure."""
     from dp.ledger import PrivacyLedger
-    from experiments.privacy_text import describe_spent
+    from experiments.cli.privacy_text import describe_spent
 
     out, report, printed, text = run(tmp_path, capsys, "fel-dp", TINY)
     with PrivacyLedger(out / "privacy_ledger.sqlite") as ledger:

@@ -172,7 +172,7 @@ def test_two_processes_cannot_share_a_run_directory(tmp_path, capsys):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     # The kernel released the lock with the killed process: the directory can be taken again.
-    from experiments.rundir import RunDir
+    from experiments.run.rundir import RunDir
 
     rd = RunDir(run)
     rd.lock()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from experiments import sttfedrec_bound
+from experiments.studies import sttfedrec_bound
 from experiments.cli import main as cli
 
 TINY = """

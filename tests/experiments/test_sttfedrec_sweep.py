@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 
-from experiments import sttfedrec_sweep
+from experiments.studies import sttfedrec_sweep
 
 
 def test_sweep_runs_each_point_once_and_writes_csv_and_png(tmp_path, monkeypatch):

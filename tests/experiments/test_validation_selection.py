@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from experiments.cli import main
-from experiments.config import RunConfig, merge
-from experiments.prepare import prepare_data
-from experiments.training import best_validation
+from experiments.run.config import RunConfig, merge
+from experiments.run.prepare import prepare_data
+from experiments.run.training import best_validation
 
 TINY = """
 [run]

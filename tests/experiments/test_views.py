@@ -1,4 +1,4 @@
-"""Recorded adversary views in a run directory (experiments.views, ``secagg run --record-views``)."""
+"""Recorded adversary views in a run directory (experiments.run.views, ``secagg run --record-views``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 from experiments.cli import main
 from experiments.errors import UserError
-from experiments.rundir import RunDir
-from experiments.views import INDEX, VIEWS_DIR, ViewRecorder, load_views
+from experiments.run.rundir import RunDir
+from experiments.run.views import INDEX, VIEWS_DIR, ViewRecorder, load_views
 from protocols.fedavg import ClientUpdate, FedAvgConfig, FedAvgGMF
 from protocols.transport import SERVER, InProcessTransport, Transcript
 from recmodels.synthetic import generate_synthetic
@@ -155,11 +155,11 @@ def test_attack_inference_needs_only_the_views_directory(tmp_path: Path, capsys,
     shutil.copytree(out / VIEWS_DIR, alone / VIEWS_DIR)
     code = (
         "import sys\n"
-        "for m in ('experiments.prepare', 'experiments.training', 'recmodels.loaders', 'recmodels.synthetic'):\n"
+        "for m in ('experiments.run.prepare', 'experiments.run.training', 'recmodels.loaders', 'recmodels.synthetic'):\n"
         "    sys.modules[m] = None\n"
         "from attacks.findings import NotApplicable\n"
         "from attacks.registry import attacks_for\n"
-        "from experiments.views import load_views\n"
+        "from experiments.run.views import load_views\n"
         f"v = load_views({str(alone)!r})\n"
         "for a in attacks_for(v.protocol):\n"
         "    if a.infer is not None:\n"

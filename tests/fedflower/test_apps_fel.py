@@ -25,7 +25,7 @@ from flwr.app import Message, MessageType, RecordDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from experiments import config as cfgmod
+from experiments.run import config as cfgmod
 from experiments.errors import UserError
 from fedflower.adapter import (
     build_server_trainer,
@@ -339,7 +339,7 @@ def test_a_resumed_fel_run_equals_the_uninterrupted_one(tmp_path):
     ("fel-dp", "over-arch"),  # (its leaves' distributed DP runs on Flower: with a fixed combiner, below)
 ])
 def test_fel_configurations_that_need_more_than_units_are_refused_in_words(preset, reason):
-    from experiments.flower_run import check_protocol
+    from experiments.run.flower_run import check_protocol
 
     config = cfgmod.load_preset(preset)
     with pytest.raises(UserError, match=reason):
@@ -377,7 +377,7 @@ eval_every = 0
 def test_fel_simulation_through_ray_gives_the_in_process_run(tmp_path, preset):
     """`secagg flower simulate PRESET` through Ray: the leaves (an NCF leaf's MLP included), the FL
     over-arch, metrics and transcript of `secagg run`."""
-    from experiments.rundir import RunDir
+    from experiments.run.rundir import RunDir
 
     run_in_process_and_simulated(tmp_path, preset, RAY_CONFIG if preset != "fl-baseline"
                                  else RAY_CONFIG.replace("n_clusters = 3", "n_clusters = 1"))

@@ -271,7 +271,7 @@ def test_fel_dp_simulation_through_ray_gives_the_in_process_run(tmp_path, noise)
     """`secagg flower simulate fel-dp` (its distributed noise through SecAgg+, a fixed combiner) through Ray
     against `secagg run fel-dp`: noise off, the same leaves and metrics; the preset's calibrated noise, the
     same privacy report (releases, epsilon)."""
-    from experiments.rundir import RunDir
+    from experiments.run.rundir import RunDir
 
     extra = '\ncalibration = "noise"\nnoise_multiplier = 0.0\n' if noise == "off" else "\n"
     run_in_process_and_simulated(tmp_path, "fel-dp", RAY_DP_CONFIG.replace("frac_bits = 20\n", "frac_bits = 20" + extra))

@@ -227,7 +227,7 @@ def deploy(tmp: Path, rounds: int, preset: str = "fedavg-gmf-secagg", resume_to:
 def _check_same_model(flower_dir: Path, inproc_dir: Path) -> None:
     import torch
 
-    from experiments.rundir import RunDir
+    from experiments.run.rundir import RunDir
 
     a = RunDir.open_existing(flower_dir).load_checkpoint()["trainer"]
     b = RunDir.open_existing(inproc_dir).load_checkpoint()["trainer"]
@@ -288,7 +288,7 @@ def test_fel_deployment_over_tls_gives_the_in_process_leaves(tmp_path):
     (the ensemble scored on the nodes) and the bytes equal `secagg run`'s."""
     import torch
 
-    from experiments.rundir import RunDir
+    from experiments.run.rundir import RunDir
 
     flower, inproc = deploy(tmp_path, rounds=2, preset="fel-mean", config=FEL_CONFIG)
     a = RunDir.open_existing(flower).load_checkpoint()["trainer"]

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import config as cfgmod
-from experiments.flower_run import execute_on_grid, prepare_for_flower, write_run_partitions
-from experiments.rundir import RunDir
-from experiments.training import RunRequest
+from experiments.run import config as cfgmod
+from experiments.run.flower_run import execute_on_grid, prepare_for_flower, write_run_partitions
+from experiments.run.rundir import RunDir
+from experiments.run.training import RunRequest
 from fedflower.apps import make_client_app
 from fedflower.loopback import LoopbackGrid
 from protocols.registry import all_protocols

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from experiments.bench_flower import bench_flower
+from experiments.bench.flower import bench_flower
 from experiments.cli import main
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from experiments.cli import main as secagg
-from experiments.rundir import RunDir
+from experiments.run.rundir import RunDir
 
 from .conftest import run_in_process_and_simulated
 

@@ -354,7 +354,7 @@ def test_ml_latest_small_presets_on_devices(ml_latest_small, preset):
     preset: one all-client SecAgg+ sum over 610 clients takes minutes (docs/fedfast.md)."""
     import time
 
-    from experiments.config import load_preset
+    from experiments.run.config import load_preset
     from recmodels.data import binarize
     from recmodels.loaders import load_interactions
     from recmodels.splits import leave_one_out

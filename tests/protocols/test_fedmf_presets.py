@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments import config as cfgmod
+from experiments.run import config as cfgmod
 from experiments.cli import main
 from protocols.fedmf import FedMF
 from recmodels.synthetic import generate_synthetic

@@ -291,7 +291,7 @@ def test_union_rows_give_the_dense_forms_codes_and_send_only_the_unions_rows():
 
 @pytest.mark.slow
 def test_bench_sweep_and_fedmf_comparison_small(tmp_path):
-    from experiments.bench_lightfr import _plot_sweep, sweep, vs_fedmf
+    from experiments.bench.lightfr import _plot_sweep, sweep, vs_fedmf
 
     rows = sweep("synthetic", 1, 0, [8], [0.5], {"synthetic_users": 60, "synthetic_items": 120})
     assert [(r["vary"], r["bits"], r["client_fraction"]) for r in rows] == [("bits", 8, 0.6), ("client_fraction", 64, 0.5)]

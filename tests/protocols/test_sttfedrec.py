@@ -66,7 +66,7 @@ def test_split_training_equals_fl_training_within_fixed_point(train, tower, ids)
 def test_more_fractional_bits_bring_the_split_update_closer_to_fl(train):
     """The preset's frac_bits = 32 (docs/sttfedrec.md, "fixed-point drift"): with the same seed the
     split model is closer to the FL model than at 24 bits, and the preset fits the bit budget."""
-    from experiments.config import load_preset
+    from experiments.run.config import load_preset
     from secagg.encoding import check_budget
 
     fl = _trainer(train, "fl", item_id_embedding=True, lr=1e-2, tau=1e-6)
@@ -430,7 +430,7 @@ def test_summed_first_layer_gradient_reveals_the_cohorts_union_of_click_buckets(
     user-tower gradient SAS decodes are non-zero exactly at the buckets some sampled client holds
     (after leaving out its request's clicks), and a bucket held by one client only is that
     client's own first-layer error vector (parallel to its other sole-held columns)."""
-    from experiments.sttfedrec_click_leak import cohort_exposure
+    from experiments.studies.sttfedrec_click_leak import cohort_exposure
 
     tr = _trainer(train, click_id_dim=48, clients_per_round=4)
     tr.record_chain_inputs = True

@@ -145,6 +145,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("secagg: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

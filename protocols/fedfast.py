@@ -65,14 +65,28 @@ import torch
 
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
-from protocols.exchange import Exchange, Replies, SecureSum, answer_in_process, run_exchanges
+from protocols.exchange import Exchange, Replies, SecureSum, run_exchanges
 from protocols.fedavg import ClientUpdate, FedAvgConfig, FedAvgGMF, LocalRound
-from protocols.guard import RefusedStep
+from protocols.fedfast_cluster import (  # noqa: F401  (re-exported: they were defined here)
+    _PROFILE,
+    _STREAM_START,
+    _USER,
+    FedFastClustering,
+    _check_done,
+    _one_hot_blocks,
+    actvagg_sums,
+    actvagg_weights,
+    assign_clusters,
+    cluster_sums,
+    propagate_to_subordinates,
+    round_robin_sample,
+    update_centroids,
+)
+from protocols.fedfast_device import FedFastDevice
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
 from recmodels.models import gmf_logits
-from recmodels.streams import integers, stream_keys
 from secagg.encoding import check_budget
 
 __all__ = [
@@ -93,10 +107,6 @@ _AGG = ("actvagg", "fedavg")
 _WEIGHTING = ("component", "row")
 _USER_UPDATE = ("copy", "average")
 _FEATURES = ("profile", "random")
-#: the k-means points a client uses (``feature`` of a k-means or assign exchange)
-_PROFILE, _USER = 0, 1
-#: the purpose of the clients' keyed stream for their start cluster (recmodels.streams)
-_STREAM_START = 21
 
 
 @dataclass(frozen=True)
@@ -196,118 +206,11 @@ class FedFastConfig(FedAvgConfig):
         return self.sampling == "active" or (self.aggregation == "actvagg" and self.propagate)
 
 
-# -- pure pieces (tested against per-client loops) -------------------------------------------------
-def assign_clusters(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """Index of the nearest centroid (squared Euclidean; ties to the lowest index; NaN rows never win)."""
-    d = ((x[:, None, :] - centroids[None, :, :]) ** 2).sum(-1)
-    d[:, np.isnan(centroids).any(1)] = np.inf
-    return np.argmin(d, axis=1).astype(np.int64)
-
-
-def cluster_sums(x: np.ndarray, assign: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-cluster sums ``[p, F]`` and counts ``[p]`` of the rows of ``x``."""
-    sums = np.zeros((p, x.shape[1]))
-    np.add.at(sums, assign, x)
-    return sums, np.bincount(assign, minlength=p).astype(np.float64)
-
-
-def update_centroids(sums: np.ndarray, counts: np.ndarray, prev: np.ndarray | None,
-                     min_count: int = 1) -> np.ndarray:
-    """Means of clusters with at least ``min_count`` members (and at least one); any other keeps
-    ``prev``'s row (NaN if none in this space)."""
-    keep = prev if prev is not None and prev.shape == sums.shape else np.full(sums.shape, np.nan)
-    live = counts > max(min_count, 1) - 0.5
-    out = keep.copy()
-    out[live] = sums[live] / counts[live, None]
-    return out
-
-
-def round_robin_sample(assign: np.ndarray, m: int, rng: np.random.Generator,
-                       load: np.ndarray | None = None) -> np.ndarray:
-    """ActvSAMP (notes A1): indices into ``assign`` of ``m`` clients drawn round-robin over clusters.
-
-    Clusters are visited in a random order; each visit draws one not-yet-drawn member uniformly
-    (or, given ``load``, a least-loaded one, random among ties) until ``m`` are drawn, so every
-    cluster gets ``floor(m/p)`` or ``ceil(m/p)`` when it is large enough. Clients without a cluster
-    (``-1``: none reported, e.g. every client refused the step that assigns them) are drawn as one
-    more cluster. Returned sorted.
-    """
-    n = len(assign)
-    assign = np.asarray(assign, np.int64)
-    if n and (assign < 0).any():
-        assign = np.where(assign < 0, int(assign.max()) + 1 if (assign >= 0).any() else 0, assign)
-    p = int(assign.max()) + 1 if n else 0
-    cluster_rank = rng.permutation(p)
-    shuffle = rng.permutation(n)
-    # members grouped by cluster, least-loaded first when asked, random order otherwise (lexsort is stable)
-    keys = (assign[shuffle],) if load is None else (load[shuffle], assign[shuffle])
-    order = shuffle[np.lexsort(keys)]
-    start = np.searchsorted(assign[order], np.arange(p))
-    within = np.empty(n, np.int64)
-    within[order] = np.arange(n) - start[assign[order]]
-    pick = np.lexsort((cluster_rank[assign], within))[:m]
-    return np.sort(pick)
-
-
-def actvagg_weights(dq: torch.Tensor, weighting: str = "component") -> torch.Tensor:
-    """``q^k`` of each row of changes: ``|delta|`` per component, or the row's L1 norm (notes A4)."""
-    return dq.abs() if weighting == "component" else dq.abs().sum(1, keepdim=True).expand_as(dq)
-
-
-def actvagg_sums(pair_item: np.ndarray | torch.Tensor, dq: torch.Tensor, n_items: int,
-                 weighting: str = "component") -> tuple[torch.Tensor, torch.Tensor]:
-    """ActvAGG's item numerator ``sum_k q^k * delta^k`` and denominator ``sum_k q^k``.
-
-    ``dq[r]`` is one client's change of item ``pair_item[r]`` (one row per client and touched item).
-    """
-    q = actvagg_weights(dq, weighting)
-    idx = torch.as_tensor(pair_item)
-    num = torch.zeros(n_items, dq.shape[1], dtype=dq.dtype).index_add_(0, idx, q * dq)
-    den = torch.zeros(n_items, dq.shape[1], dtype=dq.dtype).index_add_(0, idx, q)
-    return num, den
-
-
-def propagate_to_subordinates(user: torch.Tensor, assign: np.ndarray, delegates: np.ndarray,
-                              delta_sum: np.ndarray, delta_count: np.ndarray, gamma: float,
-                              min_count: int = 1) -> torch.Tensor:
-    """New user table: every non-delegate moves by ``gamma`` x its cluster's mean delegate change.
-
-    ``assign[u]`` is user ``u``'s cluster (-1: not a client), ``delta_sum[c]``/``delta_count[c]``
-    the sum and number of delegate changes in cluster ``c``; a cluster with fewer than
-    ``min_count`` delegates (or none) is skipped.
-    """
-    mean = np.zeros_like(delta_sum)
-    live = delta_count > max(min_count, 1) - 0.5
-    mean[live] = delta_sum[live] / delta_count[live, None]
-    sub = np.ones(len(assign), bool)
-    sub[delegates] = False
-    sub &= assign >= 0
-    out = user.clone()
-    rows = np.flatnonzero(sub)
-    out[torch.as_tensor(rows)] += gamma * torch.as_tensor(mean[assign[rows]], dtype=user.dtype)
-    return out
-
-
-def _check_done(u: int, r: dict) -> bool:
-    if r["done"].shape != () or r["done"].dtype != np.bool_ or not bool(r["done"]):
-        raise ValueError(f"done must be one bool True; found {r['done']!r}")
-    return True
-
-
 def check_devices(config: FedFastConfig) -> None:
     """Every FedFast configuration separates onto devices (docs/fedfast.md, "On separate devices"):
     this only checks that ``config`` is a :class:`FedFastConfig`."""
     if not isinstance(config, FedFastConfig):
         raise ValueError(f"fedfast on devices needs a FedFastConfig; found {type(config).__name__}")
-
-
-def _one_hot_blocks(values: np.ndarray, assign: np.ndarray, p: int) -> np.ndarray:
-    """Each row ``[x, 1]`` placed in block ``assign[i]`` of a ``p * (F + 1)`` vector (zeros elsewhere)."""
-    n, f = values.shape
-    out = np.zeros((n, p, f + 1))
-    out[np.arange(n), assign, :f] = values
-    out[np.arange(n), assign, f] = 1.0
-    return out.reshape(n, p * (f + 1))
 
 
 @dataclass(frozen=True)
@@ -318,7 +221,7 @@ class FedFastUpload(ClientUpdate):
     user_embedding: np.ndarray | None = None
 
 
-class FedFastGMF(FedAvgGMF):
+class FedFastGMF(FedFastClustering, FedFastDevice, FedAvgGMF):
     """FedFast over GMF (see the module docstring); FedAvgGMF's local training, batched.
 
     The round is a sequence of named exchanges (:mod:`protocols.exchange`): :meth:`device_round`
@@ -408,223 +311,6 @@ class FedFastGMF(FedAvgGMF):
         if self.config.aggregation == "actvagg":
             return 2 * n_items * d + d + 3
         return n_items * d + (n_items if self.config.item_aggregation == "touched" else 0) + d + 3
-
-    # -- the statistics a client computes ----------------------------------------------------------------
-    def _profile_of(self, users: np.ndarray, pop: np.ndarray) -> np.ndarray:
-        """Raw ``[log(1+n_k), mean, std of log(1+popularity)]`` of ``users`` from their own positives
-        and the published popularity (notes A8); per client, so batched equals alone."""
-        counts = (self._pos_start[users + 1] - self._pos_start[users]).astype(np.float64)
-        pos_items = np.concatenate([self._pos_items[self._pos_start[u]: self._pos_start[u + 1]] for u in users])
-        slot = np.repeat(np.arange(len(users)), counts.astype(np.int64))
-        lp = np.log1p(pop[pos_items])
-        mean = np.bincount(slot, lp, len(users)) / counts
-        std = np.sqrt(np.maximum(np.bincount(slot, lp**2, len(users)) / counts - mean**2, 0.0))
-        return np.stack([np.log1p(counts), mean, std], 1)
-
-    def _profile_features(self, t: int) -> np.ndarray:
-        """Every client's raw profile statistics computed centrally (the oracle the tests use; the
-        round gets them from the clients)."""
-        cl = self._clients
-        pos = np.concatenate([self._pos_items[self._pos_start[u]: self._pos_start[u + 1]] for u in cl])
-        return self._profile_of(cl, np.bincount(pos, minlength=self.train.n_items).astype(np.float64))
-
-    # -- clustering at the server (plaintext: it holds the points) ------------------------------------
-    def _lloyd(self, x: np.ndarray, assign: np.ndarray, iters: int, t: int, users: np.ndarray) -> np.ndarray:
-        """Up to ``iters`` Lloyd steps from ``assign`` over the rows ``x`` of ``users``, at the
-        plaintext server. Stops early once a step leaves the centroids unchanged (bit for bit):
-        the assignment is then a fixed point, so every further step would repeat it, and the result
-        equals the one of all ``iters`` steps. A cluster below ``min_cluster`` members keeps its
-        centroid (as the secure variant never sums it)."""
-        p = self.config.clusters
-        self.kmeans_steps = 0
-        for _ in range(iters):
-            sums = _one_hot_blocks(x, assign, p).sum(0).reshape(p, x.shape[1] + 1)
-            prev = self.centroids
-            self._count_small("fedfast:kmeans", sums[:, -1])
-            self.centroids = update_centroids(sums[:, :-1], np.rint(sums[:, -1]), prev, self.config.min_cluster)
-            assign = assign_clusters(x, self.centroids)
-            self.kmeans_steps += 1
-            if prev.shape == self.centroids.shape and np.array_equal(prev, self.centroids, equal_nan=True):
-                break
-        self.assign[users] = assign
-        return assign
-
-    def _first_centroids(self, sums: np.ndarray, f: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Round 0's first centroids (standardised) and the moments ``mu``, ``sd`` from the
-        per-cluster sums ``[p, 2f + 1]`` of ``[x, x^2, 1]`` over each start cluster's members
-        (clusters below ``min_cluster`` are zero rows: never summed, left out of the moments too)."""
-        cfg = self.config
-        counts = np.rint(sums[:, 2 * f])
-        live = counts > max(cfg.min_cluster, 1) - 0.5
-        n = float(counts[live].sum())
-        if n < 1:  # every start cluster was below the minimum: no centroid yet
-            return np.full((cfg.clusters, f), np.nan), np.zeros(f), np.ones(f)
-        mu = sums[live, :f].sum(0) / n
-        sd = np.sqrt(np.maximum(sums[live, f: 2 * f].sum(0) / n - mu**2, 0.0))
-        sd = np.where(sd > 1e-12, sd, 1.0)
-        cent = update_centroids(sums[:, :f], counts, None, cfg.min_cluster)
-        return (cent - mu) / sd, mu, sd
-
-    def _start_clusters(self, users: np.ndarray) -> np.ndarray:
-        """Each client's start cluster, drawn by the client itself from its own keyed stream (a
-        seeded simulation choice: reproducible, the same alone or batched, never chosen by the
-        server)."""
-        users = np.asarray(users, np.int64)
-        return integers(stream_keys(self.seed, _STREAM_START, users), np.zeros(len(users), np.uint64),
-                        self.config.clusters).astype(np.int64)
-
-    def _initial_clusters(self, t: int) -> float:
-        """Round 0's partition in one process (the exchanges of :meth:`_initial_exchanges`, answered
-        by this trainer's own clients); returns the clustering bytes per client."""
-        gen = self._initial_exchanges(t)
-        try:
-            ex = next(gen)
-            while True:
-                ex = gen.send(answer_in_process(self, ex, self.device_step, t))
-        except StopIteration as stop:
-            return float(stop.value)
-
-    def _initial_exchanges(self, t: int):
-        """Round 0's partition: k-means on the standardised profile statistics (A8), a generator of
-        exchanges returning the clustering bytes per client.
-
-        Every client draws its own start cluster (:meth:`_start_clusters`). The first Lloyd step and
-        the standardisation moments share one sum per start cluster: each client sums
-        ``[x, x^2, 1]`` of its raw statistics ``x`` with its cluster's members; the mean of
-        standardised rows is the standardised mean, so the first centroids follow from the raw
-        per-cluster sums, and the moments are the sum of the clusters' (clusters below
-        ``min_cluster`` are left out of both).
-        """
-        cfg, cl = self.config, self._clients
-        self.kmeans_steps = 0
-        if self._secure:
-            return (yield from self._secure_initial(t))
-        self.assign[cl] = self._start_clusters(cl)
-        if cfg.initial_features == "random" or cfg.init_iters == 0:
-            return 0.0
-        return (yield from self._plain_initial(t))
-
-    def _plain_initial(self, t: int):
-        """Plaintext round 0: the clients send their positive items (the popularity is their sum), get
-        the popularity back and send their statistics; the server runs k-means on them."""
-        cfg, cl, n_items = self.config, self._clients, self.train.n_items
-        got = self._note("fedfast:popularity", (yield Exchange("fedfast:popularity", cl, reply_keys=frozenset({"items"}),
-                                                                   validate=self._check_items)))
-        self._receive(t, "fedfast:popularity", {u: r["items"] for u, r in got.values.items()},
-                      lambda r: 4 * len(r), payload=lambda r: r.copy())
-        items = [r["items"] for r in got.values.values()]
-        pop = np.bincount(np.concatenate(items) if items else np.zeros(0, np.int64), minlength=n_items)
-        pop = pop.astype(np.float64)
-        self._send_all(t, "fedfast:popularity", 4 * n_items, cl)
-        got = self._note("fedfast:profile", (yield Exchange(
-            "fedfast:profile", cl, broadcast={"popularity": pop}, reply_keys=frozenset({"profile"}),
-            validate=self._check_profile)))
-        self._receive(t, "fedfast:profile", got.values, lambda r: 12, payload=lambda r: r.copy())
-        users = np.asarray(list(got.values), np.int64)
-        if not len(users):
-            return 0.0
-        x = np.stack([got.values[u] for u in users.tolist()])
-        f, p = x.shape[1], cfg.clusters
-        start = self.assign[users]
-        sums = np.zeros((p, 2 * f + 1))
-        np.add.at(sums, start, np.concatenate([x, x**2, np.ones((len(users), 1))], 1))
-        self._count_small("fedfast:kmeans-profile", sums[:, -1])
-        self.centroids, mu, sd = self._first_centroids(sums, f)
-        x = (x - mu) / sd
-        assign = assign_clusters(x, self.centroids)
-        steps = 1
-        if cfg.init_iters > 1:
-            assign = self._lloyd(x, assign, cfg.init_iters - 1, t, users)
-            steps += self.kmeans_steps
-        self.assign[users] = assign
-        self.kmeans_steps = steps
-        return 0.0
-
-    def _secure_initial(self, t: int):
-        """Secure round 0: every client draws its start cluster and reports it; then the popularity
-        (one secure sum over every client), the first Lloyd step with the moments (one secure sum
-        per start cluster), and each client assigns itself by the first centroids and reports its
-        cluster (ActvSAMP draws from the clusters). One Lloyd step: the profile statistics never
-        change, so a client sums them once per protocol instance."""
-        cfg, cl, n_items, f = self.config, self._clients, self.train.n_items, 3
-        profile = not (cfg.initial_features == "random" or cfg.init_iters == 0)
-        start: dict[str, np.ndarray] = {}
-        nbytes = 4.0
-        if profile:
-            got = self._note("fedfast:popularity", (yield Exchange("fedfast:popularity", cl,
-                                                                   secure=self._spec(n_items, "fedfast:popularity"))))
-            if got.total is None:
-                raise RuntimeError(f"fedfast: round 0's popularity sum failed ({got.aborted}); no partition")
-            start = {"popularity": np.rint(got.total)}
-            nbytes += got.bytes_per_client + self._broadcast(t, "fedfast:popularity", 4 * n_items)
-        # each client draws its start cluster (and, given the popularity, computes its statistics)
-        got = self._note("fedfast:start", (yield Exchange(
-            "fedfast:start", cl, broadcast=start, reply_keys=frozenset({"cluster"}), validate=self._check_cluster)))
-        for u, c in got.values.items():
-            self.assign[u] = c
-        self._receive(t, "fedfast:cluster", got.values, lambda r: 4)
-        if not profile:
-            return nbytes
-        sums, more = yield from self._grouped_sums(t, "fedfast:kmeans-profile", {}, 2 * f + 1, cl)
-        nbytes += more
-        self.centroids, mu, sd = self._first_centroids(sums, f)
-        nbytes += self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size + 8 * 2 * f)
-        self.kmeans_steps = 1
-        feature = {"feature": np.array(_PROFILE, np.int64), "mu": mu, "sd": sd}
-        nbytes += yield from self._assign_exchange(t, {**feature, "centroids": self.centroids})
-        return nbytes
-
-    def _count_small(self, kind: str, counts: np.ndarray) -> None:
-        """Record how many non-empty clusters of a sum are below ``min_cluster`` (never summed)."""
-        counts = np.rint(np.asarray(counts))
-        self.suppressed[kind] = int(((counts > 0) & (counts < self.config.min_cluster)).sum())
-
-    def _grouped_sums(self, t: int, kind: str, broadcast: dict, width: int, members: np.ndarray):
-        """One secure sum per cluster over ``members`` (routed by the clusters they reported; each
-        client checks that the group it is asked to join is its own), clusters below
-        ``min_cluster`` members never asked. Returns ``(sums [p, width], bytes per client)``; a
-        cluster that was not summed (or whose sum aborted) is a zero row."""
-        cfg, p = self.config, self.config.clusters
-        members = np.asarray(members, np.int64)
-        groups = self.assign[members]
-        counts = np.bincount(groups[groups >= 0], minlength=p)
-        keep = (groups >= 0) & (counts[np.maximum(groups, 0)] >= cfg.min_cluster)
-        self._count_small(kind, counts)
-        users = members[keep]
-        sums = np.zeros((p, width))
-        if not len(users):
-            return sums, 0.0
-        route = {int(u): int(self.assign[u]) for u in users}
-        got = self._note(kind, (yield Exchange(
-            kind, users, broadcast=broadcast, per_user={u: {"group": np.array(g, np.int64)} for u, g in route.items()},
-            secure=self._spec(width, kind), groups=route)))
-        for g, part in got.groups.items():
-            if part.total is not None:
-                sums[g] = part.total
-        return sums, got.bytes_per_client
-
-    def _secure_kmeans(self, t: int):
-        """One Lloyd step on the user embeddings through secure aggregation: every client sums
-        ``[p_u, 1]`` with the members of the cluster it reported last (one sum per cluster); the
-        server publishes the new centroids (a cluster below ``min_cluster`` keeps its own).
-        Returns the bytes per client; the clients assign themselves in the exchange that follows."""
-        d = self.config.dim
-        sums, nbytes = yield from self._grouped_sums(t, "fedfast:kmeans", {"feature": np.array(_USER)}, d + 1,
-                                                     self._clients)
-        self.centroids = update_centroids(sums[:, :d], np.rint(sums[:, d]), self.centroids, self.config.min_cluster)
-        self.kmeans_steps = 1
-        return nbytes + self._broadcast(t, "fedfast:centroids", 4 * self.centroids.size)
-
-    def _assign_exchange(self, t: int, broadcast: dict):
-        """Every client assigns itself by the broadcast ``centroids`` and reports its cluster.
-        Returns the bytes per client."""
-        got = self._note("fedfast:assign", (yield Exchange(
-            "fedfast:assign", self._clients, broadcast=broadcast, reply_keys=frozenset({"cluster"}),
-            validate=self._check_cluster)))
-        for u, c in got.values.items():
-            self.assign[u] = c
-        self._receive(t, "fedfast:cluster", got.values, lambda r: 4)
-        return 4.0
 
     # -- one round -----------------------------------------------------------------------------------
     def run_round(self) -> RoundStats:
@@ -870,176 +556,8 @@ class FedFastGMF(FedAvgGMF):
             raise ValueError(f"loss must be one finite float64 >= 0; found {loss!r}")
         return r
 
-    # -- the client's half -------------------------------------------------------------------------------
-    #: the secure sums a client adds its value to with the members of its own cluster only
-    GROUPED_STEPS = frozenset({"fedfast:kmeans-profile", "fedfast:kmeans", "fedfast:delegate-change"})
-    #: steps whose value depends on the client's static data only: answered once per protocol instance
-    ONCE_PER_INSTANCE = frozenset({"fedfast:start", "fedfast:popularity", "fedfast:kmeans-profile", "fedfast:profile"})
-
-    def device_check(self, kind: str, round_: int, user: int, broadcast, own, *, secure: bool) -> None:
-        """FedFast's own refusals (before the step runs; :mod:`protocols.guard` has the general rules):
-
-        * a grouped secure sum (k-means, delegate change) is answered only for the group the client
-          is in by its own assignment (``own["group"]`` must equal it): the server routes, it never
-          chooses which sum holds a client's point;
-        * the delegate change only by a client that trained in this round (a stale change would be
-          the same vector in every round it is asked);
-        * the k-means step sums the user embedding only (the profile statistics once, at round 0).
-        """
-        u = int(user)
-        if kind in self.GROUPED_STEPS:
-            g = own.get("group") if hasattr(own, "get") else None
-            g = None if g is None else np.asarray(g)
-            if g is None or g.shape != () or g.dtype.kind not in "iu":
-                raise RefusedStep(f"fedfast: step {kind!r} needs the group it is summed in (one integer)")
-            if int(g) != int(self.assign[u]) or self.assign[u] < 0:
-                raise RefusedStep(f"fedfast: step {kind!r} asks this client to sum in group {int(g)}; its own "
-                                  f"cluster is {int(self.assign[u])}: refused (the server never chooses the slot)")
-        if kind == "fedfast:delegate-change" and int(self._trained[u]) != int(round_):
-            raise RefusedStep(f"fedfast: only a client that trained in round {int(round_)} sends its change")
-        if kind == "fedfast:kmeans" and int(np.asarray(broadcast.get("feature", -1))) != _USER:
-            raise RefusedStep("fedfast: the per-round k-means step sums the user embedding only")
-
-    def device_step(self, kind: str, round_: int, users, broadcast, per_user) -> dict[int, dict[str, np.ndarray]]:
-        """Client step ``kind`` for ``users`` (batched in process, one user on a device): reads only
-        their rows, the broadcast and their own ``per_user`` arrays; writes only their state.
-        The runtimes admit each user first (:func:`protocols.exchange.admit`: the guard's rules and
-        :meth:`device_check`); called directly, the same checks run here."""
-        self.round = int(round_)
-        users = np.asarray(users, np.int64)
-        if not np.isin(users, self._clients).all():
-            raise ValueError(f"fedfast: users {users[~np.isin(users, self._clients)][:5].tolist()} have no data here")
-        p = self.config.clusters
-        for u in users.tolist():
-            self.device_check(kind, round_, u, broadcast, per_user.get(u, {}), secure=self._secure)
-        if kind == "train":
-            return self._client_train(users, broadcast, per_user)
-        if kind == "fedfast:start":  # the client draws its own start cluster (and computes its statistics)
-            self.assign[users] = self._start_clusters(users)
-            if "popularity" in broadcast:
-                self._profile[users] = self._profile_of(users, self._expect(broadcast, "popularity",
-                                                                            (self.train.n_items,)))
-            return {int(u): {"cluster": np.array(self.assign[u], np.int64)} for u in users}
-        if kind == "fedfast:popularity":
-            if self._secure:
-                ind = np.zeros((len(users), self.train.n_items))
-                for i, u in enumerate(users):
-                    ind[i, self._pos_items[self._pos_start[u]: self._pos_start[u + 1]]] = 1.0
-                return {int(u): {"vector": ind[i]} for i, u in enumerate(users)}
-            return {int(u): {"items": np.sort(self._pos_items[self._pos_start[u]: self._pos_start[u + 1]]).astype(np.int64)}
-                    for u in users}
-        if kind == "fedfast:profile":
-            x = self._profile_of(users, self._expect(broadcast, "popularity", (self.train.n_items,)))
-            return {int(u): {"profile": x[i].copy()} for i, u in enumerate(users)}
-        if kind == "fedfast:kmeans-profile":  # round 0: the raw statistics and their squares, per start cluster
-            x = self._profile[users]
-            if not (x[:, 0] > 0).all():  # log(1 + n_k) > 0 once computed (the start step, with the popularity)
-                raise ValueError("fedfast: the profile statistics are computed at the start step (with the "
-                                 "popularity); this client has none")
-            vec = np.concatenate([x, x**2, np.ones((len(users), 1))], 1)
-            return {int(u): {"vector": vec[i]} for i, u in enumerate(users)}
-        if kind == "fedfast:kmeans":  # the user embedding and a 1, summed with its cluster's members
-            x = self.user[torch.as_tensor(users)].numpy().astype(np.float64)
-            vec = np.concatenate([x, np.ones((len(users), 1))], 1)
-            return {int(u): {"vector": vec[i]} for i, u in enumerate(users)}
-        if kind == "fedfast:assign":
-            if "centroids" not in broadcast:
-                raise ValueError("fedfast: an assign step needs the centroids")
-            self._assign_by(users, broadcast)
-            return {int(u): {"cluster": np.array(self.assign[u], np.int64)} for u in users}
-        if kind == "fedfast:delegate-change":  # the change of p_u and a 1, summed with its cluster's delegates
-            dP = (self.user[torch.as_tensor(users)] - self._before[torch.as_tensor(users)]).double().numpy()
-            vec = np.concatenate([dP, np.ones((len(users), 1))], 1)
-            return {int(u): {"vector": vec[i]} for i, u in enumerate(users)}
-        if kind == "fedfast:propagate":  # subordinates move by their cluster's mean delegate change
-            mean = self._expect(broadcast, "change", (p, self.config.dim))
-            if not np.isfinite(mean).all():
-                raise ValueError("fedfast: the cluster changes must be finite")
-            gamma = math.exp(-self.config.gamma_rate * self.round)
-            rows = users[(self._trained[users] != self.round) & (self.assign[users] >= 0)]
-            self.user[torch.as_tensor(rows)] += gamma * torch.as_tensor(mean[self.assign[rows]], dtype=self.user.dtype)
-            return {int(u): {"done": np.array(True)} for u in users}
-        if kind == "fedfast:dilute":
-            n_sigma = float(self._expect(broadcast, "n_sigma", ()))
-            if not n_sigma > 0:
-                raise ValueError(f"fedfast: n_sigma must be positive; found {n_sigma}")
-            idx = torch.as_tensor(users)
-            before = self._before[idx]
-            w = torch.as_tensor(self._weight[users])
-            self.user[idx] = before + (self.user[idx] - before) * (w / torch.tensor(n_sigma)).unsqueeze(1)
-            return {int(u): {"done": np.array(True)} for u in users}
-        raise ValueError(f"fedfast has no client step {kind!r}")
-
-    @staticmethod
-    def _expect(broadcast, name: str, shape: tuple) -> np.ndarray:
-        """A broadcast array, checked (the client refuses a malformed message)."""
-        if name not in broadcast:
-            raise ValueError(f"fedfast: the server's message lacks {name!r}")
-        a = np.asarray(broadcast[name])
-        if a.shape != shape:
-            raise ValueError(f"fedfast: {name!r} has shape {a.shape}; expected {shape}")
-        return a
-
-    def _assign_by(self, users: np.ndarray, broadcast) -> np.ndarray:
-        """The clients' k-means points (``feature``: standardised profile or ``p_u``), assigned to
-        the nearest of the broadcast ``centroids`` if there are any."""
-        if "feature" not in broadcast:
-            return np.zeros((len(users), 0))
-        if int(np.asarray(broadcast["feature"])) == _PROFILE:
-            mu, sd = self._expect(broadcast, "mu", (3,)), self._expect(broadcast, "sd", (3,))
-            x = (self._profile[users] - mu) / sd
-        else:
-            x = self.user[torch.as_tensor(users)].numpy().astype(np.float64)
-        if "centroids" in broadcast:
-            self.assign[users] = assign_clusters(x, self._expect(broadcast, "centroids", (self.config.clusters, x.shape[1])))
-        return x
-
-    def _client_train(self, users: np.ndarray, bc, per_user) -> dict[int, dict[str, np.ndarray]]:
-        """The delegates' local training (FedAvg-GMF's, batched) and their replies."""
-        d, n_items = self.config.dim, self.train.n_items
-        self.load_device_model({"item": self._expect(bc, "item", (n_items, d)), "h": self._expect(bc, "h", (d,)),
-                                "b": self._expect(bc, "b", ())})
-        idx = torch.as_tensor(users)
-        if self._mirror:  # the server's copy of p_u
-            for u in users.tolist():
-                self.user[u] = torch.as_tensor(self._expect(per_user.get(u, {}), "user", (d,)), dtype=torch.float32)
-        self._before[idx] = self.user[idx]
-        lr_ = self._train(users)
-        self._trained[users] = self.round
-        self._weight[users] = lr_.weight.numpy()
-        self.user[idx] = lr_.P  # the client's (with the mirror: its copy until the server moves it)
-        slot_loss = self._slot_loss.numpy()
-        if self._secure:
-            vec = self._update_vectors(users, lr_, slot_loss)
-            return {int(u): {"vector": vec[i]} for i, u in enumerate(users)}
-        bounds = np.searchsorted(lr_.pair_slot, np.arange(len(users) + 1))
-        out = {}
-        for c, u in enumerate(users.tolist()):
-            lo, hi = bounds[c], bounds[c + 1]
-            out[u] = {"rows": lr_.pair_item[lo:hi].astype(np.int64), "item_delta": lr_.dQ[lo:hi].numpy().copy(),
-                      "h_delta": lr_.dH[c].numpy().copy(), "b_delta": lr_.dB[c].numpy().copy(),
-                      "weight": lr_.weight[c].numpy().copy(), "loss": np.array(float(slot_loss[c]))}
-            if self._mirror:
-                out[u]["user"] = lr_.P[c].numpy().copy()
-        return out
-
-    def _update_vectors(self, users: np.ndarray, lr_: LocalRound, slot_loss: np.ndarray) -> np.ndarray:
-        """Each delegate's secure update: the item rule's sums, the output layer's, and its loss."""
-        cfg, n_items, d, m = self.config, self.train.n_items, self.config.dim, len(users)
-        pair_slot, pair_item, dQ, weight = lr_.pair_slot, lr_.pair_item, lr_.dQ, lr_.weight
-        if cfg.aggregation == "fedavg":
-            vec = self._client_vectors(users, pair_slot, pair_item, dQ, lr_.dH, lr_.dB, weight)
-            return np.concatenate([vec, slot_loss[:, None]], 1)
-        vec = np.zeros((m, self._update_width))
-        q = actvagg_weights(dQ.double(), cfg.item_weighting)
-        blocks = vec[:, : 2 * n_items * d].reshape(m, 2, n_items, d)
-        blocks[pair_slot, 0, pair_item] = (q * dQ.double()).numpy()
-        blocks[pair_slot, 1, pair_item] = q.numpy()
-        w = weight.double().numpy()
-        vec[:, 2 * n_items * d: -3] = lr_.dH.double().numpy() * w[:, None]
-        vec[:, -3], vec[:, -2], vec[:, -1] = lr_.dB.double().numpy() * w, w, slot_loss
-        return vec
-
+    # -- local training (the clustering exchanges: protocols.fedfast_cluster; the client's steps:
+    # protocols.fedfast_device) ----------------------------------------------------------------------------
     def _train(self, sampled: np.ndarray) -> LocalRound:
         """FedAvg-GMF's local round of ``sampled`` (:meth:`FedAvgGMF._train_sampled`: without the
         model download, which the server half records)."""

@@ -87,7 +87,6 @@ of the trigram columns of the cohort's features.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -100,6 +99,17 @@ from protocols.base import Release, RoundStats
 from protocols.exchange import DeviceRound, Exchange, Replies, SecureSum, run_exchanges
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.secure_sum import SecureSumAborted
+from protocols.sttfedrec_device import STTFedRecDevice
+from protocols.sttfedrec_fl import FLTwoTowerRounds
+from protocols.sttfedrec_parties import (  # noqa: F401  (re-exported: they were defined here)
+    _MASK_STREAM,
+    _REQUEST_STREAM,
+    ITEM_ID,
+    RS,
+    SAS,
+    ProtocolError,
+    RequestError,
+)
 from protocols.transport import InProcessTransport, client
 from protocols.twotower_data import (
     TwoTowerConfig,
@@ -111,30 +121,15 @@ from protocols.twotower_data import (
 )
 from recmodels.data import Interactions, pair_keys
 from recmodels.streams import stream_keys
-from recmodels.twotower import FedAdam, keyed_dropout_masks, make_tower, numpy_flat, sampled_softmax_loss, tower_inputs
+from recmodels.twotower import FedAdam, keyed_dropout_masks, make_tower, sampled_softmax_loss, tower_inputs
 from secagg.cuckoo import CuckooLayout
 from secagg.dpf import DpfError, KeySet
-from secagg.dpf_pir import PirServer, query
+from secagg.dpf_pir import PirServer
 from secagg.encoding import check_budget
 
 __all__ = ["RS", "SAS", "ProtocolError", "RequestError", "STTFedRec", "TwoTowerConfig"]
 
-RS, SAS = "rs", "sas"
-#: stream tags of a client's own draws (recmodels.streams): its request, its user-tower dropout masks
-_REQUEST_STREAM, _MASK_STREAM = 0x5354_5251, 0x5354_544D
-#: the key of the per-item-id vectors in the item-side parameters (``item_id_embedding``)
-ITEM_ID = "item_id"
-
-
-class ProtocolError(ValueError):
-    """A message that does not fit the protocol; refused before any state changes."""
-
-
-class RequestError(ProtocolError):
-    """An item request RS refuses (wrong length, unknown id, replay)."""
-
-
-class STTFedRec:
+class STTFedRec(STTFedRecDevice, FLTwoTowerRounds):
     """The split protocol (``mode="split"``) or its FL baseline (``mode="fl"``); see the module docstring."""
 
     def __init__(self, train: Interactions, config: TwoTowerConfig, *, seed: int, source: str = "synthetic",
@@ -475,319 +470,8 @@ class STTFedRec:
         self.transport.send(name, RS, t, "item-gradient", payload, 4 * rows.size)
         return rows
 
-    # -- the client half --------------------------------------------------------------------------
-    def device_step(self, kind: str, round_: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
-                    per_user: Mapping[int, Mapping[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
-        """Client step ``kind`` of round ``round_`` for ``users`` (see :meth:`device_round`)."""
-        users = np.asarray(users, dtype=np.int64)
-        if kind == "request":
-            return self._step_request(int(round_), users)
-        if kind == "train":
-            step = self._step_train if self.mode == "split" else self._step_fl_train
-            return step(int(round_), users, broadcast, per_user)
-        if kind == "item-gradient":
-            return self._step_rows(int(round_), users, broadcast)
-        raise ProtocolError(f"sttfedrec has no client step {kind!r}")
-
-    def device_requires_secure(self, kind: str) -> bool:
-        """The user-tower gradient always goes through the chain; the rows unless ``item_aggregation = "none"``."""
-        if self.mode == "fl":  # FL-DSSM/CLSM's updates are plaintext by design (the baseline)
-            return False
-        return kind == "train" or (kind == "item-gradient" and self.config.item_aggregation != "none")
-
-    def _step_request(self, t: int, users: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
-        ids, labels = self.client_requests(users, t)
-        self.last_batches = (users.copy(), ids, labels)  # simulation ground truth for attack scoring; never sent
-        out = {}
-        for r, u in enumerate(users.tolist()):
-            self._pending[u] = {"round": np.array(t, np.int64), "ids": ids[r].copy(), "labels": labels[r].copy()}
-            if self.config.decoys == "pir":  # one key set for RS, one for SAS (CSPRNG roots, secagg.dpf)
-                rows = np.unique(ids[r])
-                k_rs, k_sas, q = query(self.pir_layout, rows)
-                self._pending[u].update(pir_rows=rows, pir_buckets=q.buckets.astype(np.int64))
-                out[u] = {"pir_rs": np.frombuffer(k_rs, np.uint8).copy(), "pir_sas": np.frombuffer(k_sas, np.uint8).copy()}
-                continue
-            out[u] = ({"all": np.array(1, np.int64)} if self.config.decoys == "download-all"
-                      else {"ids": ids[r].copy()})
-        return out
-
-    def _pending_of(self, u: int, t: int, key: str) -> dict[str, np.ndarray] | None:
-        p = self._pending.get(u)
-        return p if p is not None and int(p["round"]) == t and key in p else None
-
-    def _tower_of(self, arrays: Mapping[str, np.ndarray], like: dict[str, torch.Tensor] | None = None,
-                  prefix: str = "user.") -> dict[str, torch.Tensor]:
-        """The tower a client received (the user tower, or ``like``'s tower under ``prefix``; checked)."""
-        out = {}
-        for n, p in (self.user_params if like is None else like).items():
-            if n == ITEM_ID:
-                continue
-            got = arrays.get(f"{prefix}{n}")
-            if not isinstance(got, np.ndarray) or tuple(got.shape) != tuple(p.shape) or got.dtype != np.float32:
-                raise ProtocolError(f"the tower's {prefix}{n!r} is missing or malformed (expected float32 "
-                                    f"{tuple(p.shape)})")
-            out[n] = torch.from_numpy(np.array(got))
-        return out
-
-    def _step_train(self, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
-                    per_user: Mapping[int, Mapping[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
-        cfg = self.config
-        mine = [u for u in users.tolist() if self._pending_of(u, t, "ids") is not None]  # no request, no step
-        if not mine:
-            return {}
-        params = self._tower_of(broadcast)
-        ids = np.stack([self._pending[u]["ids"] for u in mine])
-        labels = np.stack([self._pending[u]["labels"] for u in mine])
-        want = (cfg.request_size, cfg.dim)
-        if cfg.decoys == "download-all":
-            table = broadcast.get("embeddings")
-            if not isinstance(table, np.ndarray) or table.shape != (self.n_items, cfg.dim):
-                raise ProtocolError(f"round {t}: expected all {self.n_items} item embeddings of {cfg.dim}")
-            returned = torch.as_tensor(np.asarray(table, np.float32)[ids])
-        elif cfg.decoys == "pir":
-            returned = torch.as_tensor(np.stack([self._pir_rows(t, u, per_user.get(u, {})) for u in mine]))
-        else:
-            got = [per_user.get(u, {}).get("embeddings") for u in mine]
-            if any(not isinstance(e, np.ndarray) or e.shape != want for e in got):
-                raise ProtocolError(f"round {t}: expected {want} embeddings for each request")
-            returned = torch.as_tensor(np.stack(got).astype(np.float32))
-        users_m = np.asarray(mine, dtype=np.int64)
-        user_x = self.client_user_x(users_m, ids, labels)
-        masks = self.client_masks(users_m, t)
-        gu, gi, loss = self._per_client(params, user_x, masks, returned, torch.as_tensor(labels))
-        vec = np.concatenate([numpy_flat(gu), loss.double().numpy()[:, None]], axis=1)
-        if self.record_chain_inputs:
-            self.last_chain_inputs = ([client(u) for u in mine], vec)
-        rows = gi.double().numpy()
-        for r, u in enumerate(mine):
-            self._pending[u]["emb_grad"] = rows[r]
-        self._device_seconds.append(self._time_split_device(params, user_x, masks, returned, labels))
-        return {u: {"vector": vec[r]} for r, u in enumerate(mine)}
-
-    def _pir_rows(self, t: int, u: int, answers: Mapping[str, np.ndarray]) -> np.ndarray:
-        """The client's ``T`` embeddings from RS's and SAS's PIR answers (XOR per bucket, bit for bit)."""
-        cfg, lay, p = self.config, self.pir_layout, self._pending[u]
-        row_bytes = 4 * cfg.dim
-        dtype, words = (np.uint64, row_bytes // 8) if row_bytes % 8 == 0 else (np.uint8, row_bytes)
-        a, b = answers.get("pir_rs"), answers.get("pir_sas")
-        want = (lay.buckets, words)
-        if any(not isinstance(x, np.ndarray) or x.shape != want or x.dtype != dtype for x in (a, b)):
-            raise ProtocolError(f"round {t}: expected two PIR answers of {np.dtype(dtype)} {want}")
-        rows = np.ascontiguousarray(np.bitwise_xor(a, b)[p["pir_buckets"]]).view(np.float32).reshape(-1, cfg.dim)
-        return rows[np.searchsorted(p["pir_rows"], p["ids"])]
-
-    def _step_rows(self, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
-        cfg = self.config
-        if cfg.decoys in ("download-all", "pir"):
-            union = np.arange(self.n_items)
-        else:
-            union = broadcast.get("union")
-            if (not isinstance(union, np.ndarray) or union.ndim != 1 or union.dtype.kind not in "iu" or not len(union)
-                    or np.any(np.diff(union) <= 0) or union[0] < 0 or union[-1] >= self.n_items):
-                raise ProtocolError(f"round {t}: the union of ids must be sorted distinct item ids")
-        out = {}
-        for u in users.tolist():
-            p = self._pending_of(u, t, "emb_grad")
-            if p is None:
-                continue  # nothing trained this round: nothing to send
-            pos = np.minimum(np.searchsorted(union, p["ids"]), len(union) - 1)
-            if np.any(union[pos] != p["ids"]):
-                continue  # the union misses one of this client's ids: it sends nothing (RS drops it)
-            rows = np.zeros((len(union), cfg.dim))
-            np.add.at(rows, pos, p["emb_grad"])
-            del self._pending[u]
-            out[u] = {"rows": rows.astype(np.float32)} if cfg.item_aggregation == "none" else {"vector": rows.ravel()}
-        return out
-
-    def device_state(self, user: int) -> dict[str, np.ndarray]:
-        """What stays on the device between a round's exchanges (its request and gradients); nothing across rounds."""
-        return {k: v.copy() for k, v in self._pending.get(int(user), {}).items()}
-
-    def load_device_state(self, user: int, state: Mapping[str, np.ndarray]) -> None:
-        if set(state) - {"round", "ids", "labels", "emb_grad", "pir_rows", "pir_buckets"}:
-            raise ProtocolError(f"unknown device state keys {sorted(set(state))}")
-        if state:
-            self._pending[int(user)] = {k: np.array(v) for k, v in state.items()}
-        else:
-            self._pending.pop(int(user), None)
-
-    def device_model(self) -> dict[str, np.ndarray]:
-        """What a client needs to score: the user tower (SAS) and all ``M`` normalised item embeddings (RS)."""
-        out = {f"user.{n}": p.detach().numpy().copy() for n, p in self.user_params.items()}
-        out["item_embeddings"] = self.item_embeddings().numpy().copy()
-        return out
-
-    def load_device_model(self, model: Mapping[str, np.ndarray]) -> None:
-        params = self._tower_of(model)
-        emb = model.get("item_embeddings")
-        if not isinstance(emb, np.ndarray) or emb.shape != (self.n_items, self.config.dim):
-            raise ProtocolError(f"expected {self.n_items} item embeddings of {self.config.dim}")
-        self.user_params = params
-        self._device_emb = torch.as_tensor(np.asarray(emb, np.float32))
-
-    def _fl_exchanges(self) -> DeviceRound:
-        """The server half of an ``fl-twotower`` round: ``"request"`` as under sttfedrec, then ``"train"``
-        (down: both towers, the dropout masks and id rows of the request's items; up: both towers'
-        gradients, the id rows' gradients and the loss, each client's in plaintext)."""
-        cfg, t = self.config, self.round
-        t0 = time.perf_counter()
-        everything = cfg.decoys == "download-all"
-        timed = len(self._device_seconds)
-        has_id = ITEM_ID in self.item_params
-        sampled = np.sort(self.rng.choice(self._clients, size=self.clients_per_round, replace=False))
-        try:
-            got: Replies = yield Exchange("request", sampled, reply_keys=frozenset({"all" if everything else "ids"}),
-                                          validate=lambda u, reply: self._receive_request(t, u, reply))
-            self.last_dropped = {"request": dict(got.dropped)}
-            users = np.array(sorted(got.values), dtype=np.int64)
-            if not len(users):
-                raise ProtocolError(f"round {t}: RS accepted no request")
-            names = [client(u) for u in users]
-            reqs = None if everything else np.stack([got.values[u] for u in users]).reshape(len(users), -1)
-            union = np.arange(self.n_items) if everything else np.unique(reqs)
-            # The server's dropout mask per item id of the round (every client drops the same units of an item).
-            masks = [m.numpy() for m in self.item_tower.masks(len(union), self.dropout_gen)]
-            id_table = self.item_params[ITEM_ID][torch.as_tensor(union)].numpy() if has_id else None
-            down = {f"user.{n}": p.detach().numpy().copy() for n, p in self.user_params.items()}
-            down.update({f"item.{n}": p.detach().numpy().copy() for n, p in self.item_params.items() if n != ITEM_ID})
-            per_user: dict[int, dict[str, np.ndarray]] = {}
-            if everything:
-                down.update({f"mask.{i}": m for i, m in enumerate(masks)})
-                if has_id:
-                    down["id_rows"] = id_table
-            else:
-                for c, u in enumerate(users):
-                    pos = np.searchsorted(union, reqs[c])
-                    per_user[int(u)] = {f"mask.{i}": m[pos] for i, m in enumerate(masks)}
-                    if has_id:
-                        per_user[int(u)]["id_rows"] = id_table[pos]
-            id_bytes = 4 * cfg.request_size * cfg.dim if has_id else 0
-            rows_down = len(union) if everything else cfg.request_size
-            item_bytes = (int(self.data.item_x[union].nnz * 8 // max(len(union), 1)) * rows_down
-                          + id_bytes * rows_down // cfg.request_size)
-            for name in names:
-                self.transport.send(RS, name, t, "user-tower", None, 4 * self.n_user_params)
-                self.transport.send(RS, name, t, "item-tower", None, 4 * self.n_item_params)
-                self.transport.send(RS, name, t, "item-features", None, item_bytes)
-            keys = {"user", "item", "loss"} | ({"ids"} if has_id else set()) | ({"id_index"} if has_id and everything
-                                                                               else set())
-            upd: Replies = yield Exchange("train", users, broadcast=down, per_user=per_user, reply_keys=frozenset(keys),
-                                          validate=lambda u, reply: self._receive_update(t, u, reply))
-            self.last_dropped["train"] = dict(upd.dropped)
-        finally:
-            self._served = {s for s in self._served if s[0] != t}  # the round is over (or may be run again)
-        order = sorted(upd.values)
-        k = len(order)
-        if k == 0:
-            raise ProtocolError(f"round {t}: no client sent an update")
-        ts = time.perf_counter()
-        tower_v = {n: p for n, p in self.item_params.items() if n != ITEM_ID}
-        mean_u = self._unflatten(np.sum([upd.values[u]["user"].astype(np.float64) for u in order], 0) / k,
-                                 self.user_params)
-        gv = self._unflatten(np.sum([upd.values[u]["item"].astype(np.float64) for u in order], 0) / k, tower_v)
-        if has_id:  # the mean over clients of each client's gradient of the whole id table (its rows only)
-            g_id = torch.zeros_like(self.item_params[ITEM_ID])
-            row_of = {int(u): c for c, u in enumerate(users)}
-            for u in order:
-                idx = upd.values[u]["id_index"] if everything else reqs[row_of[u]]
-                g_id.index_add_(0, torch.as_tensor(idx), torch.as_tensor(upd.values[u]["ids"]) / k)
-            gv[ITEM_ID] = g_id
-        self.user_opt.step(self.user_params, mean_u, lr=cfg.lr_at(t))
-        self.item_opt.step(self.item_params, gv, lr=cfg.lr_at(t))
-        server_s = time.perf_counter() - ts
-        upload = 4 * (self.n_user_params + self.n_item_params) + 4 + id_bytes
-        train_bytes = 4 * (self.n_user_params + self.n_item_params) + upload + 4 * cfg.request_size + item_bytes
-        self._train_bytes.append(float(train_bytes))
-        self.round += 1
-        self._cache = None
-        seconds = {"server": server_s, "round": time.perf_counter() - t0}
-        if len(self._device_seconds) > timed:
-            seconds["client"] = self._device_seconds[-1]
-        loss = float(np.mean([float(upd.values[u]["loss"]) for u in order]))
-        return RoundStats(
-            round=t, loss=loss, clients=k, bytes_per_client=float(train_bytes), seconds=seconds,
-            extra={"train_bytes_per_client": float(train_bytes), "requests_refused": len(got.dropped)},
-            releases=(Release(NonPrivate(), who="clients", what="both towers' gradients, each in plaintext",
-                              params={"clients": k}),),
-        )
-
-    def _receive_update(self, t: int, u: int, reply: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The FL server's check of one client's plaintext update."""
-        cfg, name = self.config, client(u)
-        want = {"user": (self.n_user_params,), "item": (self.n_item_params,), "loss": (),
-                "ids": (cfg.request_size, cfg.dim), "id_index": (cfg.request_size,)}
-        for key, value in reply.items():
-            if value.shape != want[key]:
-                raise ProtocolError(f"round {t}: {name}'s {key!r} has shape {value.shape}; expected {want[key]}")
-            if key == "id_index":
-                if value.dtype.kind not in "iu" or value.min() < 0 or value.max() >= self.n_items:
-                    raise ProtocolError(f"round {t}: {name}'s id_index must be item ids in 0..{self.n_items - 1}")
-            elif value.dtype != (np.float64 if key == "loss" else np.float32) or not np.isfinite(value).all():
-                raise ProtocolError(f"round {t}: {name}'s {key!r} must be finite "
-                                    f"{'float64' if key == 'loss' else 'float32'}; found {value.dtype}")
-        nbytes = 4 * (self.n_user_params + self.n_item_params) + 4 + (4 * cfg.request_size * cfg.dim if "ids" in reply else 0)
-        # the plaintext gradients as RS received them (a recorded view keeps them; docs/attacks.md)
-        self.transport.send(name, RS, t, "update", dict(reply) if self.transport.transcript.keep_payloads else None, nbytes)
-        return reply
-
-    def _step_fl_train(self, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
-                       per_user: Mapping[int, Mapping[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
-        """An FL client: both towers' gradients on its request, from the downloaded towers, masks and id rows."""
-        cfg = self.config
-        mine = [u for u in users.tolist() if self._pending_of(u, t, "ids") is not None]
-        if not mine:
-            return {}
-        everything, has_id = cfg.decoys == "download-all", ITEM_ID in self.item_params
-        pu = self._tower_of(broadcast)
-        pv = self._tower_of(broadcast, self.item_params, "item.")
-        ids = np.stack([self._pending[u]["ids"] for u in mine])
-        labels = np.stack([self._pending[u]["labels"] for u in mine])
-        k, T = ids.shape
-        n_masks = len(self.item_tower.widths) - 1
-
-        def rows(key: str, width: int | None = None) -> np.ndarray:
-            if everything:
-                table = broadcast.get(key)
-                if not isinstance(table, np.ndarray) or table.shape[0] != self.n_items:
-                    raise ProtocolError(f"round {t}: expected {key!r} for all {self.n_items} items")
-                return np.asarray(table)[ids]
-            got = [per_user.get(u, {}).get(key) for u in mine]
-            if any(not isinstance(g, np.ndarray) or g.shape[0] != T for g in got):
-                raise ProtocolError(f"round {t}: expected {key!r} for the {T} items of each request")
-            return np.stack(got)
-
-        im = [torch.as_tensor(rows(f"mask.{i}"), dtype=torch.float32) for i in range(n_masks)]
-        erows = (torch.as_tensor(rows("id_rows"), dtype=torch.float32) if has_id
-                 else torch.zeros(k, T, cfg.dim))
-        ix = tuple(x.reshape(k, T, *x.shape[1:]) for x in self._inputs("item", ids.ravel()))
-        users_m = np.asarray(mine, dtype=np.int64)
-        user_x, um = self.client_user_x(users_m, ids, labels), self.client_masks(users_m, t)
-
-        def loss_fn(pu_, pv_, er, ux, umask, vx, vm, lab):
-            u = functional_call(self.user_tower, pu_, (*ux, umask))
-            v = functional_call(self.item_tower, pv_, (*vx, vm)) + er
-            return sampled_softmax_loss(u, v, lab, cfg.temperature)
-
-        f = grad_and_value(loss_fn, argnums=(0, 1, 2))
-        lab = torch.as_tensor(labels)
-        (gu, gv, ge), loss = vmap(f, in_dims=(None, None, 0, (0,) * len(user_x), 0, (0,) * len(ix), 0, 0))(
-            pu, pv, erows, user_x, um, ix, im, lab)
-        ts = time.perf_counter()  # one device's work alone, unbatched (the first client of the step)
-        f(pu, pv, erows[0], tuple(x[0] for x in user_x), [m[0] for m in um], tuple(x[0] for x in ix),
-          [m[0] for m in im], lab[0])
-        self._device_seconds.append(time.perf_counter() - ts)
-        fu, fv = numpy_flat(gu).astype(np.float32), numpy_flat(gv).astype(np.float32)
-        out = {}
-        for r, u in enumerate(mine):
-            reply = {"user": fu[r], "item": fv[r], "loss": np.array(float(loss[r]), np.float64)}
-            if has_id:
-                reply["ids"] = ge[r].numpy().astype(np.float32)
-                if everything:
-                    reply["id_index"] = ids[r].copy()
-            out[u] = reply
-            del self._pending[u]
-        return out
-
+    # -- the user tower's gradients (the client half: protocols.sttfedrec_device; the FL baseline's
+    # round: protocols.sttfedrec_fl) ------------------------------------------------------------------------
     def _user_fn(self, params, inputs, masks, items, labels):
         u = functional_call(self.user_tower, params, (*inputs, masks))
         return sampled_softmax_loss(u, items, labels, self.config.temperature)

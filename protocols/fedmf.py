@@ -53,10 +53,8 @@ broadcast is decrypted once per batch of clients (every client would obtain the 
 from __future__ import annotations
 
 import math
-import os
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,15 +63,25 @@ from dp.events import Laplace, NonPrivate
 from dp.ldp import ldp_laplace
 from protocols.base import Release, RoundStats
 from protocols.exchange import Exchange, Replies, SecureSum, run_exchanges
-from protocols.guard import RefusedStep
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, Transcript, client
+from protocols.fedmf_config import DEFENSES, VARIANTS, FedMFConfig, UpdateError  # noqa: F401  (re-exported)
+from protocols.fedmf_device import FedMFDevice
+from protocols.fedmf_he import (  # noqa: F401  (re-exported: they were defined here)
+    HE_PUBLIC,
+    HE_SECRET,
+    _ct_arrays,
+    _ct_from,
+    _load_he_keys,
+    _new_he,
+    _size,
+    write_he_keys,
+)
 from recmodels.data import Interactions
-from recmodels.mf import MFConfig, init_factors, local_updates, mae, predict, rating_lists, rmse
+from recmodels.mf import init_factors, mae, predict, rating_lists, rmse
 from secagg.encoding import check_budget
 from secagg.errors import SecAggError
-from secagg.he.backends import HEClient, HEServer, make_backend
-from secagg.he.packing import PackingSpec
+from secagg.he.backends import HEClient, HEServer
 
 __all__ = [
     "BROADCAST",
@@ -88,8 +96,6 @@ __all__ = [
     "write_he_keys",
 ]
 
-DEFENSES = ("none", "paillier", "ckks", "secagg", "ldp")
-VARIANTS = ("full", "part")
 #: Receiver name of the server's broadcast to all clients.
 BROADCAST = "clients"
 #: The secure sum of the training loss (every defense but ``"none"``): each client's
@@ -100,71 +106,6 @@ BROADCAST = "clients"
 LOSS_SECURE, LOSS_CLIP, LOSS_FRAC_BITS = "secagg+", 2.0**24, 20
 #: How many key-holding clients the server asks, in user order, to refresh ``Enc(Q)`` (HE).
 REFRESH_TRIES = 3
-#: File names of the shared HE key material in ``FedMFConfig.he_keys``.
-HE_PUBLIC, HE_SECRET = "fedmf-{}.public", "fedmf-{}.secret"
-
-
-class UpdateError(ValueError):
-    """A client upload was refused (wrong round, sender, replay, item ids, shape or values)."""
-
-
-@dataclass(frozen=True)
-class FedMFConfig:
-    """Configuration of a FedMF run.
-
-    Attributes:
-        mf: the MF hyper-parameters (``mf.user_update`` picks FedMF's item-by-item rule or batch).
-        variant: ``"full"`` (dense upload, default) or ``"part"`` (rated rows with their ids).
-        defense: one of :data:`DEFENSES` (default ``"none"``).
-        rounds: training rounds (default 10).
-        key_bits: Paillier modulus bits (default 2048; 1024 warns).
-        frac_bits: fixed-point fractional bits for Paillier packing and secure aggregation (24).
-        value_clip: largest ``|delta|`` accepted per coordinate for fixed-point encodings (8.0).
-        epsilon: LDP epsilon per upload (``defense="ldp"``).
-        ldp_clip: L1 clipping bound of one upload before the Laplace noise (``defense="ldp"``).
-        rating_scale: ``[lo, hi]``, the public rating scale predictions are clipped to. Empty
-            (default): the training ratings' min and max, which only a party holding every rating
-            has, so runs on separate devices must give it (:func:`check_devices`).
-        he_keys: ``paillier``/``ckks``: a folder with the shared key files of
-            :func:`write_he_keys`. Empty (default): fresh keys for an in-process run. Set, the
-            server half (``build``) reads only the public key file and never holds the secret;
-            a client half (``build_client``) reads the secret key file.
-    """
-
-    mf: MFConfig = field(default_factory=MFConfig)
-    variant: str = "full"
-    defense: str = "none"
-    rounds: int = 10
-    key_bits: int = 2048
-    frac_bits: int = 24
-    value_clip: float = 8.0
-    epsilon: float = 1.0
-    ldp_clip: float = 1.0
-    rating_scale: list[float] = field(default_factory=list)
-    he_keys: str = ""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.mf, dict):  # sent as JSON (a Flower node rebuilds its config from the server's)
-            try:
-                object.__setattr__(self, "mf", MFConfig(**self.mf))
-            except TypeError as exc:
-                raise ValueError(f"fedmf.mf does not fit MFConfig: {exc}") from None
-        if not isinstance(self.mf, MFConfig):
-            raise ValueError(f"fedmf.mf must be an MFConfig (or its fields); found {type(self.mf).__name__}.")
-        scale = list(self.rating_scale)
-        if scale and (len(scale) != 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in scale)
-                      or not scale[0] < scale[1]):
-            raise ValueError(f"fedmf.rating_scale must be empty or [lo, hi] with finite lo < hi; found {scale!r}.")
-        if self.variant not in VARIANTS:
-            raise ValueError(f"fedmf.variant must be one of {VARIANTS}; found {self.variant!r}.")
-        if self.defense not in DEFENSES:
-            raise ValueError(f"fedmf.defense must be one of {DEFENSES}; found {self.defense!r}.")
-        if type(self.rounds) is not int or self.rounds < 1:
-            raise ValueError(f"fedmf.rounds must be an int >= 1; found {self.rounds!r}.")
-        for name in ("epsilon", "ldp_clip", "value_clip"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"fedmf.{name} must be a positive finite number; found {v!r}.")
 
 
 @dataclass(frozen=True)
@@ -199,7 +140,7 @@ def _server_keeps(record: Any) -> bool:
     return record.receiver == SERVER or record.sender == SERVER
 
 
-class FedMF:
+class FedMF(FedMFDevice):
     """FedMF simulation (see the module docstring).
 
     Args:
@@ -422,82 +363,7 @@ class FedMF:
             return q, {"q": q}
         return self._enc_q, _ct_arrays(self._enc_q)
 
-    # -- one round: the client's half ------------------------------------------------------------
-    def device_step(self, kind: str, round_: int, users: np.ndarray, broadcast: Any, per_user: Any) -> dict:
-        """Run client step ``kind`` for ``users`` on this trainer's rows (batched; see the module docstring)."""
-        tc = time.perf_counter()
-        users = np.asarray(users, np.int64)
-        missing = [int(u) for u in users if self.lists.counts[u] == 0]
-        if missing:
-            raise ValueError(f"FedMF client step {kind!r}: no training ratings here for users {missing[:5]}.")
-        if kind == "items":
-            out = {int(u): {"items": self.lists.items[u, : self.lists.counts[u]].copy()} for u in users}
-        elif kind == "train":
-            out = self._train_step(int(round_), users, broadcast)
-        elif kind == "refresh":
-            out = {}
-            for u in users.tolist():
-                q_next = self._decrypt_model(_ct_from(per_user[u], self.config.variant, self.n_items))
-                out[u] = _ct_arrays(self._encrypt_model(q_next))
-        elif kind == "loss":
-            out = self._loss_step(users, broadcast)
-        else:
-            raise ValueError(f"FedMF has no client step {kind!r}.")
-        self._client_seconds += time.perf_counter() - tc
-        return out
-
-    def _received_model(self, broadcast: Any) -> np.ndarray:
-        """The plaintext item matrix of a broadcast (an HE client decrypts it)."""
-        if self.config.defense in ("paillier", "ckks"):
-            q = self._decrypt_model(_ct_from(broadcast, self.config.variant, self.n_items))
-            self._q_clients = q
-            return q
-        q = broadcast["q"]
-        if q.shape != (self.n_items, self.dim) or q.dtype != np.float64 or not np.isfinite(q).all():
-            raise ValueError(f"the broadcast item matrix must be finite float64 {(self.n_items, self.dim)}.")
-        return q
-
-    def _train_step(self, round_: int, users: np.ndarray, broadcast: Any) -> dict:
-        cfg = self.config
-        q_t = self._received_model(broadcast)
-        p_new, delta = local_updates(self.p[users], q_t, self.lists, cfg.mf, users=users)
-        self.p[users] = p_new
-        self._trained[users] = round_
-        out = {}
-        for i, u in enumerate(users.tolist()):
-            up = self._client_upload(u, delta[i], round_)
-            if cfg.defense == "secagg":  # the dense values, masked by the secure sum (ids went in "items")
-                if up.items is None:
-                    dense = up.body
-                else:
-                    dense = np.zeros((self.n_items, self.dim))
-                    dense[up.items] = up.body
-                out[u] = {"vector": dense.ravel()}
-                continue
-            reply = {} if up.items is None else {"items": up.items}
-            if isinstance(up.body, np.ndarray):
-                reply["delta"] = up.body
-            else:
-                reply.update(_ct_arrays(up.body))
-            out[u] = reply
-        return out
-
-    def _loss_step(self, users: np.ndarray, broadcast: Any) -> dict:
-        """Each user's ``[mean squared error, 1, non-finite flag]`` under the broadcast model.
-
-        The client's own mean (not its squared-error sum and rating count): a count would be the
-        same in every round, so loss sums over survivor sets that differ in one client would give
-        that client's number of ratings (exactly what FedMF's full variant hides)."""
-        q = self._received_model(broadcast)
-        lists, out = self.lists, {}
-        for u in users.tolist():
-            k = int(lists.counts[u])
-            pred = np.clip(self.p[u] @ q[lists.items[u, :k]].T, *self.scale)
-            mse = float(np.mean((pred - lists.ratings[u, :k]) ** 2))
-            bad = not math.isfinite(mse)
-            out[u] = {("loss" if self.config.defense == "none" else "vector"):
-                      np.array([0.0 if bad else mse, 0.0 if bad else 1.0, float(bad)])}
-        return out
+    # (the client's half of a round and its device state: protocols.fedmf_device)
 
     # -- the replies the server accepts ------------------------------------------------------------
     def _ct_keys(self) -> frozenset[str]:
@@ -553,50 +419,6 @@ class FedMF:
                              f"of clipped predictions on the scale {[lo, hi]}, at most {(hi - lo) ** 2:g}; then 1; "
                              "then the non-finite flag).")
         return v
-
-    # -- what stays on a device, and what a device needs to score ---------------------------------
-    def device_check(self, kind: str, round_: int, user: int, broadcast: Any, own: Any, *, secure: bool) -> None:
-        """FedMF's own refusal (before the step runs; :mod:`protocols.guard` has the general rules):
-        a secure loss is sent only in a round the client trained in. Its loss depends on its own
-        ``p_u`` and the broadcast model; without training in between, a server holding the model
-        still could ask it in two rounds and get the same vector twice (two sums over cohorts that
-        differ in that client would be its loss and its number of ratings)."""
-        if kind == "loss" and secure and int(self._trained[int(user)]) != int(round_):
-            raise RefusedStep(f"fedmf: the loss of round {int(round_)} is sent only after training in that round")
-
-    def device_requires_secure(self, kind: str) -> bool:
-        """Steps whose reply this configuration sends only through secure aggregation: the update
-        under ``secagg``, the loss under every defense but ``none`` (a client asked for either in
-        plaintext refuses)."""
-        if kind == "train":
-            return self.config.defense == "secagg"
-        return kind == "loss" and self.config.defense != "none"
-
-    def device_state(self, user: int) -> dict[str, np.ndarray]:
-        """The client's own state: its user vector ``p_u`` (never sent) and the last round it trained in."""
-        return {"p": self.p[int(user)].copy(), "trained": np.array(self._trained[int(user)], np.int64)}
-
-    def load_device_state(self, user: int, state: Any) -> None:
-        p = state["p"]
-        if not isinstance(p, np.ndarray) or p.shape != (self.dim,) or not np.isfinite(p).all():
-            raise ValueError(f"a FedMF client state is a finite float vector of {self.dim}.")
-        if set(state) - {"p", "trained"}:
-            raise ValueError(f"a FedMF client state holds 'p' and 'trained'; found {sorted(state)}.")
-        trained = np.asarray(state.get("trained", np.array(-1)))
-        if trained.shape != () or trained.dtype.kind not in "iu":
-            raise ValueError("a FedMF client state's 'trained' is one integer round.")
-        self.p[int(user)] = p
-        self._trained[int(user)] = int(trained)
-
-    def device_model(self) -> dict[str, np.ndarray]:
-        """The global arrays a client scores with: ``Q``, or ``Enc(Q)`` as uint8 arrays under HE."""
-        return self._model_message()[1]
-
-    def load_device_model(self, model: Any) -> None:
-        if self.config.defense in ("paillier", "ckks"):
-            self._received_model(model)
-        else:
-            self.q = self._received_model(model).copy()
 
     def _release(self) -> Release:
         """This round's release for the privacy ledger (every user uploads once per round)."""
@@ -794,99 +616,6 @@ class FedMF:
             "mean_count": float(self.lists.counts.mean()),
             "frac_bits": self.config.frac_bits,
         }
-
-
-def _size(obj: Any) -> int:
-    if isinstance(obj, bytes):
-        return len(obj)
-    if isinstance(obj, tuple):
-        return sum(len(b) for b in obj)
-    return int(np.asarray(obj).nbytes)
-
-
-def _ct_arrays(enc: bytes | tuple[bytes, ...]) -> dict[str, np.ndarray]:
-    """Ciphertexts as reply arrays: one blob as uint8 ``ct``; row blobs concatenated, with ``ct_lengths``."""
-    if isinstance(enc, bytes):
-        return {"ct": np.frombuffer(enc, np.uint8).copy()}
-    return {"ct": np.frombuffer(b"".join(enc), np.uint8).copy(),
-            "ct_lengths": np.array([len(b) for b in enc], np.int64)}
-
-
-def _ct_from(arrays: Any, variant: str, rows: int, *, who: str = "the server") -> bytes | tuple[bytes, ...]:
-    """Ciphertext bytes from arrays (:func:`_ct_arrays`), checking types, lengths and the row count."""
-    ct = arrays.get("ct")
-    if not isinstance(ct, np.ndarray) or ct.dtype != np.uint8 or ct.ndim != 1 or not len(ct):
-        raise UpdateError(f"{who}: ciphertexts must be a non-empty 1-D uint8 array; found "
-                          f"{getattr(ct, 'dtype', type(ct).__name__)} {getattr(ct, 'shape', '')}.")
-    if variant == "full":
-        return ct.tobytes()
-    lengths = arrays.get("ct_lengths")
-    if (not isinstance(lengths, np.ndarray) or lengths.dtype != np.int64 or lengths.shape != (rows,)
-            or (lengths < 1).any() or int(lengths.sum()) != len(ct)):
-        raise UpdateError(f"{who}: ct_lengths must be {rows} positive int64 lengths summing to the {len(ct)} "
-                          "ciphertext bytes.")
-    ends = np.cumsum(lengths)
-    raw = ct.tobytes()
-    return tuple(raw[e - n:e] for n, e in zip(lengths.tolist(), ends.tolist()))
-
-
-def _new_he(config: FedMFConfig, n_users: int) -> HEClient:
-    """Fresh shared key material (FedMF's: every client holds the secret key)."""
-    if config.defense == "ckks":
-        return make_backend("ckks")
-    summands = 1 << (n_users + 1).bit_length()
-    spec = PackingSpec(value_bits=config.frac_bits + 16, frac_bits=config.frac_bits, max_summands=summands)
-    return make_backend("paillier", key_bits=config.key_bits, spec=spec)
-
-
-def write_he_keys(directory: str | Path, config: FedMFConfig, n_users: int) -> Path:
-    """Write fresh shared HE key files for ``config.defense`` and ``n_users`` users into ``directory``.
-
-    ``fedmf-<scheme>.public`` goes to the server and every client, ``fedmf-<scheme>.secret``
-    (mode 0600) to the clients only, out of band (FedMF's shared-key model). Point
-    ``fedmf.he_keys`` at the folder. Returns the folder.
-    """
-    if config.defense not in ("paillier", "ckks"):
-        raise ValueError(f"HE key files are for defense paillier or ckks; found {config.defense!r}.")
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    he = _new_he(config, n_users)
-    (out / HE_PUBLIC.format(config.defense)).write_bytes(he.public_bytes)
-    secret = out / HE_SECRET.format(config.defense)
-    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(he.secret_bytes)
-    return out
-
-
-def _load_he_keys(config: FedMFConfig, n_users: int, *, secret: bool) -> Any:
-    """The key files in ``config.he_keys``: an :class:`HEClient` (``secret``) or the public :class:`HEServer`."""
-    scheme = config.defense
-    folder = Path(config.he_keys)
-    public_path = folder / HE_PUBLIC.format(scheme)
-    if not public_path.is_file():
-        raise ValueError(f"fedmf.he_keys: no public key file {public_path} (write the files with "
-                         "protocols.fedmf.write_he_keys).")
-    public = public_path.read_bytes()
-    if scheme == "paillier":
-        from secagg.he.backends import _spec_from_bytes
-
-        spec = _spec_from_bytes(public[:12])
-        if spec.frac_bits != config.frac_bits or spec.max_summands < n_users + 1:
-            raise ValueError(f"fedmf.he_keys: the key files were written for frac_bits {spec.frac_bits} and at most "
-                             f"{spec.max_summands - 1} users; this run has frac_bits {config.frac_bits} and "
-                             f"{n_users} users: write new ones.")
-    if not secret:
-        return HEServer(scheme, public)  # type: ignore[arg-type]
-    secret_path = folder / HE_SECRET.format(scheme)
-    if not secret_path.is_file():
-        raise ValueError(f"fedmf.he_keys: a client needs the shared secret key file {secret_path}.")
-    he = HEClient(scheme, secret_path.read_bytes(), public)  # type: ignore[arg-type]
-    try:
-        he.decrypt(he.encrypt(np.zeros(1)), 1)  # the secret key matches the public key it came with
-    except (SecAggError, ValueError) as exc:
-        raise ValueError(f"fedmf.he_keys: the secret key file does not match the public one ({exc}).") from None
-    return he
 
 
 def check_devices(config: FedMFConfig) -> None:

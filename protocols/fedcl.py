@@ -86,17 +86,24 @@ import numpy as np
 import torch
 
 from dp.events import Laplace, NonPrivate
-from dp.ldp import ldp_laplace
 from protocols.base import Release, RoundStats
 from protocols.exchange import DeviceRound, Exchange, Replies, SecureSum, admit, answer_in_process, drive, run_exchanges
-from protocols.fedcl_server import CLUSTERINGS, WARD_MAX_POINTS, cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
-from protocols.guard import RefusedStep, device_guard
+from protocols.fedcl_device import FedCLDevice
+from protocols.fedcl_negatives import (  # noqa: F401  (re-exported: they were defined here)
+    _STREAM_DROPOUT,
+    _STREAM_PICKS,
+    _STREAM_POOL,
+    FedCLNegatives,
+    _in_sorted,
+)
+from protocols.fedcl_server import CLUSTERINGS, WARD_MAX_POINTS, per_user_report
+from protocols.guard import device_guard
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions, pair_keys
 from recmodels.sasrec import SelfAttnEncoder
 from recmodels.seqrec import SeqEncoder, client_sequences, contrastive_loss
-from recmodels.streams import integers, stream_keys
+from recmodels.streams import stream_keys
 from secagg.params import check_fraction
 
 __all__ = ["CentralSeqRec", "FedCL", "FedCLConfig"]
@@ -104,16 +111,6 @@ __all__ = ["CentralSeqRec", "FedCL", "FedCLConfig"]
 _ENCODERS = ("gru", "id", "sasrec")
 _SECURE = ("none", "secagg", "secagg+")
 _HARD_MODES = ("sample", "hardest")
-#: Purposes of the clients' keyed streams (recmodels.streams): stream_keys(seed, purpose, ...).
-_STREAM_POOL, _STREAM_PICKS, _STREAM_DROPOUT = 15, 16, 17
-
-
-def _in_sorted(keys: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """``np.isin(keys, table)`` for a sorted unique ``table`` by binary search (no re-sort per round)."""
-    if not table.size:
-        return np.zeros(np.shape(keys), dtype=bool)
-    idx = np.minimum(np.searchsorted(table, keys), table.size - 1)
-    return table[idx] == keys
 
 
 @dataclass(frozen=True)
@@ -254,7 +251,7 @@ class FedCLConfig:
         return self.in_batch and self.encoder != "id"
 
 
-class FedCL:
+class FedCL(FedCLNegatives, FedCLDevice):
     """The FedCL protocol (module docstring) behind :class:`protocols.base.Trainer`."""
 
     def __init__(self, train: Interactions, config: FedCLConfig | None = None, *, seed: int = 0,
@@ -303,35 +300,7 @@ class FedCL:
         self.last_upload = np.full(n_users, -1, dtype=np.int64)
         self.uploads = np.zeros(n_users, dtype=np.int64)
 
-    # -- set-up ---------------------------------------------------------------------------------
-    def _keyed_pools(self) -> np.ndarray:
-        """``[n_users, local_pool]`` items each client stores as local negatives (never its own),
-        each row from its user's keyed stream: entry ``j`` is drawn with counters ``j``,
-        ``j + local_pool``, ... until it is not one of the user's own items, so a client on its
-        own data draws the row it has in process."""
-        n_users, n_items, k = self.train.n_users, self.train.n_items, self.config.local_pool
-        users = np.repeat(np.arange(n_users), k).reshape(n_users, k)
-        keys = stream_keys(self.seed, _STREAM_POOL, users)
-        ctr = np.broadcast_to(np.arange(k), (n_users, k)).copy()
-        pool = integers(keys, ctr, n_items)
-        bad = _in_sorted(pair_keys(users, pool, n_items), self._own)
-        while bad.any():
-            ctr[bad] += k
-            pool[bad] = integers(keys[bad], ctr[bad], n_items)
-            bad = _in_sorted(pair_keys(users, pool, n_items), self._own)
-        return pool
-
-    def _local_pools(self, rng: np.random.Generator) -> np.ndarray:
-        """``[n_users, local_pool]`` items each client stores as local negatives (never its own)."""
-        n_users, n_items, k = self.train.n_users, self.train.n_items, self.config.local_pool
-        pool = rng.integers(0, n_items, size=(n_users, k), dtype=np.int64)
-        users = np.repeat(np.arange(n_users), k).reshape(n_users, k)
-        bad = np.isin(pair_keys(users, pool, n_items), self._own)
-        while bad.any():
-            pool[bad] = rng.integers(0, n_items, size=int(bad.sum()), dtype=np.int64)
-            bad = np.isin(pair_keys(users, pool, n_items), self._own)
-        return pool
-
+    # -- set-up (the negatives' pools: protocols.fedcl_negatives) ------------------------------------
     @property
     def model_bytes(self) -> int:
         return 4 * sum(p.numel() for p in self.params)
@@ -363,63 +332,9 @@ class FedCL:
         src = self._test_source
         return src.get(int(user)) if isinstance(src, Mapping) else src
 
-    def _negatives(self, t: int, sampled: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
-        """Step 3 at the server: each sampled client's semi-hard negatives (``[T]``; none, ``[0]``,
-        for a client without a cached embedding), recorded as sent."""
-        cfg = self.config
-        cached = np.flatnonzero(self.has_cache)
-        cent = np.zeros((self.train.n_users, cfg.dim))
-        cent[cached] = cluster_centroids(self.cache[cached], cfg.clusters, cfg.clustering, self.rng)[0]
-        item = self.model.item.detach().double().numpy()
-        neg = sample_semi_hard(hard_candidates(cent[sampled], item, cfg.hard_percent), cfg.semi_hard,
-                               cfg.semi_hard_mode, self.rng)
-        keep = self.transport.transcript.keep_payloads
-        out = {}
-        for c, u in enumerate(sampled.tolist()):
-            mine = neg[c].copy() if self.has_cache[u] else np.zeros(0, np.int64)  # no cache: no semi-hard
-            self.transport.send(SERVER, client(u), t, "negatives", mine.copy() if keep else None, 4 * len(mine))
-            out[u] = {"negatives": mine}
-        return out
-
-    def _client_negatives(self, users: np.ndarray, per_user: Mapping[int, Mapping[str, np.ndarray]]
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The client's side of step 3: ``(negatives [m, T], kept [m, T], dropped [m])``.
-
-        Each client drops received negatives in its own history (notes 8.6); ``dropped`` counts
-        them. A client that received none (``[0]``) gets an all-masked row (the same loss as no
-        semi-hard negatives: masked logits add exactly zero to the softmax)."""
-        n_items = self.train.n_items
-        rows = []
-        for u in users.tolist():
-            got = per_user.get(u, {}).get("negatives")
-            if got is None:
-                raise ValueError(f"user {u}: the train step needs its semi-hard negatives")
-            got = np.asarray(got)
-            if got.ndim != 1 or got.dtype.kind not in "iu" or (got.size and (got.min() < 0 or got.max() >= n_items)):
-                raise ValueError(f"user {u}: semi-hard negatives must be item ids in [0, {n_items}); found "
-                                 f"{got.dtype} {got.shape}")
-            rows.append(got.astype(np.int64))
-        width = max((len(r) for r in rows), default=0)
-        neg = np.zeros((len(users), width), np.int64)
-        sent = np.zeros((len(users), width), bool)
-        for c, r in enumerate(rows):
-            if len(r) not in (0, width):
-                raise ValueError(f"user {users[c]}: {len(r)} semi-hard negatives where the others have {width}")
-            neg[c, : len(r)], sent[c, : len(r)] = r, True
-        own = _in_sorted(pair_keys(np.broadcast_to(users[:, None], neg.shape), neg, n_items), self._own) & sent
-        return neg, sent & ~own, own.sum(1)
-
     def _names(self) -> tuple[str, ...]:
         """The shared parameters (the order of :attr:`params` and of the upload vector)."""
         return ("item",) if self.config.encoder == "id" else tuple(self.model.shared_weights())
-
-    def _local_picks(self, users: np.ndarray, t: int, positions: int) -> np.ndarray:
-        """Each client's local negatives of round ``t``: ``[m, positions, local_negatives]`` indices
-        into its pool, from its own keyed stream (recmodels.streams), so a client alone draws what
-        it draws in a cohort."""
-        keys = stream_keys(self.seed, _STREAM_PICKS, t, np.asarray(users, np.int64))[:, None, None]
-        k = self.config.local_negatives
-        return integers(keys, np.arange(positions * k).reshape(1, positions, k), self.config.local_pool)
 
     def _dropout_generators(self, users: np.ndarray, t: int) -> list[torch.Generator] | torch.Generator:
         """The dropout masks' torch generators of round ``t``: one per client, seeded from its keyed stream."""
@@ -628,138 +543,7 @@ class FedCL:
 
         return check
 
-    # -- one round: the client's steps ----------------------------------------------------------
-    def device_step(self, kind: str, round_: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
-                    per_user: Mapping[int, Mapping[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
-        """The client's half (protocols.exchange): ``users`` on this trainer's own data."""
-        users = np.asarray(users, np.int64)
-        if kind == "embedding":
-            guard = device_guard(self)
-            unpaid = [u for u in users.tolist() if guard.ldp_round(u) != int(round_)]
-            if unpaid:  # the charge comes first: no code path computes an upload its client has not counted
-                raise ValueError(f"fedcl: the embedding uploads of users {unpaid[:5]} in round {int(round_)} were not "
-                                 "admitted (and charged) by their guard; admit them first (protocols.exchange.admit)")
-            self.load_device_model(broadcast)
-            cfg = self.config
-            with torch.no_grad():
-                emb = self.user_embeddings(users).double().numpy()
-            out = {}
-            for u, e in zip(users.tolist(), emb):
-                rel = ldp_laplace(e, clip_bound=cfg.clip, epsilon=cfg.epsilon, _test_source=self._source_for(u))
-                out[u] = {"embedding": np.asarray(rel.values, np.float64)}
-            return out
-        if kind == "train":
-            grads, losses, dropped = self._train(kind, round_, users, broadcast, per_user, summed=False)
-            if self.config.secure_aggregation == "none":
-                return {u: {"gradient": grads[c], "loss": np.array(float(losses[c])),
-                            "semi_hard_dropped": np.array(int(dropped[c]), np.int64)}
-                        for c, u in enumerate(users.tolist())}
-            vec = np.concatenate([grads, losses[:, None].astype(np.float64), dropped[:, None].astype(np.float64)], 1)
-            return {u: {"vector": vec[c]} for c, u in enumerate(users.tolist())}
-        raise ValueError(f"fedcl has no client step {kind!r}")
-
-    def _train(self, kind: str, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
-               per_user: Mapping[int, Mapping[str, np.ndarray]], *, summed: bool
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Step 4 for ``users``: ``(gradients float64 [m, n] or their sum [n], losses [m], dropped [m])``;
-        the ``"id"`` encoder's private rows take their local Adam step here."""
-        cfg = self.config
-        self.load_device_model(broadcast)
-        neg = kept = None
-        dropped = np.zeros(len(users), np.int64)
-        if cfg.semi_hard:
-            neg, kept, dropped = self._client_negatives(users, per_user)
-        losses, rows, w = self.client_losses(users, neg, kept, per_client=not summed, t=t)
-        if summed:
-            g = torch.autograd.grad(losses.sum(), self.params + ([rows] if rows is not None else []))
-            g_rows = g[-1] if rows is not None else None
-            out = torch.cat([x.reshape(-1) for x in g[: len(self.params)]]).double().numpy()
-        else:
-            out, g_rows = self.client_gradients(losses, rows, w)
-        if g_rows is not None:  # the private user rows: local Adam, never uploaded
-            self._local_user_step(users, g_rows)
-        return out, losses.detach().double().numpy(), dropped
-
-    def device_ldp_epsilon(self, kind: str) -> float:
-        """The local-DP epsilon one answer of step ``kind`` spends (:mod:`protocols.guard`, rule 6): the
-        embedding upload's ``epsilon`` (the epsilon this client's own configuration adds noise for)."""
-        return float(self.config.epsilon) if kind == "embedding" else 0.0
-
-    def device_check(self, kind: str, round_: int, user: int, broadcast: Mapping[str, np.ndarray],
-                     own: Mapping[str, np.ndarray], *, secure: bool) -> None:
-        """FedCL's own refusals (before the step runs; the guard charges the upload and refuses it
-        beyond the operator's ``ldp_epsilon_budget``). An embedding upload is refused:
-
-        * by a client whose configuration uploads none (``semi_hard = 0``);
-        * a second time in one round (each repeat is a fresh noisy copy: k of them average to the
-          embedding with error ``1/sqrt(k)`` of one upload's);
-        * before ``upload_every`` rounds have passed since the client's last upload;
-        * past ``user_budget`` (basic composition over the client's own count).
-
-        These are the configuration's own upload policy (the server half's ``_due``), enforced from
-        the client's record. An honest server meets them only after an upload it asked for was lost
-        on the way (the client counted it, the server did not). With both budgets the smaller holds.
-        """
-        if kind != "embedding":
-            return
-        cfg, t, guard = self.config, int(round_), device_guard(self)
-        if not cfg.semi_hard:
-            raise RefusedStep("fedcl: this configuration uploads no embedding (semi_hard = 0); refused")
-        last = guard.ldp_round(user)
-        if last == t:
-            raise RefusedStep(f"fedcl: this client already uploaded its embedding in round {t}; a second noisy copy "
-                              "is refused")
-        if last >= 0 and t - last < cfg.upload_every:
-            raise RefusedStep(f"fedcl: this client uploaded its embedding in round {last}; with fedcl.upload_every = "
-                              f"{cfg.upload_every} the next is due in round {last + cfg.upload_every}; refused")
-        spent = guard.ldp_spent(user)
-        if cfg.user_budget and spent + cfg.epsilon > cfg.user_budget * (1 + 1e-12):
-            raise RefusedStep(f"fedcl: an upload of epsilon {cfg.epsilon:g} would bring this client's spent epsilon "
-                              f"from {spent:g} over fedcl.user_budget {cfg.user_budget:g}; refused")
-
-    # -- the global model and the client's own state (protocols.exchange) -------------------------
-    def device_requires_secure(self, kind: str) -> bool:
-        """A client configured for secure aggregation sends its gradient (``"train"``) only through it;
-        the embedding upload is plaintext by design (Laplace-noised on the device)."""
-        return kind == "train" and self.config.secure_aggregation != "none"
-
-    def device_model(self) -> dict[str, np.ndarray]:
-        """The shared parameters a client needs (the ``"model"`` message): copies, by name."""
-        w = self.model.shared_weights()
-        return {k: w[k].detach().numpy().copy() for k in self._names()}
-
-    def load_device_model(self, model: Mapping[str, np.ndarray]) -> None:
-        """Install the server's shared parameters (checked: names, shapes, dtype, finite)."""
-        w = self.model.shared_weights()
-        names = self._names()
-        if set(model) != set(names):
-            raise ValueError(f"fedcl model: expected arrays {sorted(names)}; found {sorted(model)}")
-        for k in names:
-            a = np.asarray(model[k])
-            if a.shape != tuple(w[k].shape) or a.dtype != np.float32 or not np.isfinite(a).all():
-                raise ValueError(f"fedcl model: {k!r} must be finite float32 {tuple(w[k].shape)}; found {a.dtype} {a.shape}")
-        with torch.no_grad():
-            for k in names:
-                w[k].copy_(torch.from_numpy(np.asarray(model[k])))
-
-    def device_state(self, user: int) -> dict[str, np.ndarray]:
-        """What stays on ``user``'s device: the ``"id"`` encoder's private row and its Adam state."""
-        if self.config.encoder != "id":
-            return {}
-        u = int(user)
-        return {"user": self.user[u].numpy().copy(), "m": self.user_m[u].numpy().copy(),
-                "v": self.user_v[u].numpy().copy(), "steps": np.array(float(self.user_steps[u]), np.float32)}
-
-    def load_device_state(self, user: int, state: Mapping[str, np.ndarray]) -> None:
-        if self.config.encoder != "id":
-            if state:
-                raise ValueError(f"fedcl {self.config.encoder!r} clients keep no state; found {sorted(state)}")
-            return
-        u = int(user)
-        self.user[u] = torch.as_tensor(state["user"])
-        self.user_m[u], self.user_v[u] = torch.as_tensor(state["m"]), torch.as_tensor(state["v"])
-        self.user_steps[u] = float(state["steps"])
-
+    # -- the optimisers (the client's steps of a round: protocols.fedcl_device) -------------------------
     def _server_step(self, grad: torch.Tensor) -> None:
         """Adam (torch.optim.Adam's update, betas 0.9/0.999, eps 1e-8) on the averaged gradient."""
         b1, b2, eps = 0.9, 0.999, 1e-8

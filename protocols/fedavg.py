@@ -70,6 +70,7 @@ import torch
 
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
+from protocols.fedavg_sums import SERVER2, FedAvgSums  # noqa: F401  (SERVER2 re-exported: it was defined here)
 from protocols.registry import ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
@@ -77,7 +78,6 @@ from recmodels.models import gmf_logits
 from recmodels.data import pair_keys
 from recmodels.sampling import sample_negatives_keyed
 from recmodels.streams import shuffle_keys, stream_keys
-from protocols.secure_sum import secure_row_sum, secure_sum
 from secagg.encoding import check_budget
 from secagg.params import check_fraction
 from secagg.params import choose as choose_secagg_plus
@@ -90,8 +90,6 @@ _OPTIMIZERS = ("adam", "sgd")
 _SECURE = ("none", "secagg", "secagg+")
 #: FedAvg-GMF (not the protocols built on its config) also sums through two servers.
 _TWO_SERVER = ("dpf",)
-#: The second aggregation server's party name under ``"dpf"``.
-SERVER2 = "server2"
 
 
 @dataclass(frozen=True)
@@ -295,7 +293,7 @@ class _LazyAdam:
         self.p.index_add_(0, rows, step, alpha=-1.0)
 
 
-class FedAvgGMF:
+class FedAvgGMF(FedAvgSums):
     """FedAvg over GMF with batched client simulation (see the module docstring).
 
     ``upload_cls`` is the payload type of a plaintext upload in the transcript.
@@ -517,144 +515,7 @@ class FedAvgGMF:
                     total_examples += len(idx)
         return total_loss, total_examples
 
-    def _plain_sums(self, pair_slot, pair_item, dQ, dH, dB, weight):
-        """The sums the server needs, from plaintext uploads.
-
-        Returns ``(item_num, touched, h_num, b_num, w_sum)``: ``item_num`` is the sum of the
-        clients' item changes (``"sum"``) or of their ``n_k``-weighted changes (otherwise);
-        ``touched`` the per-item sum of ``n_k`` over the clients that touched it (``"touched"``
-        only); ``h_num``, ``b_num`` the ``n_k``-weighted output-layer changes; ``w_sum`` the sum of
-        ``n_k``.
-        """
-        agg = self.config.item_aggregation
-        rows = dQ if agg == "sum" else dQ * weight[pair_slot].unsqueeze(1)
-        item_num = torch.zeros_like(self.item).index_add_(0, pair_item, rows)
-        touched = None
-        if agg == "touched":
-            touched = torch.zeros(self.train.n_items).index_add_(0, pair_item, weight[pair_slot])
-        h_num = (dH * weight.unsqueeze(1)).sum(0)
-        return item_num, touched, h_num, (dB * weight).sum(), weight.sum()
-
-    def _client_vectors(self, sampled, pair_slot, pair_item, dQ, dH, dB, weight) -> np.ndarray:
-        """Each client's update as one dense float vector whose column sums are the round's sums.
-
-        Layout: ``item change (n_items x dim) | [n_k per touched item (n_items), "touched" only]
-        | n_k * dh (dim) | n_k * db | n_k``, so that summing the vectors gives exactly what
-        :meth:`_plain_sums` computes.
-        """
-        n_items, d, m = self.train.n_items, self.config.dim, len(sampled)
-        touched = self.config.item_aggregation == "touched"
-        width = n_items * d + (n_items if touched else 0) + d + 2
-        out = np.zeros((m, width))
-        w = weight.numpy().astype(np.float64)
-        rows = dQ.numpy().astype(np.float64)
-        if self.config.item_aggregation != "sum":
-            rows = rows * w[pair_slot][:, None]
-        items = out[:, : n_items * d].reshape(m, n_items, d)
-        items[pair_slot, pair_item] = rows
-        off = n_items * d
-        if touched:
-            out[pair_slot, off + pair_item] = w[pair_slot]
-            off += n_items
-        out[:, off : off + d] = dH.numpy() * w[:, None]
-        out[:, off + d] = dB.numpy() * w
-        out[:, off + d + 1] = w
-        return out
-
-    def _secure_sums(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):
-        """The same sums through secure aggregation; the transcript records the masked uploads."""
-        cfg = self.config
-        vectors = self._client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB, weight)
-        res = secure_sum(
-            vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
-            round=t, transport=self.transport, senders=[client(u) for u in sampled], where="fedavg.value_clip",
-            dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
-            min_survivors=getattr(getattr(self, "device_policy", None), "min_survivors", 2),
-        )
-        self._secagg_seconds = float(np.mean(res.client_seconds))
-        return self._sums_from_total(res.total), res.bytes_per_client
-
-    def dpf_layout(self) -> tuple[int, int, int]:
-        """``"dpf"``: ``(row width, tail rows, table rows)`` of the two-server sum's table: item row
-        ``i`` holds the client's change of it (times ``n_k`` unless ``"sum"``), with ``n_k`` in one
-        more column for ``"touched"``; the ``tail rows`` after the items hold ``n_k dh | n_k db | n_k``."""
-        n_items, d = self.train.n_items, self.config.dim
-        width = d + (1 if self.config.item_aggregation == "touched" else 0)
-        tail = -(-(d + 2) // width)
-        return width, tail, n_items + tail
-
-    def _dpf_rows(self, sampled, pair_slot, pair_item, dQ, dH, dB, weight) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Each client's touched rows and their values in the :meth:`dpf_layout` table (float64)."""
-        n_items, d, m = self.train.n_items, self.config.dim, len(sampled)
-        width, tail, _ = self.dpf_layout()
-        w = weight.numpy().astype(np.float64)
-        vals = dQ.numpy().astype(np.float64)
-        if self.config.item_aggregation != "sum":
-            vals = vals * w[pair_slot][:, None]
-        if width > d:  # "touched": n_k beside each touched row
-            vals = np.concatenate([vals, w[pair_slot][:, None]], axis=1)
-        tails = np.zeros((m, tail * width))
-        tails[:, :d] = dH.numpy() * w[:, None]
-        tails[:, d] = dB.numpy() * w
-        tails[:, d + 1] = w
-        tail_rows = np.arange(n_items, n_items + tail, dtype=np.int64)
-        bounds = np.searchsorted(pair_slot, np.arange(m + 1))
-        rows = [np.concatenate([pair_item[bounds[c]:bounds[c + 1]].astype(np.int64), tail_rows]) for c in range(m)]
-        values = [np.concatenate([vals[bounds[c]:bounds[c + 1]], tails[c].reshape(tail, width)]) for c in range(m)]
-        return rows, values
-
-    def _dpf_sums(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):
-        """The round's sums through the two-server DPF sum (clients send only their touched rows)."""
-        cfg = self.config
-        rows, values = self._dpf_rows(sampled, pair_slot, pair_item, dQ, dH, dB, weight)
-        width, tail, n_rows = self.dpf_layout()
-        res = secure_row_sum(
-            rows, values, n_rows=n_rows, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip, round=t,
-            transport=self.transport, senders=[client(u) for u in sampled], points=cfg.dpf_points,
-            max_parts=cfg.dpf_max_parts, pad_parts=cfg.dpf_pad_parts, dense_above=cfg.dpf_dense_above,
-            receiver=SERVER, receiver2=SERVER2,
-            where="fedavg.value_clip", min_survivors=getattr(getattr(self, "device_policy", None), "min_survivors", 2),
-        )
-        self._secagg_seconds = float(np.mean(res.client_seconds))
-        self.dpf_server_seconds = res.server_seconds
-        return self._sums_from_table(res.total), res.bytes_per_client
-
-    def _sums_from_table(self, total: np.ndarray):
-        """The round's sums (as :meth:`_plain_sums` returns them) from the decoded :meth:`dpf_layout` table."""
-        n_items, d = self.train.n_items, self.config.dim
-        width, tail, n_rows = self.dpf_layout()
-        table = np.asarray(total).reshape(n_rows, width)
-        item_num = torch.as_tensor(table[:n_items, :d], dtype=torch.float32)
-        touched = torch.as_tensor(table[:n_items, d], dtype=torch.float32) if width > d else None
-        rest = table[n_items:].reshape(-1)
-        h_num = torch.as_tensor(rest[:d], dtype=torch.float32)
-        return item_num, touched, h_num, torch.tensor(float(rest[d])), torch.tensor(float(rest[d + 1]))
-
-    def _sums_from_total(self, total: np.ndarray):
-        """The round's sums (as :meth:`_plain_sums` returns them) from the decoded sum of the
-        :meth:`_client_vectors` (the Flower adapter's secure rounds use it too)."""
-        n_items, d = self.train.n_items, self.config.dim
-        cfg = self.config
-        item_num = torch.as_tensor(total[: n_items * d].reshape(n_items, d), dtype=torch.float32)
-        off, touched = n_items * d, None
-        if cfg.item_aggregation == "touched":
-            touched = torch.as_tensor(total[off : off + n_items], dtype=torch.float32)
-            off += n_items
-        h_num = torch.as_tensor(total[off : off + d], dtype=torch.float32)
-        return item_num, touched, h_num, torch.tensor(float(total[off + d])), torch.tensor(float(total[off + d + 1]))
-
-    def _apply(self, item_num, touched, h_num, b_num, w_sum) -> None:
-        """The server's update from the round's sums (the same for plaintext and secure sums)."""
-        cfg = self.config
-        if cfg.item_aggregation == "sum":
-            item_change = item_num
-        elif cfg.item_aggregation == "mean":
-            item_change = item_num / w_sum
-        else:  # "touched": average over the clients that touched each row
-            item_change = item_num / touched.clamp_min(1e-12).unsqueeze(1)
-        self.item += cfg.server_lr * item_change
-        self.h += cfg.server_lr * h_num / w_sum
-        self.b += cfg.server_lr * b_num / w_sum
+    # (the round's sums and the server's update from them: protocols.fedavg_sums)
 
     def _local_steps(self, slots: np.ndarray, sampled: np.ndarray, epoch: int) -> np.ndarray:
         """Step index of every example: a per-client shuffle cut into mini-batches.

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from secagg.dpf_keys import (  # noqa: F401 - re-exported: secagg.dpf is the public face of both modules
     _CLEAR, _LOW, CHECK_BLOCKS, MAX_DEPTH, MAX_POINTS, MAX_WIDTH, VERSION, DpfError, KeySet, LeafSecret,
-    _aes, _blocks, _check_hash, _children, _encryptor, _expand, _gen, _rows, _sigma, _tweaks, _value,
+    _RIGHT, _aes, _blocks, _check_hash, _children, _encryptor, _expand, _gen, _rows, _sigma, _tweaks, _value,
     _words, attach_values, gen,
 )
 
@@ -63,9 +63,8 @@ __all__ = [
 ]
 
 
-_GROUP = 8  #: keys whose deferred corrections share one subset-sum table
+_GROUP = 8  #: at most this many keys evaluated together (their control bits index one subset-sum table)
 _GROUP_LEAVES = 1 << 16  #: leaves per group of trees expanded together (cache-sized levels)
-_FLUSH_ITEMS = 1 << 18  #: 16-byte items gathered at once when the deferred corrections are applied
 
 
 # -- the forest and its evaluation -----------------------------------------------------------------
@@ -132,6 +131,10 @@ class Forest:
         span = 2 ** (self.depth - level)
         return -(-self.sizes // span)
 
+    def parent_trees(self, level: int) -> np.ndarray:
+        """``intp [nodes]``: the tree of each node kept at ``level`` (trees in order)."""
+        return self._get(f"parents/{level}", lambda: np.repeat(np.arange(self.points), self.level_counts(level)))
+
     def children_kept(self, level: int) -> np.ndarray | None:
         """Indices of the children of ``level``'s nodes (interleaved left, right) that lie inside
         their tree (``None``: all of them)."""
@@ -172,32 +175,53 @@ def _check_shape(key: KeySet, forest: Forest) -> None:
                        f"(depth {forest.depth}, {forest.points} trees)")
 
 
-def _expand_trees(key: KeySet, j0: int, j1: int, forest: Forest) -> tuple[np.ndarray, np.ndarray]:
-    """Leaf seeds and control bits of trees ``j0 .. j1-1`` of ``key`` (``forest``: their shape).
+def _expand_many(keys: list[KeySet], j0: int, j1: int, forest: Forest) -> tuple[np.ndarray, np.ndarray]:
+    """Leaf seeds and control bits of trees ``j0 .. j1-1`` of every key in ``keys`` (one party's, the
+    same shape; ``forest``: those trees): ``(uint64 [K, leaves, 2], uint8 [K, leaves])``.
 
-    Level by level over those trees at once (two AES calls per level); only nodes whose subtree
-    meets a tree's positions are expanded.
+    Level by level over those trees of all the keys at once: one AES call per level. A node carries
+    its control bit in the low bit of its seed until the leaves; each parent's corrections (seed and
+    control bit, for both children, 32 bytes, a public index per level cached in the forest) are
+    gathered once, masked by its control bit and XOR-ed into both children; only the nodes whose
+    subtree meets a tree's positions are kept.
     """
+    k = len(keys)
     live = forest.sizes > 0
-    seed_cw, t_cw = key.seed_cw[j0:j1], key.t_cw[j0:j1]
-    seeds = key.roots[j0:j1][live]
-    t = np.full(int(live.sum()), key.party, np.uint8)
-    for level in range(key.depth):
-        counts = forest.level_counts(level)
-        both = _children(seeds)  # [2n, 2], children interleaved
-        bits = (both[:, 0] & _LOW).astype(np.uint8)
-        both[:, 0] &= _CLEAR
-        # a child whose parent has t = 1 takes the level's corrections (seed, and its side's bit)
-        mask = np.repeat(np.uint64(0) - t.astype(np.uint64), 4)
-        cw = np.repeat(_rows(seed_cw[:, level]), 2 * counts).view(np.uint64)
-        cw &= mask
-        both.reshape(-1)[:] ^= cw
-        bits ^= np.repeat(t, 2) & np.repeat(np.ascontiguousarray(t_cw[:, level]).view(np.uint16), counts).view(np.uint8)
+    nodes = np.stack([key.roots[j0:j1][live] for key in keys])  # [K, n, 2], control bit in the low bit
+    nodes[..., 0] |= np.uint64(keys[0].party)
+    # per tree and level, both children's corrections: seed CW with the side's control-bit CW in its low bit
+    cw = np.stack([key.seed_cw[j0:j1] for key in keys])[:, :, :, None, :].repeat(2, axis=3)  # [K, T, D, 2, 2]
+    cw[..., 0] |= np.stack([key.t_cw[j0:j1] for key in keys]).astype(np.uint64)
+    enc = _encryptor(b"tree")
+    for level in range(forest.depth):
+        n = nodes.shape[1]
+        mask = np.uint64(0) - (nodes[..., 0] & _LOW)  # [K, n]: all ones where the parent's bit is 1
+        # sigma(s) (left child) and sigma(s) XOR (tweak, 0) (right child), interleaved per parent
+        inp = np.empty((k, n, 2, 2), np.uint64)
+        np.bitwise_and(nodes[..., 0], _CLEAR, out=inp[:, :, 0, 1])
+        np.bitwise_xor(inp[:, :, 0, 1], nodes[..., 1], out=inp[:, :, 0, 0])
+        inp[:, :, 1, 1] = inp[:, :, 0, 1]
+        np.bitwise_xor(inp[:, :, 0, 0], _RIGHT, out=inp[:, :, 1, 0])
+        out = np.empty((2 * k * n + 1, 2), np.uint64)
+        enc.update_into(memoryview(inp).cast("B"), memoryview(out).cast("B"))
+        both = out[:-1].reshape(k, n, 2, 2)
+        np.bitwise_xor(both, inp, out=both)
+        fix = np.take(np.ascontiguousarray(cw[:, :, level]).reshape(k, -1, 4), forest.parent_trees(level), axis=1)
+        fix &= mask[..., None]
+        both.reshape(k, n, 4)[...] ^= fix
+        nodes = both.reshape(k, 2 * n, 2)
         keep = forest.children_kept(level)
         if keep is not None:
-            both, bits = _blocks(_rows(both)[keep]), bits[keep]
-        seeds, t = both, bits
-    return seeds, t
+            nodes = np.take(nodes.reshape(k, -1).view(np.complex128), keep, axis=1).view(np.uint64).reshape(k, -1, 2)
+    t = (nodes[..., 0] & _LOW).astype(np.uint8)
+    nodes[..., 0] &= _CLEAR
+    return nodes, t
+
+
+def _expand_trees(key: KeySet, j0: int, j1: int, forest: Forest) -> tuple[np.ndarray, np.ndarray]:
+    """Leaf seeds and control bits of trees ``j0 .. j1-1`` of ``key`` (``forest``: their shape)."""
+    seeds, t = _expand_many([key], j0, j1, forest)
+    return seeds[0], t[0]
 
 
 def expand_forest(key: KeySet, forest: Forest) -> tuple[np.ndarray, np.ndarray]:
@@ -260,36 +284,44 @@ class Accumulator:
     """A server's sum of full-domain evaluations over many key sets, and their verification.
 
     Bucket space, block-major (``[blocks, leaves, 2]``: value block ``i`` of every leaf is
-    contiguous, so each AES call's output is added as it is), walked in chunks of ``chunk`` leaves
-    so the keystream stays in cache. The control-bit corrections ``t_x CW_j`` are deferred: each
-    key's control bits are kept packed and applied ``batch`` keys at a time, eight at once through a
-    table of subset sums (:meth:`_flush`).
+    contiguous). :meth:`add_many` evaluates ``batch`` key sets (at most 8) together, a group of trees
+    at a time and then a chunk of about ``chunk`` leaves (over all the batch's keys) at a time, so
+    that every AES call covers the whole batch, the keys' outputs are summed in cache and the sum is
+    read and written once per batch, not once per key. The control-bit corrections ``t_x CW_j`` of a
+    batch go in with one gather per chunk ("four Russians"): per tree, a table of the ``2^K`` subset
+    sums of the ``K`` keys' ``CW_j`` (exact in Z_2^64), and per leaf the row its ``K`` control bits
+    pick.
 
     Args:
         forest: the public shape of every key set.
         width: ``d``, words per value.
         party: this server's party (0 or 1).
         challenge: 16 secret bytes both servers drew after the keys arrived (``None``: no checks).
+        chunk: leaves per pass, over all the keys of a batch.
+        batch: key sets evaluated together (1 to 8).
     """
 
     def __init__(self, forest: Forest, width: int, party: int, *, challenge: bytes | None = None,
-                 chunk: int = 16384, batch: int = 64) -> None:
+                 chunk: int = 32768, batch: int = _GROUP) -> None:
         if type(width) is not int or not 1 <= width <= MAX_WIDTH:
             raise ValueError(f"width must be an int in [1, {MAX_WIDTH}]; found {width!r}")
         if party not in (0, 1):
             raise ValueError(f"party must be 0 or 1; found {party!r}")
         if challenge is not None and (not isinstance(challenge, bytes) or len(challenge) != 16):
             raise ValueError("challenge must be 16 bytes")
+        if type(chunk) is not int or chunk < 1 or type(batch) is not int or not 1 <= batch <= _GROUP:
+            raise ValueError(f"chunk must be a positive int and batch an int in [1, {_GROUP}]; found {chunk!r}, {batch!r}")
         self.forest, self.width, self.party = forest, width, party
         self.blocks = -(-width // 2)
         self._acc = np.zeros((self.blocks, forest.leaves, 2), np.uint64)
-        self._chunk, self._batch = int(chunk), int(batch)
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._chunk, self._batch = chunk, batch
         self._mac = None if challenge is None else Cipher(algorithms.AES(challenge), modes.ECB()).encryptor()
         self._mac_pos: np.ndarray | None = None
         self.count = 0
 
     def _expect(self, key: KeySet) -> None:
+        if not isinstance(key, KeySet):
+            raise DpfError(f"DPF key: expected a KeySet; found {type(key).__name__}")
         if key.party != self.party or key.width != self.width or key.value_cw is None:
             raise DpfError(f"DPF key: party {key.party}, width {key.width}; this accumulator is party "
                            f"{self.party}, width {self.width}")
@@ -299,66 +331,101 @@ class Accumulator:
     def add(self, key: KeySet, *, sign: int = 1) -> bytes | None:
         """Add (``sign = 1``) or remove (``-1``) one key set's evaluation; return its check digest
         (``None`` without a challenge). Raises :class:`DpfError` for a key of another shape."""
-        self._expect(key)
+        return self.add_many([key], sign=sign)[0]
+
+    def add_many(self, keys: list[KeySet], *, sign: int = 1) -> list[bytes | None]:
+        """:meth:`add` for every key set of ``keys``, ``batch`` at a time; their digests, in order.
+        Every key is checked before any is added."""
+        keys = list(keys)
         if sign not in (1, -1):
             raise ValueError(f"sign must be 1 or -1; found {sign!r}")
-        _check_shape(key, self.forest)
+        for key in keys:
+            self._expect(key)
+            _check_shape(key, self.forest)
+        out: list[bytes | None] = []
+        for b0 in range(0, len(keys), self._batch):
+            out += self._add_batch(keys[b0:b0 + self._batch], sign)
+        return out
+
+    def _add_batch(self, keys: list[KeySet], sign: int) -> list[bytes | None]:
+        k, blocks, forest, acc, mac = len(keys), self.blocks, self.forest, self._acc, self._mac
         negate = (self.party == 1) != (sign == -1)
         op = np.subtract if negate else np.add
-        mac = self._mac
-        folded = np.zeros((self._chunk, 2), np.uint64)  # XOR of the leaves' MACs, row by row
-        buf = np.empty((self._chunk + 1, 2), np.uint64)
-        buf2 = np.empty((self._chunk + 1, 2), np.uint64)
-        out, out2 = memoryview(buf).cast("B"), memoryview(buf2).cast("B")
-        values = [_encryptor(b"value/%d" % i) for i in range(self.blocks)]
+        offsets, owner = forest.offsets, forest.owner
+        values = [_encryptor(b"value/%d" % i) for i in range(blocks)]
+        # the keys' value corrections, [K, blocks, m, 2], negated when this server subtracts
+        vc = np.zeros((k, forest.points, 2 * blocks), np.uint64)
+        for q, key in enumerate(keys):
+            vc[q, :, :self.width] = key.value_cw
+        if negate:
+            np.subtract(np.uint64(0), vc, out=vc)
+        vc = np.ascontiguousarray(vc.reshape(k, forest.points, blocks, 2).transpose(0, 2, 1, 3))
+        per = max(1, self._chunk // k)  # leaves per key per pass
+        buf = np.empty((k * per + 1, 2), np.uint64)  # AES output (one row of slack for update_into)
+        out = memoryview(buf).cast("B")
+        tmp = np.empty((per, 2), np.uint64)
         if mac is not None:
-            assert key.check_cw is not None
-            tweaks, first = self.forest.tweaks(), self._positions()
+            tweaks, first = forest.tweaks(), self._positions()
             checks = [_encryptor(b"check/%d" % c) for c in range(CHECK_BLOCKS)]
-        acc = self._acc
-        t_all = np.empty(self.forest.leaves, np.uint8)
-        offsets, owner = self.forest.offsets, self.forest.owner
-        if mac is not None:  # each leaf's tree's check correction, gathered per chunk (16-byte items)
-            check_rows = [_rows(np.ascontiguousarray(key.check_cw[:, c])) for c in range(CHECK_BLOCKS)]
-        for j0, j1, sub in self.forest.groups():
-            seeds, t = _expand_trees(key, j0, j1, sub)
-            base = int(offsets[j0])
-            t_all[base:base + t.size] = t
-            # chunks run across the trees of the group (the leaves of consecutive trees are
-            # contiguous), so the Python overhead is per chunk, not per tree
-            for lo in range(base, base + t.size, self._chunk):
-                hi = min(lo + self._chunk, base + t.size)
-                n = hi - lo
-                sig = _sigma(seeds[lo - base:hi - base])
+            # per check block, the items (key, tree, t) -> t cs: zero or the tree's check correction
+            cs = np.zeros((CHECK_BLOCKS, k, forest.points, 2, 2), np.uint64)
+            for q, key in enumerate(keys):
+                cs[:, q, :, 1] = key.check_cw.transpose(1, 0, 2)
+            cs = cs.reshape(CHECK_BLOCKS, -1).view(np.complex128)  # [CHECK_BLOCKS, K * m * 2]
+            key_base = (2 * forest.points * np.arange(k))[:, None]
+            xbuf = np.empty((k * per, 2), np.uint64)
+            buf2 = np.empty((k * per + 1, 2), np.uint64)
+            out2 = memoryview(buf2).cast("B")
+            folded = np.zeros((k, 2), np.uint64)  # per key: the XOR of its leaves' MACs
+        size = 1 << k
+        weights = (1 << np.arange(k)).astype(np.uint8)
+        for j0, j1, sub in forest.groups(max(1, _GROUP_LEAVES // k)):
+            seeds, t = _expand_many(keys, j0, j1, sub)
+            # subset sums of the K keys' value corrections, per tree of the group: [blocks, T, 2^K, 2]
+            table = np.zeros((blocks, j1 - j0, size, 2), np.uint64)
+            for q in range(k):
+                half = 1 << q
+                np.add(table[:, :, :half], vc[q, :, j0:j1, None, :], out=table[:, :, half:2 * half])
+            table = table.reshape(blocks, -1).view(np.complex128)  # item (tree, subset) of block i
+            # chunks run across the trees of the group (the leaves of consecutive trees are contiguous)
+            base, count = int(offsets[j0]), t.shape[1]
+            for lo in range(0, count, per):
+                hi = min(lo + per, count)
+                n, a, b = hi - lo, base + lo, base + hi
+                s = seeds[:, lo:hi]
+                sig = np.empty((k, n, 2), np.uint64)
+                np.bitwise_xor(s[..., 0], s[..., 1], out=sig[..., 0])
+                sig[..., 1] = s[..., 0]
                 src = memoryview(sig).cast("B")
-                y = buf[:n]
-                for i, enc in enumerate(values):
+                y = buf[:k * n].reshape(k, n, 2)
+                for i, enc in enumerate(values):  # G(s): the MMO of sigma(s) under key value/i
                     enc.update_into(src, out)
                     np.bitwise_xor(y, sig, out=y)
-                    op(acc[i, lo:hi], y, out=acc[i, lo:hi])
+                    part = y[0] if k == 1 else np.add.reduce(y, axis=0, out=tmp[:n])
+                    view = acc[i, a:b]
+                    op(view, part, out=view)
+                index = (weights @ t[:, lo:hi]).astype(np.intp)  # the K control bits of each leaf, as a byte
+                index += (owner[a:b] - j0) * size
+                picked = np.take(table, index, axis=1).view(np.uint64).reshape(blocks, n, 2)
+                view = acc[:, a:b]
+                np.add(view, picked, out=view)
                 if mac is not None:
-                    mask = np.repeat(np.uint64(0) - t[lo - base:hi - base].astype(np.uint64), 2).reshape(n, 2)
-                    ow = owner[lo:hi]
-                    state = first[lo:hi]
-                    for c, enc in enumerate(checks):
-                        x = sig ^ tweaks[c][lo:hi]
+                    pick = t[:, lo:hi] + (key_base + 2 * owner[a:b])  # [K, n] rows of cs
+                    state = np.broadcast_to(first[a:b], (k, n, 2))
+                    x = xbuf[:k * n].reshape(k, n, 2)
+                    for c, enc in enumerate(checks):  # pi(x) = H'(x, s) XOR t cs, then one CBC step
+                        np.bitwise_xor(sig, tweaks[c][a:b], out=x)
                         enc.update_into(memoryview(x).cast("B"), out)
                         np.bitwise_xor(y, x, out=y)
-                        cw = _blocks(check_rows[c][ow])
-                        cw &= mask
-                        y ^= cw
+                        y ^= np.take(cs[c], pick).view(np.uint64).reshape(k, n, 2)
                         np.bitwise_xor(state, y, out=x)
                         mac.update_into(memoryview(x).cast("B"), out2)
-                        state = buf2[:n]
-                    np.bitwise_xor(folded[:n], state, out=folded[:n])
-        t = t_all
-        digest = np.bitwise_xor.reduce(folded, axis=0)
-        cw = key.value_cw if not negate else np.uint64(0) - key.value_cw
-        self._pending.append((np.packbits(t), cw))
-        if len(self._pending) >= self._batch:
-            self._flush()
-        self.count += sign
-        return None if mac is None else _words(digest) + key.public_digest()
+                        state = buf2[:k * n].reshape(k, n, 2)
+                    folded ^= np.bitwise_xor.reduce(state, axis=1)
+        self.count += sign * k
+        if mac is None:
+            return [None] * k
+        return [_words(folded[q]) + key.public_digest() for q, key in enumerate(keys)]
 
     def _positions(self) -> np.ndarray:
         """``AES_challenge(position block)`` per leaf: the first block of each leaf's CBC-MAC."""
@@ -367,47 +434,10 @@ class Accumulator:
             self._mac_pos = _aes(self._mac, enc)
         return self._mac_pos
 
-    def _flush(self) -> None:
-        """Apply the deferred ``t_x CW_j`` of the pending keys, ``g`` keys at a time ("four Russians"):
-        per tree, a table of the ``2^g`` subset sums of the ``g`` keys' ``CW_j`` (exact in Z_2^64), and
-        per leaf one row of it, picked by the ``g`` keys' control bits there. ``g`` (at most 8) keeps
-        the table (``m 2^g`` rows) an eighth of the leaves or less (cache-resident gathers), so small tables with many trees do not
-        pay for subset sums they never read; one gather over all trees per chunk of leaves."""
-        pending, self._pending = self._pending, []
-        n = self.forest.leaves
-        m = self.forest.points
-        g_max = max(1, min(_GROUP, (n // max(m, 1)).bit_length() - 4))  # 2^g <= leaves / (8 m): measured best
-        owner = self.forest.owner
-        for g in range(0, len(pending), g_max):
-            group = pending[g:g + g_max]
-            index = np.zeros(n, np.int64)
-            for k, (packed, _) in enumerate(group):
-                index |= np.unpackbits(packed, count=n).astype(np.int64) << k
-            size = 1 << len(group)
-            index += owner * size
-            # block-major from the start: [blocks, m, 2^g, 2] words, so no transposed copy of the table
-            cws = np.zeros((len(group), m, 2 * self.blocks), np.uint64)
-            for k, (_, cw) in enumerate(group):
-                cws[k, :, :self.width] = cw
-            cws = np.ascontiguousarray(cws.reshape(len(group), m, self.blocks, 2).transpose(0, 2, 1, 3))
-            table = np.zeros((self.blocks, m, size, 2), np.uint64)
-            for k in range(len(group)):
-                half = 1 << k
-                np.add(table[:, :, :half], cws[k][:, :, None, :], out=table[:, :, half:2 * half])
-            # item (j, subset) of block i at [i, j * 2^g + subset], 16 bytes each
-            rows = table.reshape(self.blocks, -1).view(np.complex128)
-            step = max(1, _FLUSH_ITEMS // self.blocks)
-            for lo in range(0, n, step):
-                hi = min(n, lo + step)
-                picked = np.take(rows, index[lo:hi], axis=1)  # [blocks, hi - lo] complex
-                view = self._acc[:, lo:hi, :]
-                np.add(view, picked.view(np.uint64).reshape(self.blocks, hi - lo, 2), out=view)
-
     def scatter(self, elements: np.ndarray, rows: int) -> np.ndarray:
         """This server's share mapped out of bucket space: ``out[elements[leaf]] += acc[leaf]``,
         ``uint64 [rows, width]`` (``elements``: the row of each leaf, e.g. a cuckoo layout's; distinct
         within a tree). Tree by tree from the block-major sum, so no ``leaves x width`` copy is made."""
-        self._flush()
         elements = np.asarray(elements, dtype=np.int64)
         if elements.shape != (self.forest.leaves,) or (elements.size and (elements.min() < 0 or elements.max() >= rows)):
             raise ValueError(f"elements must be {self.forest.leaves} row indices below {rows}")
@@ -424,6 +454,5 @@ class Accumulator:
 
     def total(self) -> np.ndarray:
         """This server's share of the sum: ``uint64 [leaves, width]`` in bucket space."""
-        self._flush()
         return np.ascontiguousarray(self._acc.transpose(1, 0, 2).reshape(self.forest.leaves, 2 * self.blocks)
                                     [:, :self.width])

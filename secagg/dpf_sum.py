@@ -522,11 +522,13 @@ class DpfSumServer:
             raise MessageError(f"stage {self.stage.name}: evaluate needs the survivors and the challenge, once")
         self.acc = Accumulator(self.cfg.forest, self.cfg.width, self.party,
                                challenge=self.challenge if self.cfg.check else None)
+        order = [(cid, p) for cid in self.survivors if cid not in self.dense for p in range(self.declared[cid])]
+        digests = dict(zip(order, self.acc.add_many([self.parts[cid][p] for cid, p in order])))  # 8 at a time
         for cid in self.survivors:
             if cid in self.dense:  # nothing to verify: any vector is a valid dense update
                 self.digests[cid] = _DENSE_DIGEST
                 continue
-            got = [self.acc.add(self.parts[cid][p]) for p in range(self.declared[cid])]
+            got = [digests[cid, p] for p in range(self.declared[cid])]
             if got[0] is not None:  # one digest per client: the MACs XOR-ed, the public parts hashed together
                 mac = np.bitwise_xor.reduce(np.stack([np.frombuffer(g[:16], np.uint8) for g in got]), axis=0)
                 pub = got[0][16:] if len(got) == 1 else hashlib.sha256(b"".join(g[16:] for g in got)).digest()
@@ -546,9 +548,7 @@ class DpfSumServer:
         theirs = dict(msg.digests)
         bad = [] if not self.cfg.check else [
             c for c in self.survivors or [] if not hmac.compare_digest(self.digests[c], theirs.get(c, b""))]
-        for c in bad:
-            for p in range(self.declared.get(c, 0)):
-                self.acc.add(self.parts[c][p], sign=-1)
+        self.acc.add_many([self.parts[c][p] for c in bad for p in range(self.declared.get(c, 0))], sign=-1)
         self.survivors = [c for c in self.survivors or [] if c not in set(bad)]
         self.stage = Stage.SHARE
         return bad

@@ -313,7 +313,8 @@ class Accumulator:
             raise ValueError(f"chunk must be a positive int and batch an int in [1, {_GROUP}]; found {chunk!r}, {batch!r}")
         self.forest, self.width, self.party = forest, width, party
         self.blocks = -(-width // 2)
-        self._acc = np.zeros((self.blocks, forest.leaves, 2), np.uint64)
+        self._acc = np.empty((self.blocks, forest.leaves, 2), np.uint64)
+        self._acc.fill(0)  # touch every page now (once per sum), not inside the first key's evaluation
         self._chunk, self._batch = chunk, batch
         self._mac = None if challenge is None else Cipher(algorithms.AES(challenge), modes.ECB()).encryptor()
         self._mac_pos: np.ndarray | None = None
@@ -364,6 +365,8 @@ class Accumulator:
         buf = np.empty((k * per + 1, 2), np.uint64)  # AES output (one row of slack for update_into)
         out = memoryview(buf).cast("B")
         tmp = np.empty((per, 2), np.uint64)
+        sigbuf = np.empty((k * per, 2), np.uint64)
+        pickbuf = np.empty(blocks * per, np.complex128)  # the chunk's rows of the subset-sum table
         if mac is not None:
             tweaks, first = forest.tweaks(), self._positions()
             checks = [_encryptor(b"check/%d" % c) for c in range(CHECK_BLOCKS)]
@@ -374,6 +377,7 @@ class Accumulator:
             cs = cs.reshape(CHECK_BLOCKS, -1).view(np.complex128)  # [CHECK_BLOCKS, K * m * 2]
             key_base = (2 * forest.points * np.arange(k))[:, None]
             xbuf = np.empty((k * per, 2), np.uint64)
+            gbuf = np.empty(k * per, np.complex128)  # t cs per leaf and key
             buf2 = np.empty((k * per + 1, 2), np.uint64)
             out2 = memoryview(buf2).cast("B")
             folded = np.zeros((k, 2), np.uint64)  # per key: the XOR of its leaves' MACs
@@ -393,7 +397,7 @@ class Accumulator:
                 hi = min(lo + per, count)
                 n, a, b = hi - lo, base + lo, base + hi
                 s = seeds[:, lo:hi]
-                sig = np.empty((k, n, 2), np.uint64)
+                sig = sigbuf[:k * n].reshape(k, n, 2)
                 np.bitwise_xor(s[..., 0], s[..., 1], out=sig[..., 0])
                 sig[..., 1] = s[..., 0]
                 src = memoryview(sig).cast("B")
@@ -406,18 +410,22 @@ class Accumulator:
                     op(view, part, out=view)
                 index = (weights @ t[:, lo:hi]).astype(np.intp)  # the K control bits of each leaf, as a byte
                 index += (owner[a:b] - j0) * size
-                picked = np.take(table, index, axis=1).view(np.uint64).reshape(blocks, n, 2)
+                picked = pickbuf[:blocks * n].reshape(blocks, n)
+                np.take(table, index, axis=1, out=picked, mode="clip")  # indices are in range by construction
+                picked = picked.view(np.uint64).reshape(blocks, n, 2)
                 view = acc[:, a:b]
                 np.add(view, picked, out=view)
                 if mac is not None:
                     pick = t[:, lo:hi] + (key_base + 2 * owner[a:b])  # [K, n] rows of cs
+                    g = gbuf[:k * n].reshape(k, n)
                     state = np.broadcast_to(first[a:b], (k, n, 2))
                     x = xbuf[:k * n].reshape(k, n, 2)
                     for c, enc in enumerate(checks):  # pi(x) = H'(x, s) XOR t cs, then one CBC step
                         np.bitwise_xor(sig, tweaks[c][a:b], out=x)
                         enc.update_into(memoryview(x).cast("B"), out)
                         np.bitwise_xor(y, x, out=y)
-                        y ^= np.take(cs[c], pick).view(np.uint64).reshape(k, n, 2)
+                        np.take(cs[c], pick, out=g, mode="clip")
+                        y ^= g.view(np.uint64).reshape(k, n, 2)
                         np.bitwise_xor(state, y, out=x)
                         mac.update_into(memoryview(x).cast("B"), out2)
                         state = buf2[:k * n].reshape(k, n, 2)

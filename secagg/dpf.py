@@ -302,7 +302,7 @@ class Accumulator:
     """
 
     def __init__(self, forest: Forest, width: int, party: int, *, challenge: bytes | None = None,
-                 chunk: int = 32768, batch: int = _GROUP) -> None:
+                 chunk: int = 65536, batch: int = _GROUP) -> None:
         if type(width) is not int or not 1 <= width <= MAX_WIDTH:
             raise ValueError(f"width must be an int in [1, {MAX_WIDTH}]; found {width!r}")
         if party not in (0, 1):

@@ -381,16 +381,21 @@ class Accumulator:
             buf2 = np.empty((k * per + 1, 2), np.uint64)
             out2 = memoryview(buf2).cast("B")
             folded = np.zeros((k, 2), np.uint64)  # per key: the XOR of its leaves' MACs
-        size = 1 << k
-        weights = (1 << np.arange(k)).astype(np.uint8)
+        # keys per subset-sum table: 2^g <= leaves / (8 m), so that small tables with many trees do not
+        # build subset sums they never read (g = 8 at 10^6 rows and 230 trees, 3 at 9,724 rows)
+        g = max(1, min(k, (forest.leaves // forest.points).bit_length() - 4))
+        parts = [(q0, min(q0 + g, k)) for q0 in range(0, k, g)]
+        weights = (1 << np.arange(g)).astype(np.uint8)
         for j0, j1, sub in forest.groups(max(1, _GROUP_LEAVES // k)):
             seeds, t = _expand_many(keys, j0, j1, sub)
-            # subset sums of the K keys' value corrections, per tree of the group: [blocks, T, 2^K, 2]
-            table = np.zeros((blocks, j1 - j0, size, 2), np.uint64)
-            for q in range(k):
-                half = 1 << q
-                np.add(table[:, :, :half], vc[q, :, j0:j1, None, :], out=table[:, :, half:2 * half])
-            table = table.reshape(blocks, -1).view(np.complex128)  # item (tree, subset) of block i
+            # subset sums of each part's value corrections, per tree of the group: [blocks, T, 2^g, 2]
+            tables = []
+            for q0, q1 in parts:
+                table = np.zeros((blocks, j1 - j0, 1 << (q1 - q0), 2), np.uint64)
+                for q in range(q0, q1):
+                    half = 1 << (q - q0)
+                    np.add(table[:, :, :half], vc[q, :, j0:j1, None, :], out=table[:, :, half:2 * half])
+                tables.append(table.reshape(blocks, -1).view(np.complex128))  # item (tree, subset) of block i
             # chunks run across the trees of the group (the leaves of consecutive trees are contiguous)
             base, count = int(offsets[j0]), t.shape[1]
             for lo in range(0, count, per):
@@ -408,13 +413,13 @@ class Accumulator:
                     part = y[0] if k == 1 else np.add.reduce(y, axis=0, out=tmp[:n])
                     view = acc[i, a:b]
                     op(view, part, out=view)
-                index = (weights @ t[:, lo:hi]).astype(np.intp)  # the K control bits of each leaf, as a byte
-                index += (owner[a:b] - j0) * size
-                picked = pickbuf[:blocks * n].reshape(blocks, n)
-                np.take(table, index, axis=1, out=picked, mode="clip")  # indices are in range by construction
-                picked = picked.view(np.uint64).reshape(blocks, n, 2)
                 view = acc[:, a:b]
-                np.add(view, picked, out=view)
+                for (q0, q1), table in zip(parts, tables):
+                    index = (weights[:q1 - q0] @ t[q0:q1, lo:hi]).astype(np.intp)  # the part's control bits, a byte
+                    index += (owner[a:b] - j0) << (q1 - q0)
+                    picked = pickbuf[:blocks * n].reshape(blocks, n)
+                    np.take(table, index, axis=1, out=picked, mode="clip")  # indices are in range by construction
+                    np.add(view, picked.view(np.uint64).reshape(blocks, n, 2), out=view)
                 if mac is not None:
                     pick = t[:, lo:hi] + (key_base + 2 * owner[a:b])  # [K, n] rows of cs
                     g = gbuf[:k * n].reshape(k, n)

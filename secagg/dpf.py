@@ -181,21 +181,25 @@ def _expand_many(keys: list[KeySet], j0: int, j1: int, forest: Forest) -> tuple[
 
     Level by level over those trees of all the keys at once: one AES call per level. A node carries
     its control bit in the low bit of its seed until the leaves; each parent's corrections (seed and
-    control bit, for both children, 32 bytes, a public index per level cached in the forest) are
-    gathered once, masked by its control bit and XOR-ed into both children; only the nodes whose
-    subtree meets a tree's positions are kept.
+    control bit, for both children, 32 bytes) are one gathered row, picked by its key, its tree (a
+    public index per level cached in the forest) and its control bit (a zero row when it is 0), and
+    XOR-ed into both children; only the nodes whose subtree meets a tree's positions are kept.
     """
     k = len(keys)
     live = forest.sizes > 0
     nodes = np.stack([key.roots[j0:j1][live] for key in keys])  # [K, n, 2], control bit in the low bit
     nodes[..., 0] |= np.uint64(keys[0].party)
-    # per tree and level, both children's corrections: seed CW with the side's control-bit CW in its low bit
-    cw = np.stack([key.seed_cw[j0:j1] for key in keys])[:, :, :, None, :].repeat(2, axis=3)  # [K, T, D, 2, 2]
-    cw[..., 0] |= np.stack([key.t_cw[j0:j1] for key in keys]).astype(np.uint64)
+    # per level, a row per (key, tree, parent's control bit) with both children's corrections (32 bytes):
+    # zero under a parent whose bit is 0, else the seed CW with the side's control-bit CW in its low bit
+    trees = j1 - j0
+    cw = np.zeros((forest.depth, k, trees, 2, 2, 2), np.uint64)  # [D, K, T, parent bit, side, word]
+    cw[:, :, :, 1] = np.stack([key.seed_cw[j0:j1] for key in keys]).transpose(2, 0, 1, 3)[:, :, :, None, :]
+    cw[:, :, :, 1, :, 0] |= np.stack([key.t_cw[j0:j1] for key in keys]).transpose(2, 0, 1, 3).astype(np.uint64)
+    cw = cw.reshape(forest.depth, -1, 4)
+    key_rows = (2 * trees * np.arange(k))[:, None]
     enc = _encryptor(b"tree")
     for level in range(forest.depth):
         n = nodes.shape[1]
-        mask = np.uint64(0) - (nodes[..., 0] & _LOW)  # [K, n]: all ones where the parent's bit is 1
         # sigma(s) (left child) and sigma(s) XOR (tweak, 0) (right child), interleaved per parent
         inp = np.empty((k, n, 2, 2), np.uint64)
         np.bitwise_and(nodes[..., 0], _CLEAR, out=inp[:, :, 0, 1])
@@ -206,9 +210,9 @@ def _expand_many(keys: list[KeySet], j0: int, j1: int, forest: Forest) -> tuple[
         enc.update_into(memoryview(inp).cast("B"), memoryview(out).cast("B"))
         both = out[:-1].reshape(k, n, 2, 2)
         np.bitwise_xor(both, inp, out=both)
-        fix = np.take(np.ascontiguousarray(cw[:, :, level]).reshape(k, -1, 4), forest.parent_trees(level), axis=1)
-        fix &= mask[..., None]
-        both.reshape(k, n, 4)[...] ^= fix
+        rows = (nodes[..., 0] & _LOW).astype(np.intp)
+        rows += key_rows + 2 * forest.parent_trees(level)
+        both.reshape(k, n, 4)[...] ^= np.take(cw[level], rows, axis=0, mode="clip")  # rows in range by construction
         nodes = both.reshape(k, 2 * n, 2)
         keep = forest.children_kept(level)
         if keep is not None:

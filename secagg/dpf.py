@@ -164,6 +164,15 @@ class Forest:
             return out
         return self._get(f"groups/{leaves}", make)
 
+    def warm(self, batch: int = _GROUP) -> None:
+        """Build the public indices the evaluation of ``batch`` key sets at a time uses (its groups of
+        trees and their per-level parents and kept children): once per deployment, so that the first
+        client's evaluation does not pay for them."""
+        for _, _, sub in self.groups(max(1, _GROUP_LEAVES // max(1, min(batch, _GROUP)))):
+            for level in range(sub.depth):
+                sub.parent_trees(level)
+                sub.children_kept(level)
+
     def tweaks(self) -> list[np.ndarray]:
         """The check hash's per-leaf tweaks (public; computed once per forest)."""
         return self._get("tweaks", lambda: _tweaks(self.owner, self.position))

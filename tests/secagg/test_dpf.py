@@ -341,3 +341,18 @@ def test_evaluating_many_keys_together_equals_one_at_a_time_and_the_reference(ca
                           dpf.eval_full(pairs[0][0], forest) + dpf.eval_full(pairs[0][1], forest))
     with pytest.raises(ValueError, match="batch"):
         Accumulator(forest, betas.shape[1], 0, batch=9)
+
+
+def test_warming_a_forest_changes_nothing_but_when_its_indices_are_built():
+    forest = Forest.of(np.array([7, 0, 12, 3, 9]))
+    alphas = np.array([3, 0, 11, 2, 8])
+    betas = np.arange(10, dtype=np.uint64).reshape(5, 2)
+    k0, k1, _ = dpf.gen(alphas, forest.depth, betas)
+    warm = Forest(forest.sizes, forest.depth)
+    warm.warm(3)
+    assert any(key.startswith("groups/") for key in warm._cache)
+    sums = [[Accumulator(f, 2, b, challenge=b"w" * 16, batch=3) for b in (0, 1)] for f in (forest, warm)]
+    digests = [[sums[i][b].add(k) for b, k in ((0, k0), (1, k1))] for i in (0, 1)]
+    assert digests[0] == digests[1] and digests[0][0] == digests[0][1]
+    assert np.array_equal(sums[1][0].total() + sums[1][1].total(),
+                          dpf.eval_full(k0, forest) + dpf.eval_full(k1, forest))

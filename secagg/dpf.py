@@ -301,9 +301,10 @@ class Accumulator:
     at a time and then a chunk of about ``chunk`` leaves (over all the batch's keys) at a time, so
     that every AES call covers the whole batch, the keys' outputs are summed in cache and the sum is
     read and written once per batch, not once per key. The control-bit corrections ``t_x CW_j`` of a
-    batch go in with one gather per chunk ("four Russians"): per tree, a table of the ``2^K`` subset
-    sums of the ``K`` keys' ``CW_j`` (exact in Z_2^64), and per leaf the row its ``K`` control bits
-    pick.
+    batch go in with one gather per chunk and part of ``g`` keys ("four Russians"): per tree, a table
+    of the ``2^g`` subset sums of the part's ``CW_j`` (exact in Z_2^64; ``2^g <= leaves / (8 m)``, at
+    most 256 rows), and per leaf the row its ``g`` control bits pick. The round's sum is allocated and
+    its pages touched here, so that cost is per round, not in the first key's evaluation.
 
     Args:
         forest: the public shape of every key set.

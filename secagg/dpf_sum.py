@@ -395,6 +395,7 @@ class DpfSumServer:
         self.challenge: bytes | None = None
         self.digests: dict[int, bytes] = {}
         self.acc: Accumulator | None = None
+        self._sum: Accumulator | None = None  # allocated (and its pages touched) once the challenge is known
         self.shared = False
         self.stage = Stage.UPLOAD
 
@@ -461,10 +462,12 @@ class DpfSumServer:
         self.floors[msg.sender] = msg.floor
         return msg.sender
 
-    def _dense_sum(self, clients: list[int]) -> np.ndarray:
+    def _dense_sum(self, clients: list[int]) -> np.ndarray | None:
         """This server's share of the dense clients' sum, ``uint64 [N, d]`` (A: their vectors; B: the seeds'
-        expansions)."""
+        expansions); ``None`` when none of ``clients`` sent a dense share."""
         c = self.cfg
+        if not any(cid in self.dense for cid in clients):
+            return None
         out = np.zeros(c.layout.domain * c.width, np.uint64)
         for cid in clients:
             if cid in self.dense:
@@ -503,6 +506,7 @@ class DpfSumServer:
             raise MessageError("only server A draws the challenge, once, after agreeing on the survivors")
         self.challenge = os.urandom(16) if self.cfg.check else bytes(16)
         self.stage = Stage.DIGESTS
+        self._prepare()
         return DpfChallenge(self.cfg.instance, self.cfg.round, self.me, self.peer, challenge=self.challenge).to_bytes()
 
     def take_challenge(self, blob: bytes) -> None:
@@ -515,18 +519,27 @@ class DpfSumServer:
         self._check_head(msg, Stage.CHALLENGE, True)
         self.challenge = msg.challenge
         self.stage = Stage.DIGESTS
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Allocate the round's sum (``3N x d`` words, every page touched: once per round, not per client)."""
+        self._sum = Accumulator(self.cfg.forest, self.cfg.width, self.party,
+                                challenge=self.challenge if self.cfg.check else None)
 
     def evaluate(self) -> bytes:
         """Sum every survivor's full-domain evaluation; the digests for the other server."""
         if self.stage != Stage.DIGESTS or self.survivors is None or self.acc is not None:
             raise MessageError(f"stage {self.stage.name}: evaluate needs the survivors and the challenge, once")
-        self.acc = Accumulator(self.cfg.forest, self.cfg.width, self.party,
-                               challenge=self.challenge if self.cfg.check else None)
+        if self._sum is None:
+            self._prepare()
+        self.acc, self._sum = self._sum, None
+        order = [(cid, p) for cid in self.survivors if cid not in self.dense for p in range(self.declared[cid])]
+        digests = dict(zip(order, self.acc.add_many([self.parts[cid][p] for cid, p in order])))  # 8 at a time
         for cid in self.survivors:
             if cid in self.dense:  # nothing to verify: any vector is a valid dense update
                 self.digests[cid] = _DENSE_DIGEST
                 continue
-            got = [self.acc.add(self.parts[cid][p]) for p in range(self.declared[cid])]
+            got = [digests[cid, p] for p in range(self.declared[cid])]
             if got[0] is not None:  # one digest per client: the MACs XOR-ed, the public parts hashed together
                 mac = np.bitwise_xor.reduce(np.stack([np.frombuffer(g[:16], np.uint8) for g in got]), axis=0)
                 pub = got[0][16:] if len(got) == 1 else hashlib.sha256(b"".join(g[16:] for g in got)).digest()
@@ -546,9 +559,7 @@ class DpfSumServer:
         theirs = dict(msg.digests)
         bad = [] if not self.cfg.check else [
             c for c in self.survivors or [] if not hmac.compare_digest(self.digests[c], theirs.get(c, b""))]
-        for c in bad:
-            for p in range(self.declared.get(c, 0)):
-                self.acc.add(self.parts[c][p], sign=-1)
+        self.acc.add_many([self.parts[c][p] for c in bad for p in range(self.declared.get(c, 0))], sign=-1)
         self.survivors = [c for c in self.survivors or [] if c not in set(bad)]
         self.stage = Stage.SHARE
         return bad
@@ -568,7 +579,9 @@ class DpfSumServer:
         self.shared = True
         assert self.acc is not None
         share = self.acc.scatter(self.cfg.layout.elements, self.cfg.layout.domain)  # public map: N rows, not 3N
-        share += self._dense_sum(self.survivors or [])
+        dense = self._dense_sum(self.survivors or [])
+        if dense is not None:
+            share += dense
         return DpfShare(self.cfg.instance, self.cfg.round, self.me, self.peer, survivors=tuple(self.survivors or ()),
                         share=share.reshape(-1)).to_bytes()
 
@@ -589,7 +602,9 @@ class DpfSumServer:
             raise MessageError(f"stage SHARE: a share of {msg.share.size} words; expected {rows * self.cfg.width}")
         self.shared = True
         total = self.acc.scatter(self.cfg.layout.elements, self.cfg.layout.domain)
-        total += self._dense_sum(self.survivors or [])
+        dense = self._dense_sum(self.survivors or [])
+        if dense is not None:
+            total += dense
         total += msg.share.reshape(rows, self.cfg.width)
         return total
 

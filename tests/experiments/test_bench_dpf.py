@@ -42,3 +42,13 @@ def test_impossible_arguments_are_refused_in_words(capsys):
     assert "--points (20) cannot exceed --items (10)" in capsys.readouterr().err
     assert main(["bench", "dpf", "--items", "100", "--points", "2", "--clients", "1"]) == 2
     assert "at least 2" in capsys.readouterr().err
+
+
+def test_the_cpu_time_bound_is_reported_beside_the_wall_clock_one():
+    out = bench(3000, 4, 5, 3, secagg_dim=64)
+    assert out["aes128_ecb_gbps_cpu"] > 0 and out["prg_bound_cpu_s_per_client"] > 0
+    assert out["evaluate_cpu_over_prg_bound_cpu"] == pytest.approx(
+        out["evaluate_cpu_s_per_client"] / out["prg_bound_cpu_s_per_client"])
+    by = out["evaluate_cpu_s_per_client_by_server"]
+    assert max(by["A"], by["B"]) == pytest.approx(out["evaluate_cpu_s_per_client"])
+    assert out["targets"]["evaluate_cpu_met"] == (out["evaluate_cpu_s_per_client"] <= 0.5)

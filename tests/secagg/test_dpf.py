@@ -309,3 +309,50 @@ def test_evaluation_in_many_groups_of_trees_equals_one_group(monkeypatch):
     assert [split[b].add(k) for b, k in ((0, k0), (1, k1))] == digests
     assert np.array_equal(split[0].total() + split[1].total(), sums[0].total() + sums[1].total())
     assert np.array_equal(split[0].total() + split[1].total(), dpf.eval_full(k0, forest) + dpf.eval_full(k1, forest))
+
+
+@PROPS
+@given(forests(), st.integers(1, 12), st.integers(1, 8), st.integers(1, 60), st.booleans())
+def test_evaluating_many_keys_together_equals_one_at_a_time_and_the_reference(case, n_keys, batch, chunk, check):
+    """``add_many`` (``batch`` keys per pass, chunks across keys and trees, the keys' corrections through
+    one subset-sum table) gives the sums and digests of one key at a time, and the reference evaluation."""
+    forest, _, betas = case
+    rng = np.random.default_rng(n_keys * 100 + batch)
+    pairs, want = [], np.zeros((forest.leaves, betas.shape[1]), np.uint64)
+    for _ in range(n_keys):
+        alphas = np.array([rng.integers(0, s) for s in forest.sizes])
+        vals = rng.integers(0, 2**64, betas.shape, dtype=np.uint64)
+        pairs.append(dpf.gen(alphas, forest.depth, vals, check=check)[:2])
+        want += _point_functions(forest, alphas, vals)
+    challenge = b"m" * 16 if check else None
+    together = [Accumulator(forest, betas.shape[1], b, challenge=challenge, chunk=chunk, batch=batch) for b in (0, 1)]
+    alone = [Accumulator(forest, betas.shape[1], b, challenge=challenge, batch=1) for b in (0, 1)]
+    got = [together[b].add_many([p[b] for p in pairs]) for b in (0, 1)]
+    assert got == [[alone[b].add(p[b]) for p in pairs] for b in (0, 1)]
+    assert got[0] == got[1]
+    assert np.array_equal(together[0].total() + together[1].total(), want)
+    for b in (0, 1):
+        assert np.array_equal(together[b].total(), alone[b].total())
+        assert np.array_equal(together[b].total(), sum(dpf.eval_full(p[b], forest) for p in pairs))
+    # removing some of them together leaves the sum of the others
+    for b in (0, 1):
+        together[b].add_many([p[b] for p in pairs[1:]], sign=-1)
+    assert np.array_equal(together[0].total() + together[1].total(),
+                          dpf.eval_full(pairs[0][0], forest) + dpf.eval_full(pairs[0][1], forest))
+    with pytest.raises(ValueError, match="batch"):
+        Accumulator(forest, betas.shape[1], 0, batch=9)
+
+
+def test_warming_a_forest_changes_nothing_but_when_its_indices_are_built():
+    forest = Forest.of(np.array([7, 0, 12, 3, 9]))
+    alphas = np.array([3, 0, 11, 2, 8])
+    betas = np.arange(10, dtype=np.uint64).reshape(5, 2)
+    k0, k1, _ = dpf.gen(alphas, forest.depth, betas)
+    warm = Forest(forest.sizes, forest.depth)
+    warm.warm(3)
+    assert any(key.startswith("groups/") for key in warm._cache)
+    sums = [[Accumulator(f, 2, b, challenge=b"w" * 16, batch=3) for b in (0, 1)] for f in (forest, warm)]
+    digests = [[sums[i][b].add(k) for b, k in ((0, k0), (1, k1))] for i in (0, 1)]
+    assert digests[0] == digests[1] and digests[0][0] == digests[0][1]
+    assert np.array_equal(sums[1][0].total() + sums[1][1].total(),
+                          dpf.eval_full(k0, forest) + dpf.eval_full(k1, forest))

@@ -1,0 +1,414 @@
+"""Distributed point functions over Z_2^64 d-vectors: the PRG, the keys, their encoding, key generation.
+
+The evaluation (the forest, full-domain and single-point evaluation, a server's running sum and
+its verification) is in :mod:`secagg.dpf`, which re-exports everything public here.
+
+**Construction** (Boyle, Gilboa, Ishai 2016, "Function Secret Sharing: Improvements and
+Extensions", Fig. 1, with the value conversion of Sec. 3.2): a binary tree of depth ``D``; each
+party's root holds a 128-bit seed (least significant bit cleared) and a control bit
+(``t = party``). A node's seed expands into two child seeds and two control bits; on the path to
+``alpha`` the seeds of the two parties differ and their control bits differ; off the path they are
+equal. One correction word per level (a seed and two bits, common to both keys) keeps it so; at
+the leaves ``y_b(x) = (-1)^b (G(s_x) + t_x CW)`` with ``CW = (-1)^t1 (beta - G(s_0) + G(s_1))`` at
+``alpha``. Trees are truncated to their ``n_j`` positions: a server expands only the nodes whose
+subtree meets ``[0, n_j)``, so a forest costs ``sum_j n_j`` leaves (``3 N`` for a cuckoo layout).
+
+**PRG** (fixed-key AES as a public random permutation, Guo, Katz, Wang, Yu 2020, the instantiation
+of Google's ``distributed_point_functions``): ``H_k(x) = AES_k(sigma(x)) XOR sigma(x)`` with
+``sigma(x_L || x_R) = (x_L XOR x_R) || x_L`` (a correlation-robust hash), one public AES-128 key per
+use (the tree, each 128-bit block of the value, each block of the check hash), derived from
+SHA-256 of its name; the two children of a seed ``s`` are ``H(s)`` and ``H(s XOR c)`` for a public
+constant ``c`` (correlation robustness at known offsets, Guo et al. 2020). A whole tree level, or a chunk of leaves, is one ``cryptography``
+ECB call into a preallocated buffer. Seeds are 127 bits (the low bit carries the control bit).
+
+**Why not a library.** ``sycret`` 0.2.8 (2021, "not production-ready") shares a scalar in Z_2^32
+at a point it draws itself, over a 32-bit domain, with no full-domain evaluation (1M single-point
+evaluations take ~7.5 s here). ``fss-crypto`` 0.2.0 needs a CUDA build of torch to compile (our
+pinned torch is the CPU build), shares 128-bit values only, and would bring torch into ``secagg``.
+Neither fits d-vectors in Z_2^64, so this module writes the construction; neither can serve as a
+test oracle (``sycret`` cannot take a chosen point or value), so the tests check the definition
+directly (sums equal the point function, one key alone looks the same for any point).
+
+Key encoding (:meth:`KeySet.to_bytes`, strict :meth:`KeySet.from_bytes`, errors: :class:`DpfError`)::
+
+    "SDPF" | version u8 | party u8 | depth u8 | flags u8 | width u32 | points u32 | 0 u32 |
+    roots [points, 16] | seed CWs [points, depth, 16] | control-bit CWs, packed, 2 per level |
+    check CWs [points, 64] (flag 1) | value CWs [points, width, 8] (flag 2)
+
+(big-endian header, little-endian ``uint64`` words). Seeds must have their low bit clear and the
+padding bits of the packed control bits must be zero, so every key has exactly one encoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from secagg.errors import MessageError
+__all__ = [
+    "CHECK_BLOCKS",
+    "MAX_DEPTH",
+    "MAX_POINTS",
+    "MAX_WIDTH",
+    "VERSION",
+    "DpfError",
+    "KeySet",
+    "LeafSecret",
+    "attach_values",
+    "gen",
+]
+
+VERSION = 1
+MAGIC = b"SDPF"
+CHECK_BLOCKS = 4  #: 4 x 128-bit leaf proofs (VDPF's 4 lambda)
+MAX_DEPTH = 48
+MAX_WIDTH = 1 << 16
+MAX_POINTS = 1 << 20
+_FLAG_CHECK = 1
+_FLAG_VALUE = 2
+_HEADER = struct.Struct(">4sBBBBIII")
+_LOW = np.uint64(1)
+_CLEAR = np.uint64(0xFFFFFFFFFFFFFFFE)
+
+
+
+class DpfError(MessageError):
+    """A malformed or mismatched DPF key (every decoder failure raises exactly this)."""
+
+
+# -- fixed-key AES ---------------------------------------------------------------------------------
+
+_LOCAL = threading.local()
+
+
+def _encryptor(name: bytes):  # noqa: ANN202 - cryptography's private context type
+    """The ECB encryptor of the public fixed key named ``name`` (one per thread, reused)."""
+    cache = getattr(_LOCAL, "enc", None)
+    if cache is None:
+        cache = _LOCAL.enc = {}
+    enc = cache.get(name)
+    if enc is None:
+        key = hashlib.sha256(b"secagg/dpf/v1/" + name).digest()[:16]
+        enc = cache[name] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    return enc
+
+
+def _sigma(x: np.ndarray) -> np.ndarray:
+    """``sigma(x_L || x_R) = (x_L XOR x_R) || x_L`` on ``uint64 [n, 2]`` blocks (word 0 = x_L)."""
+    out = np.empty_like(x)
+    np.bitwise_xor(x[:, 0], x[:, 1], out=out[:, 0])
+    out[:, 1] = x[:, 0]
+    return out
+
+
+def _aes(enc, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:  # noqa: ANN001
+    """``AES(x)`` for ``uint64 [n, 2]`` blocks, into ``out`` (``[n + 1, 2]`` scratch) if given."""
+    n = x.shape[0]
+    if out is None or out.shape[0] < n + 1:
+        out = np.empty((n + 1, 2), np.uint64)
+    enc.update_into(memoryview(np.ascontiguousarray(x)).cast("B"), memoryview(out).cast("B"))
+    return out[:n]
+
+
+def _mmo(enc, sig: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:  # noqa: ANN001
+    """``AES(sig) XOR sig``: the MMO hash of an already sigma-ed input."""
+    y = _aes(enc, sig, out)
+    np.bitwise_xor(y, sig, out=y)
+    return y
+
+
+_RIGHT = np.uint64(0x5DEECE66D)  #: the right child's tweak: H(s) and H(s XOR (tweak, 0)), sigma-ed
+
+
+def _children(seeds: np.ndarray) -> np.ndarray:
+    """Both children of every seed, interleaved (left, right): ``uint64 [2n, 2]`` before correction.
+
+    One fixed-key MMO call over ``sigma(s)`` and ``sigma(s) XOR (tweak, 0)`` (a correlation-robust
+    hash at two known offsets); the caller reads each child's control bit from its low bit.
+    """
+    n = seeds.shape[0]
+    inp = np.empty((2 * n, 2), np.uint64)
+    c = inp.view(np.complex128).reshape(-1)
+    sig = _rows(_sigma(seeds))
+    c[0::2] = sig
+    c[1::2] = sig
+    inp[1::2, 0] ^= _RIGHT
+    out = _aes(_encryptor(b"tree"), inp)
+    np.bitwise_xor(out, inp, out=out)
+    return out
+
+
+def _expand(seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Children of ``seeds`` (``uint64 [n, 2]``): ``(left, t_left, right, t_right)`` (low bits cleared)."""
+    both = _children(seeds)
+    t = (both[:, 0] & _LOW).astype(np.uint8)
+    both[:, 0] &= _CLEAR
+    return both[0::2], t[0::2], both[1::2], t[1::2]
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """A ``uint64 [n, 2]`` array as ``complex128 [n]`` (one 16-byte item per row: fast gathers)."""
+    return np.ascontiguousarray(a).view(np.complex128).reshape(-1)
+
+
+def _blocks(c: np.ndarray) -> np.ndarray:
+    return c.view(np.uint64).reshape(-1, 2)
+
+
+def _value(seeds: np.ndarray, width: int) -> np.ndarray:
+    """``G(s)``: ``uint64 [n, width]``, word ``2i + h`` from block ``i`` of the value hash."""
+    sig = _sigma(seeds)
+    blocks = -(-width // 2)
+    out = np.empty((seeds.shape[0], 2 * blocks), np.uint64)
+    for i in range(blocks):
+        out[:, 2 * i:2 * i + 2] = _mmo(_encryptor(b"value/%d" % i), sig)
+    return out[:, :width]
+
+
+def _tweaks(trees: np.ndarray, positions: np.ndarray) -> list[np.ndarray]:
+    """The public per-position tweaks ``T_c(j, x)`` of the check hash, one ``[n, 2]`` array per block."""
+    enc = np.stack([positions.astype(np.uint64), trees.astype(np.uint64)], axis=1)
+    return [_aes(_encryptor(b"tweak/%d" % c), enc).copy() for c in range(CHECK_BLOCKS)]
+
+
+def _check_hash(seeds: np.ndarray, tweaks: list[np.ndarray]) -> np.ndarray:
+    """``H'(x, s)``: ``uint64 [n, CHECK_BLOCKS, 2]``."""
+    sig = _sigma(seeds)
+    out = np.empty((seeds.shape[0], CHECK_BLOCKS, 2), np.uint64)
+    for c in range(CHECK_BLOCKS):
+        out[:, c] = _mmo(_encryptor(b"check/%d" % c), sig ^ tweaks[c])
+    return out
+
+
+# -- keys ------------------------------------------------------------------------------------------
+
+def _words(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, dtype="<u8").tobytes()
+
+
+@dataclass(frozen=True, eq=False)
+class KeySet:
+    """One party's keys for a forest of point functions (see the module docstring for the layout).
+
+    Attributes:
+        party: 0 or 1.
+        depth: ``D``, the depth of every tree (positions ``< 2^D``).
+        roots: ``uint64 [m, 2]``, the party's root seed per tree (low bit clear).
+        seed_cw: ``uint64 [m, D, 2]``, the seed correction word per tree and level (low bit clear).
+        t_cw: ``uint8 [m, D, 2]``, the left and right control-bit corrections (0 or 1).
+        check_cw: ``uint64 [m, 4, 2]`` (verifiable keys) or ``None``.
+        value_cw: ``uint64 [m, width]`` (keys with values) or ``None`` (PIR-only trees).
+    """
+
+    party: int
+    depth: int
+    roots: np.ndarray
+    seed_cw: np.ndarray
+    t_cw: np.ndarray
+    check_cw: np.ndarray | None = None
+    value_cw: np.ndarray | None = None
+
+    @property
+    def points(self) -> int:
+        """``m``: the number of trees (point functions)."""
+        return int(self.roots.shape[0])
+
+    @property
+    def width(self) -> int:
+        """``d``: words per value (0: no values)."""
+        return 0 if self.value_cw is None else int(self.value_cw.shape[1])
+
+    def _flags(self) -> int:
+        return (_FLAG_CHECK if self.check_cw is not None else 0) | (_FLAG_VALUE if self.value_cw is not None else 0)
+
+    def _public_parts(self) -> list[bytes]:
+        parts = [_words(self.seed_cw), np.packbits(self.t_cw.ravel(), bitorder="little").tobytes()]
+        if self.check_cw is not None:
+            parts.append(_words(self.check_cw))
+        if self.value_cw is not None:
+            parts.append(_words(self.value_cw))
+        return parts
+
+    def public_bytes(self) -> bytes:
+        """Everything both parties' keys must share: depth, flags, shapes and correction words."""
+        head = struct.pack(">BBII", self.depth, self._flags(), self.width, self.points)
+        return b"".join([head, *self._public_parts()])
+
+    def public_digest(self) -> bytes:
+        """SHA-256 of :meth:`public_bytes` (the servers compare it: one client, one function)."""
+        return hashlib.sha256(b"secagg/dpf/public/v1" + self.public_bytes()).digest()
+
+    def to_bytes(self) -> bytes:
+        head = _HEADER.pack(MAGIC, VERSION, self.party, self.depth, self._flags(), self.width, self.points, 0)
+        return b"".join([head, _words(self.roots), *self._public_parts()])
+
+    @staticmethod
+    def size(*, depth: int, points: int, width: int, check: bool = True) -> int:
+        """Bytes of an encoded key set (the same for every point and value)."""
+        return (_HEADER.size + 16 * points * (1 + depth) + -(-2 * points * depth // 8)
+                + (16 * CHECK_BLOCKS * points if check else 0) + 8 * width * points)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, party: int | None = None, depth: int | None = None,
+                   points: int | None = None, width: int | None = None, check: bool | None = None) -> KeySet:
+        """Parse and validate an encoded key set; raise :class:`DpfError` on any malformed input.
+
+        The keyword arguments, when given, are what the receiver expects (its party, its layout's
+        depth and number of trees, the value width, whether keys must be verifiable); a key set that
+        differs is refused.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise DpfError(f"DPF key: expected bytes; found {type(data).__name__}")
+        data = bytes(data)
+        if len(data) < _HEADER.size:
+            raise DpfError(f"DPF key: truncated header ({len(data)} of {_HEADER.size} bytes)")
+        magic, version, p, d, flags, w, m, reserved = _HEADER.unpack_from(data)
+        if magic != MAGIC:
+            raise DpfError(f"DPF key: bad magic {magic!r}")
+        if version != VERSION:
+            raise DpfError(f"DPF key: unsupported version {version} (this build reads {VERSION})")
+        if p not in (0, 1):
+            raise DpfError(f"DPF key: party must be 0 or 1; found {p}")
+        if not 1 <= d <= MAX_DEPTH:
+            raise DpfError(f"DPF key: depth must be in [1, {MAX_DEPTH}]; found {d}")
+        if flags & ~(_FLAG_CHECK | _FLAG_VALUE):
+            raise DpfError(f"DPF key: unknown flags {flags:#x}")
+        has_value = bool(flags & _FLAG_VALUE)
+        if has_value != (w > 0) or w > MAX_WIDTH:
+            raise DpfError(f"DPF key: width {w} does not match the flags or exceeds {MAX_WIDTH}")
+        if not 1 <= m <= MAX_POINTS:
+            raise DpfError(f"DPF key: points must be in [1, {MAX_POINTS}]; found {m}")
+        if reserved:
+            raise DpfError("DPF key: reserved header field must be 0")
+        for name, want, got in (("party", party, p), ("depth", depth, d), ("points", points, m), ("width", width, w),
+                                ("check", check, bool(flags & _FLAG_CHECK))):
+            if want is not None and want != got:
+                raise DpfError(f"DPF key: {name} is {got}; this receiver expects {want}")
+        need = cls.size(depth=d, points=m, width=w, check=bool(flags & _FLAG_CHECK))
+        if len(data) != need:
+            raise DpfError(f"DPF key: {len(data)} bytes; a key of this header has {need}")
+        pos = _HEADER.size
+
+        def take(nwords: int) -> np.ndarray:
+            nonlocal pos
+            arr = np.frombuffer(data, dtype="<u8", count=nwords, offset=pos).astype(np.uint64)
+            pos += 8 * nwords
+            return arr
+
+        roots = take(2 * m).reshape(m, 2)
+        seed_cw = take(2 * m * d).reshape(m, d, 2)
+        if (roots[:, 0] & _LOW).any() or (seed_cw[..., 0] & _LOW).any():
+            raise DpfError("DPF key: a seed has its low bit set (not a canonical key)")
+        nbits = 2 * m * d
+        packed = np.frombuffer(data, dtype=np.uint8, count=-(-nbits // 8), offset=pos)
+        pos += packed.size
+        bits = np.unpackbits(packed, bitorder="little")
+        if bits[nbits:].any():
+            raise DpfError("DPF key: nonzero padding bits")
+        t_cw = bits[:nbits].reshape(m, d, 2).copy()
+        check_cw = take(2 * CHECK_BLOCKS * m).reshape(m, CHECK_BLOCKS, 2) if flags & _FLAG_CHECK else None
+        value_cw = take(w * m).reshape(m, w) if has_value else None
+        return cls(p, d, roots, seed_cw, t_cw, check_cw, value_cw)
+
+
+@dataclass(frozen=True, eq=False)
+class LeafSecret:
+    """What the client keeps to attach values to trees it already sent (PIR first, sum later).
+
+    Attributes:
+        seeds: ``uint64 [2, m, 2]``, both parties' leaf seeds at ``alpha``.
+        t1: ``uint8 [m]``, party 1's control bit at ``alpha``.
+    """
+
+    seeds: np.ndarray
+    t1: np.ndarray
+
+
+def _check_points(alphas: np.ndarray, depth: int) -> np.ndarray:
+    if type(depth) is not int or not 1 <= depth <= MAX_DEPTH:
+        raise ValueError(f"depth must be an int in [1, {MAX_DEPTH}]; found {depth!r}")
+    a = np.asarray(alphas)
+    if a.ndim != 1 or a.dtype.kind not in "iu" or not 1 <= a.size <= MAX_POINTS:
+        raise ValueError(f"alphas must be a 1-D integer array of 1..{MAX_POINTS} points; found {a.dtype} {a.shape}")
+    a = a.astype(np.int64)
+    if a.min() < 0 or a.max() >= 2**depth:
+        raise ValueError(f"alphas must lie in [0, 2^{depth})")
+    return a
+
+
+def _random_roots(m: int) -> np.ndarray:
+    roots = np.frombuffer(os.urandom(32 * m), dtype="<u8").astype(np.uint64).reshape(2, m, 2)
+    roots[..., 0] &= _CLEAR
+    return roots
+
+
+def gen(alphas: np.ndarray, depth: int, betas: np.ndarray | None = None, *, check: bool = True
+        ) -> tuple[KeySet, KeySet, LeafSecret]:
+    """Key sets for the point functions ``alpha_j -> beta_j`` (root seeds from the OS CSPRNG).
+
+    Args:
+        alphas: ``int [m]``, the point of each tree, in ``[0, 2^depth)``.
+        depth: tree depth ``D``.
+        betas: ``uint64 [m, d]`` values, or ``None`` for trees without values (PIR; attach values
+            later with :func:`attach_values`).
+        check: add the verification correction words (:class:`Accumulator` checks them).
+
+    Returns:
+        ``(key for party 0, key for party 1, the client's LeafSecret)``.
+    """
+    a = _check_points(alphas, depth)
+    return _gen(a, depth, betas, _random_roots(a.size), check=check)
+
+
+def _gen(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.ndarray, *, check: bool
+         ) -> tuple[KeySet, KeySet, LeafSecret]:
+    """Known-answer core of :func:`gen`: the root seeds (``uint64 [2, m, 2]``, low bits clear) given."""
+    m = alphas.size
+    s = [roots[0].copy(), roots[1].copy()]
+    t = [np.zeros(m, np.uint8), np.ones(m, np.uint8)]
+    seed_cw = np.empty((m, depth, 2), np.uint64)
+    t_cw = np.empty((m, depth, 2), np.uint8)
+    for level in range(depth):
+        bit = ((alphas >> (depth - 1 - level)) & 1).astype(np.uint8)
+        right = bit.astype(bool)[:, None]
+        kids = [_expand(s[0]), _expand(s[1])]
+        lose = [np.where(right, k[0], k[2]) for k in kids]
+        keep = [np.where(right, k[2], k[0]) for k in kids]
+        t_keep = [np.where(bit == 1, k[3], k[1]) for k in kids]
+        seed_cw[:, level] = lose[0] ^ lose[1]
+        t_cw[:, level, 0] = kids[0][1] ^ kids[1][1] ^ bit ^ 1
+        t_cw[:, level, 1] = kids[0][3] ^ kids[1][3] ^ bit
+        t_keep_cw = np.where(bit == 1, t_cw[:, level, 1], t_cw[:, level, 0])
+        for b in (0, 1):
+            on = t[b].astype(bool)[:, None]
+            s[b] = np.where(on, keep[b] ^ seed_cw[:, level], keep[b])
+            t[b] = t_keep[b] ^ (t[b] & t_keep_cw)
+    check_cw = None
+    if check:
+        tw = _tweaks(np.arange(m), alphas)
+        check_cw = _check_hash(s[0], tw) ^ _check_hash(s[1], tw)
+    secret = LeafSecret(np.stack(s), t[1].copy())
+    keys = [KeySet(b, depth, roots[b].copy(), seed_cw, t_cw, check_cw, None) for b in (0, 1)]
+    if betas is not None:
+        return (*attach_values(keys[0], keys[1], secret, betas), secret)
+    return keys[0], keys[1], secret
+
+
+def attach_values(k0: KeySet, k1: KeySet, secret: LeafSecret, betas: np.ndarray) -> tuple[KeySet, KeySet]:
+    """The same trees with values: ``CW_j = (-1)^t1 (beta_j - G(s_0) + G(s_1))`` per tree."""
+    betas = np.asarray(betas)
+    m = k0.points
+    if betas.dtype != np.uint64 or betas.ndim != 2 or betas.shape[0] != m or not 1 <= betas.shape[1] <= MAX_WIDTH:
+        raise ValueError(f"betas must be uint64 [{m}, d] with 1 <= d <= {MAX_WIDTH}; found {betas.dtype} {betas.shape}")
+    d = betas.shape[1]
+    cw = betas - _value(secret.seeds[0], d) + _value(secret.seeds[1], d)
+    neg = secret.t1.astype(bool)
+    cw[neg] = np.uint64(0) - cw[neg]
+    return (KeySet(0, k0.depth, k0.roots, k0.seed_cw, k0.t_cw, k0.check_cw, cw),
+            KeySet(1, k1.depth, k1.roots, k1.seed_cw, k1.t_cw, k1.check_cw, cw))

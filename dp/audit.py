@@ -15,10 +15,12 @@ audit reports the largest epsilon that this test rejects at level ``1 - confiden
 (:func:`epsilon_lower_bound`): with that confidence the mechanism is *not* (eps', delta)-DP for
 any eps' below it.
 
-How many guesses to make is the auditor's choice, made before looking (the paper fixes k+ and
-k-). :func:`audit_guesses` tries a fixed grid of guess counts and pays for it with a Bonferroni
-correction (each count tested at level ``(1 - confidence) / len(grid)``), so the maximum over the
-grid is still a valid bound at ``confidence``.
+Which canaries to guess may depend on the scores but never on the bits: :func:`audit_guesses`
+guesses the ``r`` canaries of largest ``|score|`` (in if the score is positive, out if negative:
+the paper's top k+ / bottom k- with k+ and k- read off the scores). How many (``r``) is chosen
+from a fixed grid, and the grid is paid for with a Bonferroni correction (each ``r`` tested at
+level ``(1 - confidence) / len(grid)``), so the maximum over the grid is still a valid bound at
+``confidence``: trying every ``r`` and keeping the best without the correction would not be.
 
 Pure numerics (numpy, scipy): no randomness here; the canaries' inclusion bits are drawn by the
 caller from the OS CSPRNG.
@@ -83,15 +85,15 @@ def epsilon_lower_bound(*, m: int, r: int, v: int, delta: float = 0.0, alpha: fl
     return lo
 
 
-def guess_grid(m: int) -> list[int]:
-    """The guess counts tried per side (k+ = k- = k): 1, 2, 4, ... up to ``m // 2``, and ``m // 2``."""
-    if m < 2:
+def guess_grid(n: int) -> list[int]:
+    """The guess counts tried: 1, 2, 4, ... below ``n``, and ``n`` (the scored canaries)."""
+    if n < 1:
         return []
-    grid, k = [], 1
-    while k < m // 2:
-        grid.append(k)
-        k *= 2
-    grid.append(m // 2)
+    grid, r = [], 1
+    while r < n:
+        grid.append(r)
+        r *= 2
+    grid.append(n)
     return grid
 
 
@@ -103,32 +105,36 @@ class AuditBound:
     confidence: float
     delta: float
     canaries: int           # m: randomised canaries
-    scored: int             # canaries with a score (the others are abstained on)
-    k: int                  # guesses per side of the best grid point
-    guesses: int            # r = 2k
+    scored: int             # canaries with a non-zero finite score (the others are abstained on)
+    guesses: int            # r of the best grid point
+    guessed_in: int         # of them guessed "included" (positive score)
     correct: int            # v
-    grid: tuple[int, ...]   # the k tried (Bonferroni over their number)
-    per_k: tuple[dict, ...]  # {k, guesses, correct, epsilon} for every k tried
+    grid: tuple[int, ...]   # the r tried (Bonferroni over their number)
+    per_r: tuple[dict, ...]  # {guesses, correct, epsilon} for every r tried
 
     def to_dict(self) -> dict:
         return {"epsilon": self.epsilon, "confidence": self.confidence, "delta": self.delta,
-                "canaries": self.canaries, "scored": self.scored, "k": self.k, "guesses": self.guesses,
-                "correct": self.correct, "grid": list(self.grid), "per_k": [dict(x) for x in self.per_k],
+                "canaries": self.canaries, "scored": self.scored, "guesses": self.guesses,
+                "guessed_in": self.guessed_in, "guessed_out": self.guesses - self.guessed_in,
+                "correct": self.correct, "grid": list(self.grid), "per_guesses": [dict(x) for x in self.per_r],
+                "rule": "the r canaries of largest |score| are guessed: in if the score is positive, out if negative "
+                        "(top k+ in and bottom k- out, with k+ and k- read off the scores, never the bits)",
                 "correction": f"Bonferroni over {len(self.grid)} guess count(s): each tested at level "
                               f"{(1 - self.confidence) / max(len(self.grid), 1):.4g}"}
 
 
 def audit_guesses(scores: np.ndarray, included: np.ndarray, *, delta: float = 0.0, confidence: float = 0.95,
-                  k: int | None = None) -> AuditBound:
-    """Guess the ``k`` highest-scored canaries in and the ``k`` lowest out, count the correct guesses and
-    bound epsilon (:func:`epsilon_lower_bound`).
+                  guesses: int | None = None) -> AuditBound:
+    """Guess the canaries of largest ``|score|`` (in if positive, out if negative), count the correct
+    guesses and bound epsilon (:func:`epsilon_lower_bound`).
 
-    Canaries whose score is NaN are abstained on. Ties are broken by canary index (never by the
-    inclusion bits). ``k=None`` tries :func:`guess_grid` of the scored canaries, Bonferroni-corrected;
-    a given ``k`` is tested alone at ``1 - confidence``.
+    Scores must be centred: a canary's two item sets are exchangeable, so without information its
+    score is symmetric around 0. A NaN or zero score is abstained on; ties in ``|score|`` are broken
+    by canary index (never by the inclusion bits). ``guesses=None`` tries :func:`guess_grid` of the
+    scored canaries, Bonferroni-corrected; a given number is tested alone at ``1 - confidence``.
 
     Args:
-        scores: ``[m]`` higher = more likely included.
+        scores: ``[m]``, positive = evidence the canary was included.
         included: ``[m]`` bool, the secret inclusion bits (read only to count correct guesses).
     """
     scores = np.asarray(scores, np.float64)
@@ -138,32 +144,30 @@ def audit_guesses(scores: np.ndarray, included: np.ndarray, *, delta: float = 0.
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1); found {confidence}")
     m = len(scores)
-    idx = np.flatnonzero(~np.isnan(scores))
-    order = idx[np.lexsort((idx, -scores[idx]))]  # highest first, ties by index
-    grid = guess_grid(len(idx)) if k is None else [int(k)]
-    if k is not None and not 1 <= k <= len(idx) // 2:
-        raise ValueError(f"k must be in 1..{len(idx) // 2} (half the {len(idx)} scored canaries); found {k}")
+    idx = np.flatnonzero(np.isfinite(scores) & (scores != 0))
+    order = idx[np.lexsort((idx, -np.abs(scores[idx])))]  # most confident first, ties by index
+    if guesses is not None and not 1 <= guesses <= len(idx):
+        raise ValueError(f"guesses must be in 1..{len(idx)} (the scored canaries); found {guesses}")
+    grid = guess_grid(len(idx)) if guesses is None else [int(guesses)]
     alpha = (1 - confidence) / max(len(grid), 1)
-    per_k, best = [], None
-    for kk in grid:
-        top, bottom = order[:kk], order[len(order) - kk:]
-        v = int(included[top].sum() + (~included[bottom]).sum())
-        eps = epsilon_lower_bound(m=m, r=2 * kk, v=v, delta=delta, alpha=alpha)
-        row = {"k": kk, "guesses": 2 * kk, "correct": v, "epsilon": eps}
-        per_k.append(row)
-        if best is None or eps > best["epsilon"]:
+    per_r, best = [], {"guesses": 0, "guessed_in": 0, "correct": 0, "epsilon": 0.0}
+    for r in grid:
+        chosen = order[:r]
+        guess_in = scores[chosen] > 0
+        v = int((guess_in == included[chosen]).sum())
+        eps = epsilon_lower_bound(m=m, r=r, v=v, delta=delta, alpha=alpha)
+        row = {"guesses": r, "guessed_in": int(guess_in.sum()), "correct": v, "epsilon": eps}
+        per_r.append(row)
+        if eps > best["epsilon"] or eps == best["epsilon"] == 0.0:  # with no bound, show the largest r
             best = row
-    if best is None:
-        best = {"k": 0, "guesses": 0, "correct": 0, "epsilon": 0.0}
-    return AuditBound(best["epsilon"], confidence, delta, m, len(idx), best["k"], best["guesses"], best["correct"],
-                      tuple(grid), tuple(per_k))
+    return AuditBound(best["epsilon"], confidence, delta, m, len(idx), best["guesses"], best["guessed_in"],
+                      best["correct"], tuple(grid), tuple(per_r))
 
 
 def max_detectable(m: int, *, delta: float = 0.0, confidence: float = 0.95, corrected: bool = True) -> float:
-    """The largest bound ``m`` canaries can give: every canary guessed (k = m // 2 per side) and every
-    guess right, at :func:`audit_guesses`' correction (``corrected``) or alone."""
-    if m < 2:
+    """The largest bound ``m`` canaries can give: every canary guessed and every guess right, at
+    :func:`audit_guesses`' correction (``corrected``) or alone."""
+    if m < 1:
         return 0.0
     n = len(guess_grid(m)) if corrected else 1
-    k = m // 2
-    return epsilon_lower_bound(m=m, r=2 * k, v=2 * k, delta=delta, alpha=(1 - confidence) / n)
+    return epsilon_lower_bound(m=m, r=m, v=m, delta=delta, alpha=(1 - confidence) / n)

@@ -196,7 +196,9 @@ def attack_run_dir(run_dir: Path, attack: str | None = None, rounds: int | None 
     if inferred:
         from experiments.run.prepare import prepare_data
 
-        train = prepare_data(config).split.train
+        from experiments.run.canaries import for_run
+
+        train = for_run(prepare_data(config), config, rd.path)[0].split.train  # (with the run's canaries, if any)
         truth = Truth.from_interactions(train)
         for a, inf in inferred:
             if a.infer is not None and a.assess is not None:

@@ -61,16 +61,37 @@ def test_pure_dp_bound_against_a_closed_form() -> None:
 
 
 def test_guesses_follow_the_scores_and_never_the_bits() -> None:
-    bits = np.array([True, False] * 32)
-    perfect = audit_guesses(bits.astype(float), bits)
+    bits = np.array([True, False, False] * 20 + [True] * 4)
+    signed = np.where(bits, 1.0, -1.0)
+    perfect = audit_guesses(signed * np.linspace(1, 2, 64), bits)
     assert perfect.correct == perfect.guesses == 64 and perfect.epsilon == pytest.approx(max_detectable(64))
-    flat = audit_guesses(np.zeros(64), bits)  # no information: ties by index, half right
-    assert flat.epsilon == 0.0
-    wrong = audit_guesses((~bits).astype(float), bits)
-    assert wrong.epsilon == 0.0 and wrong.correct == 0
-    abstain = audit_guesses(np.where(np.arange(64) < 32, bits.astype(float), np.nan), bits)
-    assert abstain.scored == 32 and abstain.guesses <= 32
-    assert guess_grid(64) == [1, 2, 4, 8, 16, 32]
+    flat = audit_guesses(np.zeros(64), bits)  # no information: every canary abstained on
+    assert flat.epsilon == 0.0 and flat.scored == 0 and flat.guesses == 0
+    wrong = audit_guesses(-signed, bits)
+    assert wrong.epsilon == 0.0 and wrong.per_r[-1]["correct"] == 0
+    half = audit_guesses(np.where(np.arange(64) < 32, signed, np.nan), bits)
+    assert half.scored == 32 and half.guesses <= 32 and half.epsilon == pytest.approx(
+        epsilon_lower_bound(m=64, r=32, v=32, alpha=0.05 / len(guess_grid(32))))
+    # the most confident guesses come first: one wrong guess of tiny |score| is only in the r = 64 point
+    noisy = signed.copy()
+    noisy[0] = -1e-3
+    rows = {r["guesses"]: r["correct"] for r in audit_guesses(noisy, bits).per_r}
+    assert rows[32] == 32 and rows[64] == 63
+    assert guess_grid(64) == [1, 2, 4, 8, 16, 32, 64] and guess_grid(5) == [1, 2, 4, 5]
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(4, 80), data=st.data())
+def test_without_information_the_bound_is_rarely_positive(m: int, data) -> None:
+    """Scores independent of the bits: the bound is > 0 with probability at most 1 - confidence (here a
+    fixed pseudo-random draw per example: the test checks the guessing never reads the bits)."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    bits = rng.random(m) < 0.5
+    scores = rng.normal(size=m)
+    a = audit_guesses(scores, bits)
+    b = audit_guesses(scores, ~bits)  # the same guesses whatever the bits
+    assert [r["guessed_in"] for r in a.per_r] == [r["guessed_in"] for r in b.per_r]
+    assert all(ra["correct"] + rb["correct"] == ra["guesses"] for ra, rb in zip(a.per_r, b.per_r))
 
 
 def test_more_canaries_detect_larger_epsilons() -> None:

@@ -114,7 +114,9 @@ def _replay(rd: Any, config: Any, rounds: int) -> tuple[Any, bool | None]:
     from protocols.transport import InProcessTransport, Transcript
 
     spec = config.spec
-    prep = prepare_data(config)
+    from experiments.run.canaries import for_run
+
+    prep = for_run(prepare_data(config), config, rd.path)[0]  # the run's canaries (their recorded coins), if any
     transport = InProcessTransport(Transcript(keep_payloads=True))
     trainer = spec.build(BuildContext(split=prep.split, config=config.protocol_config, seed=config.run.seed,
                                       source=config.data.source, transport=transport,

@@ -5,7 +5,6 @@ caught, a run without DP reaches the largest bound its canaries allow, and the s
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import subprocess
 import sys
@@ -97,13 +96,34 @@ def test_without_dp_the_bound_is_the_largest_the_canaries_allow(tmp_path: Path, 
     assert out["bound"]["epsilon"] == pytest.approx(out["max_detectable"]) and out["consistent"]
 
 
-def test_the_scores_need_only_the_views_and_the_public_canary_list(tmp_path: Path) -> None:
-    """The scorer runs on a copy holding views/ and canaries.json alone (no secret, data, checkpoint or ledger),
-    with the data and training modules unimportable; the scores equal the audit's."""
+def _alone(tmp_path: Path) -> tuple[Path, Path]:
     run = _run(tmp_path, "fedavg-gmf", "plain")
     alone = tmp_path / "alone"
     shutil.copytree(run / VIEWS_DIR, alone / VIEWS_DIR)
     shutil.copy(run / CANARIES_JSON, alone / CANARIES_JSON)
+    return run, alone
+
+
+def test_the_scores_need_only_the_views_and_the_public_canary_list(tmp_path: Path) -> None:
+    """The scorer runs on a copy holding views/ and canaries.json alone (no secret, data, checkpoint or
+    ledger) and gives the audit's scores; its module never names the secret."""
+    from attacks.canary import scorers_for
+    from experiments.run.views import load_views
+    from experiments.studies.audit import audit_run_dir
+
+    run, alone = _alone(tmp_path)
+    v = load_views(alone)
+    s = scorers_for(v.protocol)[0]
+    scores = s.score(v.view(s.view), v.last_public(), load_public(alone))
+    assert scores.tolist() == audit_run_dir(run, write=False)["scores"]
+    src = (ROOT / "attacks" / "canary.py").read_text()
+    assert "audit-secret" not in src and "load_secret" not in src and "inclusion" not in src
+
+
+@pytest.mark.slow
+def test_the_scores_run_with_the_data_and_training_modules_unimportable(tmp_path: Path) -> None:
+    """The same in a fresh process with the data and training modules unimportable."""
+    run, alone = _alone(tmp_path)
     code = (
         "import sys, json\n"
         "for m in ('experiments.run.prepare', 'experiments.run.training', 'recmodels.loaders', 'recmodels.synthetic'):\n"
@@ -120,9 +140,6 @@ def test_the_scores_need_only_the_views_and_the_public_canary_list(tmp_path: Pat
     from experiments.studies.audit import audit_run_dir
 
     assert json.loads(res.stdout.strip().splitlines()[-1]) == audit_run_dir(run, write=False)["scores"]
-    src = (ROOT / "attacks" / "canary.py").read_text()
-    assert "audit-secret" not in src and "load_secret" not in src and "included" not in src.replace(
-        '"included"', "")
 
 
 def test_audit_errors_are_one_line(tmp_path: Path, capsys) -> None:
@@ -136,3 +153,12 @@ def test_audit_errors_are_one_line(tmp_path: Path, capsys) -> None:
     assert "the run has no audit canaries (run it with --canaries K)" in err and len(err.strip().splitlines()) == 1
     assert main(["run", "fedavg-gmf", "--canaries", "1"]) == 2
     assert "--canaries must be 0 or >= 2" in capsys.readouterr().err
+
+
+def test_a_resumed_run_keeps_its_canaries_and_is_audited(tmp_path: Path, capsys) -> None:
+    run = _run(tmp_path, "fedavg-gmf", "plain")
+    before = (run / CANARIES_JSON).read_text(), (run / SECRET_FILE).read_text()
+    assert main(["run", "--resume", str(run), "--rounds", "2", "--quiet"]) == 0
+    assert ((run / CANARIES_JSON).read_text(), (run / SECRET_FILE).read_text()) == before
+    out = _audit(run, capsys)
+    assert out["rounds"] == [0, 1] and out["bound"]["epsilon"] == pytest.approx(out["max_detectable"])

@@ -130,6 +130,7 @@ def score_fel_leaves(view: Sequence[Record], public: dict[str, Any], canaries: A
     leaf (opt-in, held out) is abstained on: no leaf carries its data."""
     n_items, dim = int(public["n_items"]), int(public["config"]["dim"])
     assignment = np.asarray(public["assignment"], np.int64)
+    no_leaf = {int(u) for u in public.get("opt_in", [])} | {int(u) for u in public.get("held_out", [])}
     changes: dict[int, list[np.ndarray]] = {}
     for r in view:
         p = r.payload
@@ -138,7 +139,7 @@ def score_fel_leaves(view: Sequence[Record], public: dict[str, Any], canaries: A
             changes.setdefault(int(p.leaf), []).append(np.linalg.norm(d.reshape(n_items, dim), axis=1))
     out = np.full(len(canaries.users), np.nan)
     for c, u in enumerate(canaries.users):
-        leaf = int(assignment[u]) if u < len(assignment) else -1
+        leaf = int(assignment[u]) if u < len(assignment) and int(u) not in no_leaf else -1
         if leaf < 0 or leaf not in changes:
             continue
         rows = np.sum(changes[leaf], axis=0)

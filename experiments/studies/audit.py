@@ -119,6 +119,9 @@ def audit_run_dir(run_dir: Path, *, confidence: float = 0.95, guesses: int | Non
 
     if not 0 < confidence < 1:
         raise UserError(f"--confidence must be in (0, 1); found {confidence}")
+    if not (Path(run_dir) / "config.toml").is_file():
+        raise UserError(f"{run_dir} is not a run directory (no config.toml); audit the directory a 'secagg run "
+                        "--canaries K' wrote")
     rd = RunDir.open_existing(run_dir)
     _import_run_plugins(rd)
     all_attacks()  # plugins' attack modules may register canary scorers

@@ -151,6 +151,8 @@ def test_audit_errors_are_one_line(tmp_path: Path, capsys) -> None:
     assert main(["audit", str(run)]) == 2
     err = capsys.readouterr().err
     assert "the run has no audit canaries (run it with --canaries K)" in err and len(err.strip().splitlines()) == 1
+    assert main(["audit", str(tmp_path / "nowhere")]) == 2
+    assert "is not a run directory (no config.toml)" in capsys.readouterr().err
     assert main(["run", "fedavg-gmf", "--canaries", "1"]) == 2
     assert "--canaries must be 0 or >= 2" in capsys.readouterr().err
 

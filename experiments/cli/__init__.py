@@ -39,6 +39,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cmd_bench",
     "cmd_privacy",
     "cmd_attack",
+    "cmd_audit",
     "cmd_compare",
     "cmd_flower",  # imports flwr only when a `secagg flower` sub-command runs
 )

@@ -307,11 +307,31 @@ def _report(args: argparse.Namespace) -> int:
         human.append(f"  assumes: {extra['noise_assumption']}")
     if clients_ldp is not None:
         human += _clients_ldp_lines(clients_ldp)
+    audit = _audit_block(run_dir)
+    if audit is not None:
+        payload["audit"] = audit
+        human.append(f"audit ({audit['scorer']}, secagg audit): {audit['verdict']}")
     human.append("in words:")
     human += [f"  {part[0].upper()}{part[1:]}." for part in words["parts"]]
     payload["in_words"] = words["parts"]
     human.append(f"wrote {png}")
     return _emit(payload, human, args.json)
+
+
+def _audit_block(run_dir: Path) -> dict | None:
+    """``audit.json`` of ``secagg audit RUN_DIR`` in brief (``None`` if the run was not audited)."""
+    path = run_dir / "audit.json"
+    if not path.is_file():
+        return None
+    try:
+        audit = loads_json(path.read_text(encoding="utf-8"))
+        bound, acc = audit["bound"], audit["accounted"]
+        return {"scorer": str(audit["scorer"]), "verdict": str(audit["verdict"]), "consistent": bool(audit["consistent"]),
+                "epsilon_lower_bound": float(bound["epsilon"]), "confidence": float(bound["confidence"]),
+                "canaries": int(audit["canaries"]), "accounted_epsilon": acc["compared_epsilon"],
+                "file": str(path)}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"cannot read {path}: {exc} (run 'secagg audit {run_dir}' again)") from None
 
 
 #: Where the clients' own count and the ledger's may differ (``secagg privacy report``, ``clients_ldp.note``).

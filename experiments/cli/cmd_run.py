@@ -83,6 +83,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "'secagg attack RUN_DIR' (run.record_views)")
     p.add_argument("--record-every", type=int, metavar="N",
                    help="with --record-views: record every N-th round and the last (run.record_every; default 1)")
+    p.add_argument("--canaries", type=int, metavar="K",
+                   help="add K canary users for 'secagg audit RUN_DIR', each holding one of two fresh item sets by a "
+                   "secret coin (audit.canaries; implies --record-views; docs/audit.md)")
     p.add_argument("--out", metavar="DIR", help="run directory (default runs/<preset>-<UTC timestamp>)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue an interrupted run from its last checkpoint (its plugins are imported again)")
@@ -140,6 +143,12 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         if args.record_every < 1:
             raise UserError(f"--record-every must be >= 1; found {args.record_every}")
         overrides.setdefault("run", {})["record_every"] = args.record_every
+    if getattr(args, "canaries", None) is not None:
+        if args.canaries < 0 or args.canaries == 1:
+            raise UserError(f"--canaries must be 0 or >= 2 (a guess needs two canaries); found {args.canaries}")
+        overrides.setdefault("audit", {})["canaries"] = args.canaries
+        if args.canaries:
+            overrides.setdefault("run", {})["record_views"] = True  # the audit reads what the servers saw
     if getattr(args, "eval_every", None) is not None:
         if args.eval_every < 0:
             raise UserError(f"--eval-every must be >= 0 (0: only at the end); found {args.eval_every}")
@@ -154,7 +163,8 @@ def _resolve(args: argparse.Namespace) -> tuple[str, cfgmod.RunConfig]:
     if args.resume:
         if (args.preset or args.config or args.data or args.format or args.columns or args.sep or args.seed is not None
                 or args.eval_negatives is not None or args.out or getattr(args, "eval_every", None) is not None
-                or getattr(args, "record_views", False) or getattr(args, "record_every", None) is not None):
+                or getattr(args, "record_views", False) or getattr(args, "record_every", None) is not None
+                or getattr(args, "canaries", None) is not None):
             raise UserError("--resume continues a run with its saved config; only --rounds may be changed")
         rd = RunDir.open_existing(Path(args.resume))
         _import_run_plugins(rd)

@@ -42,6 +42,7 @@ __all__ = [
     "EvalSection",
     "PrivacySection",
     "ClientsSection",
+    "AuditSection",
     "RunConfig",
     "all_sections",
     "load_preset",
@@ -284,6 +285,29 @@ class ClientsSection:
                             ldp_epsilon_budget=self.ldp_epsilon_budget)
 
 
+@dataclass(frozen=True)
+class AuditSection:
+    """``[audit]``: canary users for the one-run privacy audit (``secagg audit RUN_DIR``, docs/audit.md).
+
+    Attributes:
+        canaries: canary users added to the training data (0: none). Each gets two sets of fresh
+            items of its own and holds one of them, chosen by a bit from the OS CSPRNG (included
+            with probability 1/2); the bits are written to ``RUN_DIR/audit-secret/`` only.
+        canary_items: items in each of a canary's two sets.
+    """
+
+    canaries: int = 0
+    canary_items: int = 4
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.canaries <= 100_000:
+            raise ValueError(f"audit.canaries must be in 0..100000 (0: no audit); found {self.canaries}")
+        if self.canaries == 1:
+            raise ValueError("audit.canaries = 1 cannot be audited (a guess needs two canaries); use 0 or >= 2")
+        if not 1 <= self.canary_items <= 1000:
+            raise ValueError(f"audit.canary_items must be in 1..1000; found {self.canary_items}")
+
+
 #: The sections every run has; protocol sections come from :mod:`protocols.registry`.
 CORE_SECTIONS: dict[str, type] = {
     "run": RunSection,
@@ -292,6 +316,7 @@ CORE_SECTIONS: dict[str, type] = {
     "eval": EvalSection,
     "privacy": PrivacySection,
     "clients": ClientsSection,
+    "audit": AuditSection,
 }
 
 
@@ -314,6 +339,7 @@ class RunConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     privacy: PrivacySection = field(default_factory=PrivacySection)
     clients: ClientsSection = field(default_factory=ClientsSection)
+    audit: AuditSection = field(default_factory=AuditSection)
     sections: dict[str, Any] = field(default_factory=lambda: {n: c() for n, c in protocol_sections().items()})
 
     def section(self, name: str) -> Any:

@@ -48,6 +48,9 @@ NODE_STATE_DIR = "flower-nodes"
 def check_protocol(config: cfgmod.RunConfig) -> None:
     """Refuse a protocol the adapter cannot run, in words, before anything starts."""
     spec = config.spec
+    if config.audit.canaries:
+        raise UserError("audit.canaries: the audit's canary users are planted by 'secagg run' in process only, not on "
+                        "Flower yet (docs/audit.md); set audit.canaries = 0 here")
     try:
         check_runs_on_flower(spec, config.protocol_config)
     except ValueError as exc:

@@ -476,8 +476,13 @@ def execute(req: RunRequest) -> dict[str, Any]:
     layout = prep.description.get("layout")
     if layout and not req.quiet:  # say how the file was read (the format and columns may be inferred)
         print(f"data: {layout['read_as']}", file=sys.stderr)
+    from experiments.run.canaries import for_run, write as write_canaries
+
+    prep, canaries = for_run(prep, cfg, req.resume)  # audit canaries: bits from the OS CSPRNG (a new run)
     trainer = _build(req, prep)
     rd, run_id, elapsed = _open(req, prep, trainer)
+    if canaries is not None and req.resume is None:
+        write_canaries(rd, canaries)
     try:
         return _loop(req, rd, prep, trainer, run_id, elapsed)
     finally:

@@ -114,7 +114,9 @@ def _replay(rd: Any, config: Any, rounds: int) -> tuple[Any, bool | None]:
     from protocols.transport import InProcessTransport, Transcript
 
     spec = config.spec
-    prep = prepare_data(config)
+    from experiments.run.canaries import for_run
+
+    prep = for_run(prepare_data(config), config, rd.path)[0]  # the run's canaries (their recorded coins), if any
     transport = InProcessTransport(Transcript(keep_payloads=True))
     trainer = spec.build(BuildContext(split=prep.split, config=config.protocol_config, seed=config.run.seed,
                                       source=config.data.source, transport=transport,
@@ -196,7 +198,9 @@ def attack_run_dir(run_dir: Path, attack: str | None = None, rounds: int | None 
     if inferred:
         from experiments.run.prepare import prepare_data
 
-        train = prepare_data(config).split.train
+        from experiments.run.canaries import for_run
+
+        train = for_run(prepare_data(config), config, rd.path)[0].split.train  # (with the run's canaries, if any)
         truth = Truth.from_interactions(train)
         for a, inf in inferred:
             if a.infer is not None and a.assess is not None:

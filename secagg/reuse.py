@@ -373,6 +373,8 @@ class ReuseServer:
         self._key_owner: dict[bytes, int] = {}
         self.u1: frozenset[int] = frozenset()
         self.live: frozenset[int] = frozenset()  #: clients invited to the next instance
+        #: U1 and every completed instance's U3: whom the clients of this setup still share with
+        self.view: frozenset[int] = frozenset()
         self.index = -1  #: the current (or last) instance
         self.signatures_verified = 0  #: Ed25519 verifications in the current instance (adverts: the setup's)
         self.masks_expanded = 0  #: PRG expansions in the last :meth:`finish`
@@ -435,7 +437,7 @@ class ReuseServer:
             self._key_owner[msg.c_pk] = self._key_owner[msg.s_pk] = u
         elif isinstance(msg, InstanceShares):
             self._require(u, self.live, self.shares, name)
-            expected = {v for v in self.cfg.graph[u] if v in self.live}
+            expected = {v for v in self.cfg.graph[u] if v in self.view}
             got = [v for v, _ in msg.shares]
             if len(set(got)) != len(got) or set(got) != expected:
                 raise MessageError(f"stage {name}: client {u} sent shares for {sorted(got)[:8]}, expected its live neighbours")
@@ -480,7 +482,7 @@ class ReuseServer:
     def broadcast_keys(self) -> dict[int, bytes]:
         """Close the setup's ADVERTISE: each client in U1 gets its neighbours' (and its own) signed keys."""
         self._advance("broadcast_keys")
-        self.u1 = self.live = frozenset(self.adverts)
+        self.u1 = self.live = self.view = frozenset(self.adverts)
         self._need(len(self.u1), "ADVERTISE", "clients advertised keys")
         out = {}
         for u in sorted(self.u1):
@@ -581,5 +583,6 @@ class ReuseServer:
         prg.accumulate(acc, strip)
         self.masks_expanded = len(strip)
         self.live = frozenset(self.responses)  # U3's members that completed this instance's unmask
+        self.view = self.view & self.u3  # each client drops the neighbours missing from the U3 it signed
         return acc
 

@@ -167,19 +167,23 @@ def test_instances_of_one_setup_sum_exactly_over_random_dropouts(data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     live = list(range(n))
     names = [f"c{i}" for i in range(n)]
-    aborted = False
+    aborted, clean = False, True  # clean: no client has dropped or been left out so far
     for inst in range(data.draw(st.integers(2, 4), label="instances")):
         dim = data.draw(st.integers(1, 40), label="dim")
-        if inst:  # the live clients, most of them answering, plus at most one that is no longer live
-            keep = data.draw(st.lists(st.sampled_from([names[u] for u in live]), min_size=len(live) - 1,
-                                      max_size=len(live), unique=True), label="answering")
-            members = keep + data.draw(st.lists(st.sampled_from(names), max_size=1), label="stale")
+        # later instances: the live clients but perhaps one not answering, plus perhaps one no longer live
+        # (the draws do not depend on the run's outcome: hypothesis replays them)
+        skip = data.draw(st.one_of(st.none(), st.integers(0, n - 1)), label="not answering")
+        stale = data.draw(st.one_of(st.none(), st.integers(0, n - 1)), label="stale")
+        if inst:
+            members = [names[u] for u in live if u != skip] + ([names[stale]] if stale is not None else [])
             members = list(dict.fromkeys(members))
+            if len(members) < 2:
+                break
         else:
             members = names
         m = len(members)
-        early = data.draw(st.sets(st.integers(0, m - 1), max_size=1), label="drop before input")
-        late = data.draw(st.sets(st.integers(0, m - 1), max_size=1), label="silent at unmask")
+        early = {j for j in data.draw(st.sets(st.integers(0, n - 1), max_size=1), label="drop before input") if j < m}
+        late = {j for j in data.draw(st.sets(st.integers(0, n - 1), max_size=1), label="silent at unmask") if j < m}
         stage = data.draw(st.sampled_from(["share_keys", "masked_input"]), label="early stage")
         xs = rng.integers(0, 2**64, (m, dim), dtype=U64, endpoint=False)
         res = session.run(xs, RunSpec(dropouts={stage: frozenset(early), "unmask": frozenset(late)}, dropout=0.99,
@@ -187,9 +191,9 @@ def test_instances_of_one_setup_sum_exactly_over_random_dropouts(data):
         if aborted:  # an aborted instance ends the setup
             assert res.total is None
             continue
-        everyone = not early and not late and sorted(int(name[1:]) for name in members) == sorted(live)
+        clean = clean and not early and not late and sorted(int(name[1:]) for name in members) == sorted(live)
         if res.total is None:  # only a dropout can abort it, and only for a reason the protocol states
-            assert not everyone, res.abort
+            assert not clean, res.abort
             assert any(why in res.abort for why in ("did not reveal its pair seeds", "lack shares", "fewer than t",
                                                     "more than the")), res.abort
             aborted = True
@@ -197,9 +201,12 @@ def test_instances_of_one_setup_sum_exactly_over_random_dropouts(data):
             continue
         event(f"instance {inst} summed" + (" with dropouts" if early or late else ""))
         surv = sorted(res.survivors)
-        # the survivors are the live members that sent an input; the sum is exactly theirs
+        # the survivors are live members that sent an input (a client left with fewer than t holders by
+        # its neighbours' dropouts stops on its own); the sum is exactly theirs
         expected = [j for j, name in enumerate(members) if int(name[1:]) in live and j not in early]
-        assert surv == expected
+        assert set(surv) <= set(expected)
+        if clean:
+            assert surv == expected
         assert np.array_equal(res.total, xs[surv].sum(axis=0, dtype=U64))
         # later instances run over the members that completed this one's unmask only
         live = [int(members[j][1:]) for j in surv if j not in late]

@@ -7,7 +7,8 @@ instance a round runs (:func:`protocols.secure_sum.observe`) is priced by :mod:`
 unit costs measured at the start of the same run (AES-CTR into a preallocated buffer, X25519+HKDF,
 Ed25519, Shamir, SHA-256, uint64 adds). Per round it reports:
 
-* ``instances``: secure sums run, with their ``n``, ``k``, ``t`` and ``dim`` (``shapes``);
+* ``instances``: secure sums run, with their ``n``, ``k``, ``t`` and ``dim`` (``shapes``; ``reused`` marks
+  an instance of a key setup shared with the round's earlier sums, :mod:`secagg.reuse`);
 * ``device_bound_s``: the largest per-client bound summed over the instances that client took part
   in: what the slowest real device must spend on cryptography in that round;
 * ``simulation_bound_s``: every client's bound plus the server's (one process simulates them all);
@@ -140,7 +141,8 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> li
             cost = instance_cost(inst["protocol"], n=inst["n"], dim=inst["dim"], k=inst["k"], t=inst["t"],
                                  survivors=inst["survivors"], masks_expanded=inst["masks_expanded"],
                                  key_agreements=inst["key_agreements"],
-                                 signatures_verified=inst["signatures_verified"], units=units)
+                                 signatures_verified=inst["signatures_verified"], units=units,
+                                 reuse=inst.get("reuse", False), setup=inst.get("setup", True))
             for name in inst["senders"]:
                 per_client[name] += cost.client_s
             server_bound += cost.server_s
@@ -149,7 +151,8 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> li
             for part, sec in cost.server_parts.items():
                 parts[f"server_{part}"] += sec
             measured += sum(inst["client_seconds"]) + inst["server_seconds"]
-            shapes[f"{inst['protocol']} n={inst['n']} k={inst['k']} t={inst['t']} d={inst['dim']}"] += 1
+            reused = " reused" if inst.get("reuse") and not inst.get("setup", True) else ""
+            shapes[f"{inst['protocol']} n={inst['n']} k={inst['k']} t={inst['t']} d={inst['dim']}{reused}"] += 1
         sim_bound = sum(per_client.values()) + server_bound
         row = {
             "round": r, "round_s": wall, "instances": len(seen), "shapes": dict(shapes),

@@ -419,9 +419,11 @@ class LightFR:
         two = {} if cfg.secure_aggregation != "dpf" else {
             "row_width": self._width() + 1, "points": cfg.dpf_points, "receiver2": SERVER2,
             "max_parts": cfg.dpf_max_parts, "pad_parts": cfg.dpf_pad_parts}
+        # SecAgg/SecAgg+: the round's sums (the union, then the values over it) are instances of one key
+        # setup (secagg.reuse): the second pays no public-key setup of its own
         return SecureSum(cfg.secure_aggregation, width=width, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
                          where="lightfr.value_clip", kind=kind, dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt,
-                         **two)
+                         setup="lightfr-round", **two)
 
     def device_round(self) -> Generator[Exchange, Replies, RoundStats]:
         """The server half of a round (:mod:`protocols.exchange`); it reads no client data.

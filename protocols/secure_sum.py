@@ -36,6 +36,7 @@ from secagg import params
 from secagg.bonawitz import MaskedInput
 from secagg.dpf_sum import DpfSpec, run_dpf_rows
 from secagg.encoding import FixedPoint, check_budget
+from secagg.reuse_sim import ReuseSession
 from secagg.runner import PROTOCOLS, EncodedRows, RunSpec
 
 __all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "observe",
@@ -83,7 +84,9 @@ def observe(callback: Callable[[dict], None]) -> Iterator[None]:
     bound). ``instance`` holds public parameters and costs only: ``protocol``, ``n``, ``dim``, ``k``
     (neighbours; the chain's successors), ``t``, ``survivors``, ``senders`` (party names),
     ``client_seconds`` (list), ``server_seconds``, ``masks_expanded``, ``key_agreements`` and
-    ``signatures_verified`` (the server's), ``aborted``."""
+    ``signatures_verified`` (the server's), ``aborted``, ``reuse`` (the instance ran in a setup reused
+    across the round's sums, :mod:`secagg.reuse`) and ``setup`` (it paid that setup: the first of them,
+    or any instance outside such a setup)."""
     _OBSERVERS.append(callback)
     try:
         yield
@@ -91,10 +94,11 @@ def observe(callback: Callable[[dict], None]) -> Iterator[None]:
         _OBSERVERS.remove(callback)
 
 
-def _notify(protocol: str, senders: Sequence[str], dim: int, res) -> None:  # noqa: ANN001 (RunResult)
+def _notify(protocol: str, senders: Sequence[str], dim: int, res, session=None) -> None:  # noqa: ANN001
     if not _OBSERVERS:
         return
-    info = {"protocol": protocol, "n": len(senders), "dim": int(dim), "k": res.k, "t": res.t,
+    reuse = {"reuse": session is not None, "setup": session is None or session.last_ran_setup}
+    info = {**reuse, "protocol": protocol, "n": len(senders), "dim": int(dim), "k": res.k, "t": res.t,
             "survivors": len(res.survivors), "senders": list(senders),
             "client_seconds": [float(x) for x in res.client_s], "server_seconds": float(res.server_s),
             "masks_expanded": int(res.masks_expanded), "key_agreements": int(res.key_agreements),
@@ -177,6 +181,7 @@ def secure_sum(
     receiver2: str = SERVER2,
     max_parts: int = 1,
     pad_parts: bool = False,
+    session: ReuseSession | None = None,
 ) -> SecureSumResult:
     """Sum the rows of ``values`` (one per sender) through ``protocol``; see the module docstring.
 
@@ -238,12 +243,20 @@ def secure_sum(
         protocol = small_cohort_protocol(protocol, vals.shape[0], dropout=spec.planned_dropout(vals.shape[0]),
                                          corrupt=spec.corrupt, k=k, t=t)
     runner = PROTOCOLS[protocol]
-    if protocol in ("secagg", "secagg+"):  # each simulated client encodes its own row when it masks it
+    if protocol not in ("secagg", "secagg+"):
+        session = None
+    if session is not None:  # the next instance of the round's one key setup
+        if session.cfg is None:
+            session.protocol = protocol
+        protocol = session.protocol
+        encoded = EncodedRows(vals, lambda row: codec.encode(row, rounding="nearest"))
+        res = session.run(encoded, spec, names=list(senders), record=record)
+    elif protocol in ("secagg", "secagg+"):  # each simulated client encodes its own row when it masks it
         encoded = EncodedRows(vals, lambda row: codec.encode(row, rounding="nearest"))
         res = runner(encoded, spec, record=record)
     else:
         res = runner(codec.encode(vals, rounding="nearest"), spec)
-    _notify(protocol, senders, vals.shape[1], res)
+    _notify(protocol, senders, vals.shape[1], res, session)
     if record:
         for stage, sender, blob in record:
             nbytes = blob if isinstance(blob, int) else len(blob)

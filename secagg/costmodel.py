@@ -21,6 +21,13 @@ threshold ``t`` over ``d`` words (:mod:`secagg.bonawitz`):
 * CONSISTENCY: 1 signature; UNMASK: ``t`` verifications (it stops at the ``t``-th valid holder
   signature, the decision the protocol needs).
 
+One key setup reused by a round's instances (:mod:`secagg.reuse`, ``reuse=True``): the instance that
+runs the setup (``setup=True``) pays 2 key generations, 1 signature, ``k + 1`` verifications and
+``2k`` agreements once; every instance pays one Shamir split of *one* seed, ``k`` HMAC-SHA256
+per-instance pair seeds, the ``k + 1`` keystreams and adds, SHA-256 over ``8 d`` bytes, 2 signatures
+(masked input, survivor set) and ``t`` verifications. Its server does no agreement (the survivors
+reveal the pair seeds of dropped neighbours) and rebuilds only the survivors' self-mask seeds.
+
 The server's counts come from the run (:class:`secagg.runner.RunResult`: ``masks_expanded``,
 ``key_agreements``, ``signatures_verified``, exact for that instance's dropouts), plus SHA-256 over
 every masked input, the plain sum of the survivors' inputs (one add per word) and the Shamir
@@ -74,7 +81,8 @@ class UnitCosts:
     agree_s: float
     sign_s: float
     verify_s: float
-    _split: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    prf_s: float = 0.0  #: one HMAC-SHA256 per-instance pair seed (:func:`secagg.reuse.pair_seed`)
+    _split: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
     _combine: dict[int, float] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -111,15 +119,19 @@ class UnitCosts:
         pk, sig = sk.public_key(), sk.sign(b"bound")
         sign = best_of(lambda: [sk.sign(b"bound") for _ in range(reps)], 3) / reps
         verify = best_of(lambda: [pk.verify(sig, b"bound") for _ in range(reps)], 3) / reps
-        return cls(aes, gcm, add, sha, keygen, agree, sign, verify)
+        from secagg.reuse import pair_seed
 
-    def shamir_split_s(self, holders: int, t: int) -> float:
-        """One client's Shamir split of its two seeds into ``holders`` shares at threshold ``t``."""
-        key = (holders, t)
+        prf = best_of(lambda: [pair_seed(key, bytes(16), 0, 1, 2) for _ in range(reps)], 3) / reps
+        return cls(aes, gcm, add, sha, keygen, agree, sign, verify, prf)
+
+    def shamir_split_s(self, holders: int, t: int, seeds: int = 2) -> float:
+        """One client's Shamir split of its ``seeds`` seeds (SecAgg: two; a reused setup's instance: one)
+        into ``holders`` shares at threshold ``t``."""
+        key = (holders, t, seeds)
         if key not in self._split:
             from secagg import shamir
 
-            secrets = [os.urandom(32), os.urandom(32)]
+            secrets = [os.urandom(32) for _ in range(seeds)]
             xs = list(range(1, holders + 1))
             self._split[key] = best_of(lambda: shamir.split_many(secrets, t=t, xs=xs), 3)
         return self._split[key]
@@ -142,7 +154,8 @@ class UnitCosts:
         return {"aes256_ctr_gbps": self.aes_ctr_bps / 1e9, "aes256_gcm_gbps": self.gcm_bps / 1e9,
                 "uint64_add_gwps": self.add_wps / 1e9, "sha256_gbps": self.sha256_bps / 1e9,
                 "x25519_keygen_us": self.keygen_s * 1e6, "x25519_hkdf_agree_us": self.agree_s * 1e6,
-                "ed25519_sign_us": self.sign_s * 1e6, "ed25519_verify_us": self.verify_s * 1e6}
+                "ed25519_sign_us": self.sign_s * 1e6, "ed25519_verify_us": self.verify_s * 1e6,
+                "hmac_pair_seed_us": self.prf_s * 1e6}
 
 
 @dataclass(frozen=True)
@@ -158,10 +171,30 @@ class InstanceCost:
 
 def instance_cost(protocol: str, *, n: int, dim: int, k: int | None, t: int | None, survivors: int,
                   masks_expanded: int, key_agreements: int, signatures_verified: int,
-                  units: UnitCosts) -> InstanceCost:
-    """The bound of one instance (see the module docstring for the counts)."""
+                  units: UnitCosts, reuse: bool = False, setup: bool = True) -> InstanceCost:
+    """The bound of one instance (see the module docstring for the counts); ``reuse``: an instance of a
+    key setup reused across the round (``setup``: the one that ran that setup)."""
     word = 8 * dim
-    if protocol in ("secagg", "secagg+"):
+    if protocol in ("secagg", "secagg+") and reuse:
+        k = n - 1 if k is None else k
+        t = 1 if t is None else t
+        c = {
+            "public_key": (2 * units.keygen_s + 2 * k * units.agree_s) if setup else 0.0,
+            "signatures": (units.sign_s + (k + 1) * units.verify_s if setup else 0.0)
+            + 2 * units.sign_s + t * units.verify_s,
+            "shamir": units.shamir_split_s(k + 1, t, seeds=1),
+            "pair_seeds": k * units.prf_s,
+            "prg": (k + 1) * word / units.aes_ctr_bps,
+            "adds_hash": (k + 1) * dim / units.add_wps + word / units.sha256_bps,
+        }
+        s = {
+            "public_key": key_agreements * units.agree_s,
+            "signatures": signatures_verified * units.verify_s,
+            "shamir": units.shamir_combine_s(survivors, t),
+            "prg": masks_expanded * word / units.aes_ctr_bps,
+            "adds_hash": (survivors + masks_expanded) * dim / units.add_wps + n * word / units.sha256_bps,
+        }
+    elif protocol in ("secagg", "secagg+"):
         k = n - 1 if k is None else k
         t = 1 if t is None else t
         c = {

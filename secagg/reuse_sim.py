@@ -36,11 +36,12 @@ class ReuseSession:
 
     Args:
         protocol: ``"secagg"`` (complete graph) or ``"secagg+"`` (k-regular graph, ``k``/``t`` as
-            :func:`secagg.runner.run_secagg_plus` chooses them), fixed by the setup.
+            :func:`secagg.runner.run_secagg_plus` chooses them), fixed by the setup; ``None``: set
+            :attr:`protocol` before the first :meth:`run`.
     """
 
-    def __init__(self, protocol: str = "secagg+") -> None:
-        if protocol not in ("secagg", "secagg+"):
+    def __init__(self, protocol: str | None = "secagg+") -> None:
+        if protocol not in ("secagg", "secagg+", None):
             raise ValueError(f"a reused setup runs 'secagg' or 'secagg+'; found {protocol!r}")
         self.protocol = protocol
         self.cfg: MaskingConfig | None = None
@@ -80,6 +81,8 @@ class ReuseSession:
     def _run(self, inputs, rows: int, dim: int, spec: RunSpec, names, record) -> RunResult:  # noqa: ANN001
         first = self._server is None
         if first:
+            if self.protocol not in ("secagg", "secagg+"):
+                raise ValueError(f"a reused setup runs 'secagg' or 'secagg+'; found {self.protocol!r}")
             self.names = list(names) if names is not None else [str(i) for i in range(rows)]
             if len(set(self.names)) != rows:
                 raise ValueError("a reused setup needs one distinct name per row")

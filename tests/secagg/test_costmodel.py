@@ -14,7 +14,7 @@ from secagg.costmodel import UnitCosts, instance_cost
 from secagg.runner import RunSpec, run_secagg, run_secagg_plus
 
 ONE = UnitCosts(aes_ctr_bps=1.0, gcm_bps=1.0, add_wps=1.0, sha256_bps=1.0, keygen_s=1.0, agree_s=1.0, sign_s=1.0,
-                verify_s=1.0)
+                verify_s=1.0, prf_s=1.0)
 
 
 def _counting(monkeypatch) -> Counter:
@@ -88,3 +88,36 @@ def test_an_unknown_protocol_has_no_cost_model() -> None:
     with pytest.raises(ValueError, match="no cost model"):
         instance_cost("dpf", n=2, dim=1, k=None, t=None, survivors=2, masks_expanded=0, key_agreements=0,
                       signatures_verified=0, units=ONE)
+
+
+@settings(max_examples=5, deadline=None)
+@given(n=st.integers(4, 10), dims=st.lists(st.integers(1, 30), min_size=2, max_size=3), plus=st.booleans())
+def test_a_reused_setup_is_priced_once_and_its_instances_by_what_the_code_does(n, dims, plus) -> None:
+    from secagg import reuse
+    from secagg.reuse_sim import ReuseSession
+
+    session = ReuseSession("secagg+" if plus else "secagg")
+    with pytest.MonkeyPatch.context() as mp:
+        seen = _counting(mp)
+        seeds, verify = reuse.pair_seed, reuse._verify
+        mp.setattr(reuse, "pair_seed", lambda *a: (seen.update(["prf"]), seeds(*a))[1])
+        mp.setattr(reuse, "_verify", lambda *a: (seen.update(["verify"]), verify(*a))[1])
+        before = Counter()
+        for i, dim in enumerate(dims):
+            inputs = np.arange(n * dim, dtype=np.uint64).reshape(n, dim) + np.uint64(i)
+            res = session.run(inputs, RunSpec(dropout=0.0, corrupt=0.0))
+            assert res.ok and np.array_equal(res.total, inputs.sum(axis=0, dtype=np.uint64))
+            k, t = res.k, res.t
+            done = seen - before  # (before pricing: a first price measures a Shamir split)
+            cost = instance_cost(res.protocol, n=n, dim=dim, k=k, t=t, survivors=len(res.survivors),
+                                 masks_expanded=res.masks_expanded, key_agreements=res.key_agreements,
+                                 signatures_verified=res.signatures_verified, units=ONE, reuse=True, setup=i == 0)
+            c, s = cost.client_parts, cost.server_parts
+            before = Counter(seen)
+            assert done["keygen"] == (2 * n if i == 0 else 0) and done["agree"] == (2 * n * k if i == 0 else 0)
+            assert c["public_key"] == (2 + 2 * k if i == 0 else 0) and s["public_key"] == 0
+            assert done["sign"] == n * (3 if i == 0 else 2)
+            assert done["verify"] == n * ((k + 1 if i == 0 else 0) + t) + res.signatures_verified
+            assert c["signatures"] == (1 + k + 1 if i == 0 else 0) + 2 + t and s["signatures"] == res.signatures_verified
+            assert done["split"] == n and done["prf"] == n * k and c["pair_seeds"] == k
+            assert done["masks"] == n * (k + 1) + res.masks_expanded and c["prg"] == (k + 1) * 8 * dim

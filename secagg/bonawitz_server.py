@@ -1,6 +1,6 @@
 """The SecAgg/SecAgg+ server (:class:`MaskingServer`); the protocol, its parties and its promise are
 described in :mod:`secagg.bonawitz`, which re-exports this class. Signature checks go through
-``secagg.bonawitz._verify`` at call time (one place for the simulation's shared verifications and
+``secagg.bonawitz_common._verify`` at call time (one place for the simulation's shared verifications and
 for the tests that count them)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping
 
 import numpy as np
 
-from secagg import bonawitz as _bw
+from secagg import bonawitz_common as _bw
 from secagg import prg, shamir
 from secagg.bonawitz_wire import (
     _KIND_B, _KIND_S, COMMIT_BYTES, SEED_BYTES, SERVER_TRANSITIONS, SHARE_BYTES, AdvertiseKeys, ConsistencySignature,

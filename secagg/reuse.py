@@ -58,7 +58,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from secagg import prg, shamir
-from secagg.bonawitz import ClientPolicy, MaskingConfig, SigningKey, _check_distinct_keys, _verify
+from secagg import bonawitz_common as _common
+from secagg.bonawitz_common import ClientPolicy, MaskingConfig, SigningKey, _check_distinct_keys
 from secagg.bonawitz_wire import (
     SEED_BYTES, SHARE_BYTES, AdvertiseKeys, ConsistencySignature, KeyBroadcast, MaskedInput,
     SurvivorList, UnmaskRequest,
@@ -211,7 +212,7 @@ class ReuseClient:
             if who != self.id and who not in self._nbrs:
                 raise MessageError(f"stage SETUP: client {who} is not a neighbour of {self.id}")
             c_pk, s_pk, sig = rec[:KEY_BYTES], rec[KEY_BYTES: 2 * KEY_BYTES], rec[2 * KEY_BYTES:]
-            if not _verify(self._pki, who, sig, _advert_digest(self.cfg, who, c_pk, s_pk)):
+            if not _common._verify(self._pki, who, sig, _advert_digest(self.cfg, who, c_pk, s_pk)):
                 raise AuthenticationError("authenticated decryption failed")
             if who == self.id:
                 if (c_pk, s_pk) != (self._c.public_bytes, self._s.public_bytes):
@@ -340,7 +341,7 @@ class ReuseClient:
             if len(valid) >= self.cfg.t:
                 break
             if (who not in valid and who in st.u3 and (who in self._nbrs or who == self.id)
-                    and _verify(self._pki, who, sig, digest)):
+                    and _common._verify(self._pki, who, sig, digest)):
                 valid.add(who)
         if len(valid) < self.cfg.t:
             raise AbortError(f"stage UNMASK: only {len(valid)} valid consistency signatures from holders, "
@@ -427,7 +428,7 @@ class ReuseServer:
             if u in self.adverts:
                 raise MessageError(f"stage {name}: replayed message from client {u} (already received)")
             self.signatures_verified += 1
-            if not _verify(self._pki, u, msg.sig, _advert_digest(self.cfg, u, msg.c_pk, msg.s_pk)):
+            if not _common._verify(self._pki, u, msg.sig, _advert_digest(self.cfg, u, msg.c_pk, msg.s_pk)):
                 raise AuthenticationError("authenticated decryption failed")
             clash = [self._key_owner[key] for key in (msg.c_pk, msg.s_pk) if key in self._key_owner]
             if clash or msg.c_pk == msg.s_pk:
@@ -448,14 +449,14 @@ class ReuseServer:
             if msg.y.shape != (self.dim,):
                 raise MessageError(f"stage {name}: masked input of length {msg.y.size}, expected {self.dim}")
             self.signatures_verified += 1
-            if not _verify(self._pki, u, msg.sig, _input_digest(self.inst, self.cfg.round, u, msg.y)):
+            if not _common._verify(self._pki, u, msg.sig, _input_digest(self.inst, self.cfg.round, u, msg.y)):
                 raise AuthenticationError("authenticated decryption failed")
             np.add(self.acc, msg.y, out=self.acc)
             self._u3_list.append(u)
         elif isinstance(msg, ConsistencySignature):
             self._require(u, self.u3, self.signatures, name)
             self.signatures_verified += 1
-            if not _verify(self._pki, u, msg.sig, self._digest):
+            if not _common._verify(self._pki, u, msg.sig, self._digest):
                 raise AuthenticationError("authenticated decryption failed")
             self.signatures[u] = msg.sig
         elif isinstance(msg, UnmaskReveal):

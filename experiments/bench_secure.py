@@ -5,7 +5,8 @@ For each preset (default: every preset whose protocol section sets a secure aggr
 builds the protocol as ``secagg run`` does, and times ``--rounds`` rounds. Every secure-aggregation
 instance a round runs (:func:`protocols.secure_sum.observe`) is priced by :mod:`secagg.costmodel` at
 unit costs measured at the start of the same run (AES-CTR into a preallocated buffer, X25519+HKDF,
-Ed25519, Shamir, SHA-256, uint64 adds). Per round it reports:
+Ed25519, Shamir, SHA-256, uint64 adds), in process CPU seconds (the least distorted clock on a shared
+machine; equal to wall-clock on a quiet one). Per round it reports:
 
 * ``instances``: secure sums run, with their ``n``, ``k``, ``t`` and ``dim`` (``shapes``; ``reused`` marks
   an instance of a key setup shared with the round's earlier sums, :mod:`secagg.reuse`);
@@ -21,6 +22,8 @@ Ed25519, Shamir, SHA-256, uint64 adds). Per round it reports:
   ``secure_aggregation = "none"`` (``plain_round_s``): ``round_over_bound`` = round / (plaintext
   round + simulation bound), the figure issue 27's 1.5x target is about;
 * ``peak_rss_mb``: the process's peak resident memory after the round;
+* with ``--no-setup-reuse``, ``noreuse``: the same round with every secure sum paying its own key setup
+  (:func:`protocols.exchange.setup_reuse` off; LightFR's two sums then set up twice), with its bound;
 * with ``--no-shared-work``, ``unshared_round_s``: the same round with every simulated client doing
   all its own verifications and agreements (:mod:`secagg.simshare` off), the simulation's cost
   before that optimisation. The bounds are per device either way: sharing changes only how long
@@ -63,6 +66,9 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-shared-work", action="store_true",
                    help="also time each preset with every simulated client doing all its own verifications and "
                    "agreements (secagg.simshare off): the simulation's cost before that optimisation")
+    p.add_argument("--no-setup-reuse", action="store_true",
+                   help="also time each preset with every secure sum paying its own key setup (secagg.reuse off): "
+                   "the cost before one setup per round")
     p.add_argument("--json", action="store_true", help="one JSON object on the last line of stdout")
     p.set_defaults(func=_main)
 
@@ -120,9 +126,11 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> list[dict[str, Any]]:  # noqa: ANN001
+def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # noqa: ANN001
+                 reuse: bool = True) -> list[dict[str, Any]]:
     import contextlib
 
+    from protocols.exchange import setup_reuse
     from protocols.secure_sum import observe
     from secagg import simshare
     from secagg.costmodel import instance_cost
@@ -132,7 +140,7 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> li
     for r in range(rounds):
         seen: list[dict] = []
         t0, c0 = time.perf_counter(), time.process_time()
-        with observe(seen.append), (contextlib.nullcontext() if shared else simshare.disabled()):
+        with observe(seen.append), (contextlib.nullcontext() if shared else simshare.disabled()), setup_reuse(reuse):
             trainer.run_round()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         per_client: dict[str, float] = defaultdict(float)
@@ -172,7 +180,7 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> li
 
 
 def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users: int | None = None,
-          items: int | None = None, unshared: bool = False) -> dict[str, Any]:
+          items: int | None = None, unshared: bool = False, no_reuse: bool = False) -> dict[str, Any]:
     from secagg.costmodel import UnitCosts
 
     if rounds < 1:
@@ -188,8 +196,8 @@ def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users:
     names = presets or secure_presets()
     configs = {name: _config(name, data, rounds, False, shape) for name in names}  # unknown presets fail first
     print("measuring unit costs", file=sys.stderr)
-    units = UnitCosts.measure()
-    out: dict[str, Any] = {"units": units.as_dict(), "data": data, "shape": shape, "rounds": rounds, "presets": {}}
+    units = UnitCosts.measure(cpu=True)  # CPU seconds: the machine may be shared
+    out: dict[str, Any] = {"units": units.as_dict(), "units_clock": "process CPU", "data": data, "shape": shape, "rounds": rounds, "presets": {}}
     for name in names:
         rows = _time_rounds(configs[name], rounds, units, name)
         res: dict[str, Any] = {"rounds": rows}
@@ -215,22 +223,29 @@ def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users:
             alone = _time_rounds(configs[name], rounds, units, f"{name} (no shared work)", shared=False)
             res["unshared_round_s"] = alone[-1]["round_s"]
             res["unshared_secure_measured_s"] = alone[-1]["secure_measured_s"]
+        if no_reuse:
+            alone = _time_rounds(configs[name], rounds, units, f"{name} (no setup reuse)", reuse=False)
+            res["noreuse"] = {k: alone[-1][k] for k in ("round_s", "round_cpu_s", "simulation_bound_s", "device_bound_s",
+                                                        "secure_measured_s", "instances", "peak_rss_mb")}
+            if "plain_round_cpu_s" in res:
+                denom = res["plain_round_cpu_s"] + alone[-1]["simulation_bound_s"]
+                res["noreuse"]["round_cpu_over_bound"] = alone[-1]["round_cpu_s"] / denom if denom > 0 else None
         out["presets"][name] = res
     return out
 
 
 def _main(args: argparse.Namespace) -> int:
     out = bench(list(args.presets), args.data, args.rounds, args.plaintext, users=args.users, items=args.items,
-                unshared=args.no_shared_work)
+                unshared=args.no_shared_work, no_reuse=args.no_setup_reuse)
     u = out["units"]
     print(f"units: AES-256-CTR {u['aes256_ctr_gbps']:.2f} GB/s, X25519+HKDF {u['x25519_hkdf_agree_us']:.0f} us, "
           f"Ed25519 sign {u['ed25519_sign_us']:.0f} us / verify {u['ed25519_verify_us']:.0f} us")
-    print(f"{'preset':<26}{'round s':>9}{'unshared':>9}{'plain s':>9}{'bound s':>9}{'device s':>10}{'secure s':>10}"
+    print(f"{'preset':<26}{'round s':>9}{'CPU s':>9}{'unshared':>9}{'plain s':>9}{'bound s':>9}{'device s':>10}{'secure s':>10}"
           f"{'sec/bnd':>9}{'rnd/bnd':>9}{'RSS MB':>8}")
     for name, r in out["presets"].items():
         def f(x: Any, spec: str) -> str:
             return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0]))
-        print(f"{name:<26}{f(r['round_s'], '9.2f')}{f(r.get('unshared_round_s'), '9.2f')}"
+        print(f"{name:<26}{f(r['round_s'], '9.2f')}{f(r.get('round_cpu_s'), '9.2f')}{f(r.get('unshared_round_s'), '9.2f')}"
               f"{f(r.get('plain_round_s'), '9.2f')}"
               f"{f(r['simulation_bound_s'], '9.2f')}{f(r['device_bound_s'], '10.3f')}"
               f"{f(r['secure_measured_s'], '10.2f')}{f(r['secure_over_bound'], '9.2f')}"

@@ -72,8 +72,10 @@ secure sum (:func:`protocols.secure_sum.secure_sum` in process, the SecAgg workf
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +101,7 @@ __all__ = [
     "merge_groups",
     "run_exchanges",
     "run_on_devices",
+    "setup_reuse",
 ]
 
 #: Client-values per secure-aggregation instance in process. Every instance pays a full key setup
@@ -285,9 +288,23 @@ class Replies:
 Step = Callable[[str, int, np.ndarray, ArrayDict, Mapping[int, ArrayDict]], Mapping[int, Mapping[str, np.ndarray]]]
 
 
+_REUSE = contextvars.ContextVar("exchange_reuse_setups", default=True)
+
+
+@contextlib.contextmanager
+def setup_reuse(enabled: bool) -> Iterator[None]:
+    """Inside the block, ``enabled=False`` makes every secure sum pay its own key setup even when its
+    exchange names a shared ``setup`` (``secagg bench secure --no-setup-reuse``: the cost before it)."""
+    token = _REUSE.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _REUSE.reset(token)
+
+
 def _setup_session(server: Any, round_: int, spec: SecureSum, group: int | None) -> ReuseSession | None:
     """The round's shared key setup named ``spec.setup`` (per group), kept on ``server`` for this round only."""
-    if spec.setup is None or spec.protocol not in ("secagg", "secagg+"):
+    if spec.setup is None or spec.protocol not in ("secagg", "secagg+") or not _REUSE.get():
         return None
     store = getattr(server, "_secure_setups", None)
     if store is None or store[0] != round_:

@@ -52,13 +52,14 @@ import numpy as np
 __all__ = ["InstanceCost", "UnitCosts", "best_of", "instance_cost"]
 
 
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of ``repeats`` calls of ``fn`` in seconds (the least disturbed by other load: a floor)."""
+def best_of(fn: Callable[[], object], repeats: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """The fastest of ``repeats`` calls of ``fn`` in seconds of ``clock`` (the least disturbed by other
+    load: a floor)."""
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best
 
 
@@ -82,12 +83,14 @@ class UnitCosts:
     sign_s: float
     verify_s: float
     prf_s: float = 0.0  #: one HMAC-SHA256 per-instance pair seed (:func:`secagg.reuse.pair_seed`)
+    cpu: bool = False  #: measured in process CPU seconds (:meth:`measure` with ``cpu=True``), not wall-clock
     _split: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
     _combine: dict[int, float] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def measure(cls, *, buffer_mb: int = 16, repeats: int = 5) -> UnitCosts:
-        """Measure every unit cost once (about a second)."""
+    def measure(cls, *, buffer_mb: int = 16, repeats: int = 5, cpu: bool = False) -> UnitCosts:
+        """Measure every unit cost once (about a second); ``cpu``: in process CPU seconds
+        (``time.process_time``), the clock a machine loaded by other jobs distorts least."""
         import hashlib
 
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -96,6 +99,7 @@ class UnitCosts:
 
         from secagg.keys import KeyPair
 
+        clock = time.process_time if cpu else time.perf_counter
         nbytes = buffer_mb << 20
         src = bytearray(nbytes)
         out = bytearray(nbytes + 16)
@@ -104,25 +108,29 @@ class UnitCosts:
         def ctr() -> None:
             Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor().update_into(src, out)
 
-        aes = nbytes / best_of(ctr, repeats)
+        aes = nbytes / best_of(ctr, repeats, clock)
         gcm_key = AESGCM(key)
-        gcm = nbytes / best_of(lambda: gcm_key.encrypt(bytes(12), bytes(src), None), max(2, repeats // 2))
+        gcm = nbytes / best_of(lambda: gcm_key.encrypt(bytes(12), bytes(src), None), max(2, repeats // 2), clock)
         a = np.zeros(nbytes // 8, dtype=np.uint64)
         b = np.ones(nbytes // 8, dtype=np.uint64)
-        add = a.size / best_of(lambda: np.add(a, b, out=a), repeats)
-        sha = nbytes / best_of(lambda: hashlib.sha256(src).digest(), repeats)
+        add = a.size / best_of(lambda: np.add(a, b, out=a), repeats, clock)
+        sha = nbytes / best_of(lambda: hashlib.sha256(src).digest(), repeats, clock)
         reps = 200
-        keygen = best_of(lambda: [KeyPair.generate() for _ in range(reps)], 3) / reps
+        keygen = best_of(lambda: [KeyPair.generate() for _ in range(reps)], 3, clock) / reps
         p, q = KeyPair.generate(), KeyPair.generate()
-        agree = best_of(lambda: [p.agree(q.public_bytes, info=b"bound") for _ in range(reps)], 3) / reps
+        agree = best_of(lambda: [p.agree(q.public_bytes, info=b"bound") for _ in range(reps)], 3, clock) / reps
         sk = Ed25519PrivateKey.generate()
         pk, sig = sk.public_key(), sk.sign(b"bound")
-        sign = best_of(lambda: [sk.sign(b"bound") for _ in range(reps)], 3) / reps
-        verify = best_of(lambda: [pk.verify(sig, b"bound") for _ in range(reps)], 3) / reps
+        sign = best_of(lambda: [sk.sign(b"bound") for _ in range(reps)], 3, clock) / reps
+        verify = best_of(lambda: [pk.verify(sig, b"bound") for _ in range(reps)], 3, clock) / reps
         from secagg.reuse import pair_seed
 
-        prf = best_of(lambda: [pair_seed(key, bytes(16), 0, 1, 2) for _ in range(reps)], 3) / reps
-        return cls(aes, gcm, add, sha, keygen, agree, sign, verify, prf)
+        prf = best_of(lambda: [pair_seed(key, bytes(16), 0, 1, 2) for _ in range(reps)], 3, clock) / reps
+        return cls(aes, gcm, add, sha, keygen, agree, sign, verify, prf, cpu)
+
+    @property
+    def _clock(self) -> Callable[[], float]:
+        return time.process_time if self.cpu else time.perf_counter
 
     def shamir_split_s(self, holders: int, t: int, seeds: int = 2) -> float:
         """One client's Shamir split of its ``seeds`` seeds (SecAgg: two; a reused setup's instance: one)
@@ -133,7 +141,7 @@ class UnitCosts:
 
             secrets = [os.urandom(32) for _ in range(seeds)]
             xs = list(range(1, holders + 1))
-            self._split[key] = best_of(lambda: shamir.split_many(secrets, t=t, xs=xs), 3)
+            self._split[key] = best_of(lambda: shamir.split_many(secrets, t=t, xs=xs), 3, self._clock)
         return self._split[key]
 
     def shamir_combine_s(self, secrets: int, t: int) -> float:
@@ -147,7 +155,7 @@ class UnitCosts:
             xs = np.tile(np.arange(1, t + 1, dtype=np.uint64), (batch, 1))
             ys = np.asarray(np.frombuffer(os.urandom(batch * t * 11 * 4), dtype="<u4") % np.uint32(shamir.PRIME),
                             dtype=np.uint64).reshape(batch, t, 11)
-            self._combine[t] = best_of(lambda: shamir.combine_batch(xs, ys), 3) / batch
+            self._combine[t] = best_of(lambda: shamir.combine_batch(xs, ys), 3, self._clock) / batch
         return self._combine[t] * secrets
 
     def as_dict(self) -> dict[str, float]:

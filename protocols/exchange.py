@@ -83,7 +83,7 @@ import numpy as np
 
 from protocols.base import RoundStats
 from protocols.guard import RefusedStep, device_guard
-from protocols.secure_sum import SecureSumAborted, secure_sum
+from protocols.secure_sum import RowStack, SecureSumAborted, secure_sum
 from protocols.transport import SERVER, client
 from secagg.reuse_sim import ReuseSession
 
@@ -326,16 +326,18 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
         return Replies(dropped={u: "secure aggregation aborted" for u in users},
                        aborted=f"secure aggregation needs at least {min_survivors} clients (the clients' "
                                f"min_survivors); {len(users)} sent a vector")
-    values = np.stack([vectors[u] for u in users])
     senders = [client(u) for u in users]
     step = max(1, SECURE_CHUNK // len(users)) if spec.protocol != "dpf" else spec.width  # dpf: sparse, whole rows
+    # one chunk: the vectors as they are (no stacked n x width copy at the round's peak)
+    whole = spec.protocol != "dpf" and step >= spec.width
+    values = RowStack([vectors[u] for u in users]) if whole else np.stack([vectors[u] for u in users])
     total = np.empty(spec.width)
     nbytes = client_s = server_s = 0.0
     survivors = None
     try:
         for lo in range(0, spec.width, step):
             hi = min(spec.width, lo + step)
-            res = secure_sum(values[:, lo:hi], protocol=spec.protocol, frac_bits=spec.frac_bits,
+            res = secure_sum(values if whole else values[:, lo:hi], protocol=spec.protocol, frac_bits=spec.frac_bits,
                              value_clip=spec.value_clip, round=round_, transport=server.transport, senders=senders,
                              kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt,
                              receiver=spec.receiver, k=spec.k, t=spec.t, dropouts=spec.dropouts,

@@ -20,7 +20,8 @@ from secagg.bonawitz_wire import COMMIT_BYTES, SEED_BYTES, SHARE_BYTES, _fixed_r
 from secagg.channel import OVERHEAD
 from secagg.messages import Message, Writer, register
 
-__all__ = ["B_CT_BYTES", "InstanceShares", "ReuseClientStage", "ReuseStage", "UnmaskReveal", "ForwardedInstanceShares"]
+__all__ = ["B_CT_BYTES", "B_SHARE_PT", "REUSE_CLIENT_TRANSITIONS", "REUSE_SERVER_TRANSITIONS", "ForwardedInstanceShares",
+           "InstanceShares", "ReuseClientStage", "ReuseStage", "UnmaskReveal"]
 
 #: plaintext of one sealed self-mask share: owner, holder, the share of ``b_u^(i)``
 B_SHARE_PT = struct.Struct(f">II{SHARE_BYTES}s")

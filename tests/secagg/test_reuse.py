@@ -341,3 +341,29 @@ def test_instance_ids_are_distinct_and_bound_to_setup_and_round():
     assert len(ids) == 100
     with pytest.raises(ValueError):
         instance_id(a, -1)
+
+
+def test_every_client_and_server_method_is_refused_outside_its_stage():
+    from secagg.reuse_wire import REUSE_CLIENT_TRANSITIONS, REUSE_SERVER_TRANSITIONS, ReuseClientStage, ReuseStage
+
+    h = Harness(n=4, t=3)
+    args = {"advertise": (), "setup": (b"",), "share": (0, 4), "mask_input": (b"", np.zeros(4, U64)),
+            "sign_survivors": (b"",), "unmask": (b"",)}
+    for method, (need, _) in REUSE_CLIENT_TRANSITIONS.items():
+        for stage in ReuseClientStage:
+            if stage == need:
+                continue
+            c = h.clients[0]
+            saved, c.stage = c.stage, stage
+            with pytest.raises(MessageError, match="not allowed in stage"):
+                getattr(c, method)(*args[method])
+            c.stage = saved
+    s = h.server
+    for method, (need, _) in REUSE_SERVER_TRANSITIONS.items():
+        for stage in ReuseStage:
+            if stage == need:
+                continue
+            saved, s.stage = s.stage, stage
+            with pytest.raises(MessageError, match="not allowed in stage"):
+                getattr(s, method)(*((4,) if method == "start" else ()))
+            s.stage = saved

@@ -72,8 +72,10 @@ secure sum (:func:`protocols.secure_sum.secure_sum` in process, the SecAgg workf
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,8 +83,9 @@ import numpy as np
 
 from protocols.base import RoundStats
 from protocols.guard import RefusedStep, device_guard
-from protocols.secure_sum import SecureSumAborted, secure_sum
+from protocols.secure_sum import RowStack, SecureSumAborted, secure_sum
 from protocols.transport import SERVER, client
+from secagg.reuse_sim import ReuseSession
 
 __all__ = [
     "SECURE_CHUNK",
@@ -98,6 +101,7 @@ __all__ = [
     "merge_groups",
     "run_exchanges",
     "run_on_devices",
+    "setup_reuse",
 ]
 
 #: Client-values per secure-aggregation instance in process. Every instance pays a full key setup
@@ -136,6 +140,10 @@ class SecureSum:
             ``receiver2`` is the second server (in process and on simulated devices).
         max_parts, pad_parts: ``"dpf"`` only: a client with more rows sends up to ``max_parts`` key
             sets (the servers see how many unless ``pad_parts``: every client sends ``max_parts``).
+        setup: ``"secagg"``/``"secagg+"`` in process: the round's secure exchanges with the same
+            ``setup`` name (and group) share one key setup, each sum (and each chunk of one) running
+            as the next instance of it (:mod:`secagg.reuse`, docs/secagg.md "One setup per round");
+            the first fixes the clients, ``k`` and ``t``. ``None``: every sum pays its own setup.
     """
 
     protocol: str
@@ -155,6 +163,7 @@ class SecureSum:
     receiver2: str = "server2"
     max_parts: int = 1
     pad_parts: bool = False
+    setup: str | None = None
 
     def __post_init__(self) -> None:
         if self.width < 1:
@@ -279,31 +288,60 @@ class Replies:
 Step = Callable[[str, int, np.ndarray, ArrayDict, Mapping[int, ArrayDict]], Mapping[int, Mapping[str, np.ndarray]]]
 
 
+_REUSE = contextvars.ContextVar("exchange_reuse_setups", default=True)
+
+
+@contextlib.contextmanager
+def setup_reuse(enabled: bool) -> Iterator[None]:
+    """Inside the block, ``enabled=False`` makes every secure sum pay its own key setup even when its
+    exchange names a shared ``setup`` (``secagg bench secure --no-setup-reuse``: the cost before it)."""
+    token = _REUSE.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _REUSE.reset(token)
+
+
+def _setup_session(server: Any, round_: int, spec: SecureSum, group: int | None) -> ReuseSession | None:
+    """The round's shared key setup named ``spec.setup`` (per group), kept on ``server`` for this round only."""
+    if spec.setup is None or spec.protocol not in ("secagg", "secagg+") or not _REUSE.get():
+        return None
+    store = getattr(server, "_secure_setups", None)
+    if store is None or store[0] != round_:
+        store = (round_, {})
+        server._secure_setups = store
+    return store[1].setdefault((spec.setup, group), ReuseSession(None))
+
+
 def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.ndarray], users: list[int],
-                  min_survivors: int) -> Replies:
+                  min_survivors: int, group: int | None = None) -> Replies:
     """Sum ``users``' vectors through :func:`protocols.secure_sum.secure_sum`, in chunks; every
-    simulated client refuses a sum below ``min_survivors`` (its own policy)."""
+    simulated client refuses a sum below ``min_survivors`` (its own policy). With ``ex.secure.setup``
+    the sums (and chunks) run as instances of the round's one key setup of that name."""
     spec = ex.secure
     assert spec is not None
+    session = _setup_session(server, round_, spec, group)
     users = [u for u in users if u in vectors]
     if len(users) < min_survivors:  # no client takes part in a sum this small (a sum of one is its vector)
         return Replies(dropped={u: "secure aggregation aborted" for u in users},
                        aborted=f"secure aggregation needs at least {min_survivors} clients (the clients' "
                                f"min_survivors); {len(users)} sent a vector")
-    values = np.stack([vectors[u] for u in users])
     senders = [client(u) for u in users]
     step = max(1, SECURE_CHUNK // len(users)) if spec.protocol != "dpf" else spec.width  # dpf: sparse, whole rows
+    # one chunk: the vectors as they are (no stacked n x width copy at the round's peak)
+    whole = spec.protocol != "dpf" and step >= spec.width
+    values = RowStack([vectors[u] for u in users]) if whole else np.stack([vectors[u] for u in users])
     total = np.empty(spec.width)
     nbytes = client_s = server_s = 0.0
     survivors = None
     try:
         for lo in range(0, spec.width, step):
             hi = min(spec.width, lo + step)
-            res = secure_sum(values[:, lo:hi], protocol=spec.protocol, frac_bits=spec.frac_bits,
+            res = secure_sum(values if whole else values[:, lo:hi], protocol=spec.protocol, frac_bits=spec.frac_bits,
                              value_clip=spec.value_clip, round=round_, transport=server.transport, senders=senders,
                              kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt,
                              receiver=spec.receiver, k=spec.k, t=spec.t, dropouts=spec.dropouts,
-                             min_survivors=min_survivors, **spec.two_server())
+                             min_survivors=min_survivors, session=session, **spec.two_server())
             total[lo:hi] = res.total
             nbytes += res.bytes_per_client
             client_s += float(np.mean(res.client_seconds))
@@ -373,7 +411,7 @@ def _answer(server: Any, ex: Exchange, round_: int, replies: Mapping[int, Any], 
     if ex.secure is not None:
         vectors = {u: v["vector"] for u, v in values.items()}
         if ex.groups is not None:
-            parts = {g: _local_secure(server, ex, round_, vectors, members, min_survivors)
+            parts = {g: _local_secure(server, ex, round_, vectors, members, min_survivors, g)
                      for g, members in group_members(ex, ex.users.tolist()).items()}
             return merge_groups(parts, dropped)
         out = _local_secure(server, ex, round_, vectors, ex.users.tolist(), min_survivors)

@@ -36,9 +36,10 @@ from secagg import params
 from secagg.bonawitz import MaskedInput
 from secagg.dpf_sum import DpfSpec, run_dpf_rows
 from secagg.encoding import FixedPoint, check_budget
+from secagg.reuse_sim import ReuseSession
 from secagg.runner import PROTOCOLS, EncodedRows, RunSpec
 
-__all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "SecureSumAborted", "SecureSumResult", "observe",
+__all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "RowStack", "SecureSumAborted", "SecureSumResult", "observe",
            "secure_row_sum",
            "secure_sum", "small_cohort_protocol"]
 
@@ -68,6 +69,37 @@ def _largest_magnitude(vals: np.ndarray) -> float:
     return big
 
 
+class RowStack:
+    """The rows of an ``n x dim`` float matrix held as the ``n`` separate vectors they already are.
+
+    An exchange receives every client's vector separately; stacking them for :func:`secure_sum` would
+    hold a second ``n x dim`` copy at the round's peak (1.6 GB for LightFR's union rows on
+    ml-latest-small). ``rows[i]`` is row ``i``, ``rows[a:b]`` a stacked block; ``shape`` and ``ndim`` are
+    the matrix's. SecAgg/SecAgg+ encode one row at a time from it; other protocols stack it.
+    """
+
+    ndim = 2
+
+    def __init__(self, rows: Sequence[np.ndarray]) -> None:
+        self._rows = [np.asarray(r, dtype=np.float64) for r in rows]
+        widths = {r.shape for r in self._rows}
+        if len(widths) > 1 or any(r.ndim != 1 for r in self._rows):
+            raise ValueError("RowStack needs 1-D rows of one length")
+        self.shape = (len(self._rows), self._rows[0].shape[0] if self._rows else 0)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, i):  # noqa: ANN001, ANN204
+        if isinstance(i, slice):
+            block = self._rows[i]
+            return np.stack(block) if block else np.zeros((0, self.shape[1]))
+        return self._rows[i]
+
+    def stacked(self) -> np.ndarray:
+        return self[:]
+
+
 class _SizesOnly(list):
     """A runner's message record that keeps ``(stage, sender, size)`` instead of the wire bytes."""
 
@@ -83,7 +115,9 @@ def observe(callback: Callable[[dict], None]) -> Iterator[None]:
     bound). ``instance`` holds public parameters and costs only: ``protocol``, ``n``, ``dim``, ``k``
     (neighbours; the chain's successors), ``t``, ``survivors``, ``senders`` (party names),
     ``client_seconds`` (list), ``server_seconds``, ``masks_expanded``, ``key_agreements`` and
-    ``signatures_verified`` (the server's), ``aborted``."""
+    ``signatures_verified`` (the server's), ``aborted``, ``reuse`` (the instance ran in a setup reused
+    across the round's sums, :mod:`secagg.reuse`) and ``setup`` (it paid that setup: the first of them,
+    or any instance outside such a setup)."""
     _OBSERVERS.append(callback)
     try:
         yield
@@ -91,10 +125,11 @@ def observe(callback: Callable[[dict], None]) -> Iterator[None]:
         _OBSERVERS.remove(callback)
 
 
-def _notify(protocol: str, senders: Sequence[str], dim: int, res) -> None:  # noqa: ANN001 (RunResult)
+def _notify(protocol: str, senders: Sequence[str], dim: int, res, session=None) -> None:  # noqa: ANN001
     if not _OBSERVERS:
         return
-    info = {"protocol": protocol, "n": len(senders), "dim": int(dim), "k": res.k, "t": res.t,
+    reuse = {"reuse": session is not None, "setup": session is None or session.last_ran_setup}
+    info = {**reuse, "protocol": protocol, "n": len(senders), "dim": int(dim), "k": res.k, "t": res.t,
             "survivors": len(res.survivors), "senders": list(senders),
             "client_seconds": [float(x) for x in res.client_s], "server_seconds": float(res.server_s),
             "masks_expanded": int(res.masks_expanded), "key_agreements": int(res.key_agreements),
@@ -177,6 +212,7 @@ def secure_sum(
     receiver2: str = SERVER2,
     max_parts: int = 1,
     pad_parts: bool = False,
+    session: ReuseSession | None = None,
 ) -> SecureSumResult:
     """Sum the rows of ``values`` (one per sender) through ``protocol``; see the module docstring.
 
@@ -214,7 +250,7 @@ def secure_sum(
                                points=points, max_parts=max_parts, pad_parts=pad_parts)
     if protocol not in SECURE_PROTOCOLS:
         raise ValueError(f"secure aggregation must be one of {SECURE_PROTOCOLS}; found {protocol!r}")
-    vals = np.asarray(values, dtype=np.float64)
+    vals = values if isinstance(values, RowStack) else np.asarray(values, dtype=np.float64)
     if vals.ndim != 2 or vals.shape[0] != len(senders):
         raise ValueError(f"values must be [n senders, dim]; found {vals.shape} for {len(senders)} senders")
     big = _largest_magnitude(vals)
@@ -238,12 +274,22 @@ def secure_sum(
         protocol = small_cohort_protocol(protocol, vals.shape[0], dropout=spec.planned_dropout(vals.shape[0]),
                                          corrupt=spec.corrupt, k=k, t=t)
     runner = PROTOCOLS[protocol]
-    if protocol in ("secagg", "secagg+"):  # each simulated client encodes its own row when it masks it
+    if protocol not in ("secagg", "secagg+"):
+        session = None
+        if isinstance(vals, RowStack):
+            vals = vals.stacked()
+    if session is not None:  # the next instance of the round's one key setup
+        if session.cfg is None:
+            session.protocol = protocol
+        protocol = session.protocol
+        encoded = EncodedRows(vals, lambda row: codec.encode(row, rounding="nearest"))
+        res = session.run(encoded, spec, names=list(senders), record=record)
+    elif protocol in ("secagg", "secagg+"):  # each simulated client encodes its own row when it masks it
         encoded = EncodedRows(vals, lambda row: codec.encode(row, rounding="nearest"))
         res = runner(encoded, spec, record=record)
     else:
         res = runner(codec.encode(vals, rounding="nearest"), spec)
-    _notify(protocol, senders, vals.shape[1], res)
+    _notify(protocol, senders, vals.shape[1], res, session)
     if record:
         for stage, sender, blob in record:
             nbytes = blob if isinstance(blob, int) else len(blob)

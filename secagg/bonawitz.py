@@ -82,21 +82,19 @@ Stages (one method per stage on each side, driven by the server)::
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import math
 import os
-import struct
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from secagg import params, prg, shamir, simshare
-from secagg.bonawitz_wire import (  # the wire format, re-exported here
+from secagg import bonawitz_common as _common
+from secagg import prg, shamir
+from secagg.bonawitz_common import (  # noqa: F401 (re-exported here)
+    ClientPolicy, MaskingConfig, SigningKey, _advert_digest, _check_distinct_keys, _commit_seed, _input_digest,
+    _verify, make_pki,
+)
+from secagg.bonawitz_wire import (  # noqa: F401 (the wire format, re-exported here)
     _KIND_B, _KIND_S, _SHARE_PT,
     CLIENT_TRANSITIONS, COMMIT_BYTES, SEED_BYTES, SERVER_TRANSITIONS, SHARE_BYTES,
     AdvertiseKeys, ClientStage, ConsistencySignature, EncryptedShares, ForwardedShares, KeyBroadcast,
@@ -104,9 +102,8 @@ from secagg.bonawitz_wire import (  # the wire format, re-exported here
 )
 from secagg.channel import associated_data, open_sealed, seal
 from secagg.errors import AbortError, AuthenticationError, MessageError
-from secagg.graph import Graph, complete_graph, random_regular_graph
 from secagg.keys import KEY_BYTES, KeyPair
-from secagg.messages import INSTANCE_BYTES, SERVER, Message, decode
+from secagg.messages import SERVER, Message
 from secagg.params import min_safe_threshold
 
 __all__ = [
@@ -131,249 +128,6 @@ __all__ = [
     "make_pki",
 ]
 
-
-# ----------------------------------------------------------------------------------------------
-# configuration
-# ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class MaskingConfig:
-    """Public parameters of one aggregation, identical at every party.
-
-    Attributes:
-        n: number of clients.
-        dim: vector length (uint64 words).
-        t: Shamir threshold out of each client's ``k + 1`` holders.
-        graph: ``graph[u]`` = sorted neighbours of ``u`` (complete for SecAgg).
-        instance: 16-byte random id of this aggregation (binds every message and key).
-        round: round number.
-        unsafe_threshold: accept ``t`` at or below half of a client's holders. Such a ``t``
-            voids the consistency check: a server that shows two disjoint groups of ``t``
-            holders different survivor sets collects the shares of both secrets of one client
-            (``tests/secagg/test_masking_attacks.py``). Only for attack demonstrations.
-    """
-
-    n: int
-    dim: int
-    t: int
-    graph: Graph
-    instance: bytes
-    round: int = 0
-    unsafe_threshold: bool = False
-
-    def __post_init__(self) -> None:
-        if type(self.n) is not int or self.n < 2:
-            raise ValueError(f"SecAgg needs n >= 2 clients; found {self.n!r}.")
-        if type(self.dim) is not int or not 0 < self.dim < 2**31:
-            raise ValueError(f"dim must be an int in [1, 2^31); found {self.dim!r}.")
-        if len(self.graph) != self.n:
-            raise ValueError(f"graph has {len(self.graph)} adjacency lists; expected n = {self.n}.")
-        lens = np.fromiter((len(nb) for nb in self.graph), dtype=np.int64, count=self.n)
-        us = np.repeat(np.arange(self.n, dtype=np.int64), lens)
-        vs = np.fromiter(itertools.chain.from_iterable(self.graph), dtype=np.int64, count=int(lens.sum()))
-        fwd, rev = np.sort(us * self.n + vs), np.sort(vs * self.n + us)
-        if (
-            vs.size and (vs.min() < 0 or vs.max() >= self.n)
-            or np.any(us == vs)
-            or not np.array_equal(fwd, rev)
-            or np.any(fwd[1:] == fwd[:-1])
-        ):
-            raise ValueError("graph must be symmetric, without self-loops or repeated neighbours, over clients 0..n-1.")
-        min_holders = 1 + min(len(nb) for nb in self.graph)
-        if type(self.t) is not int or not 1 <= self.t <= min_holders:
-            raise ValueError(
-                f"threshold t must be an int in [1, {min_holders}] (k + 1 holders per client); found {self.t!r}."
-            )
-        if not isinstance(self.instance, bytes) or len(self.instance) != INSTANCE_BYTES:
-            raise ValueError(f"instance must be {INSTANCE_BYTES} bytes; found {self.instance!r}.")
-        if type(self.unsafe_threshold) is not bool:
-            raise ValueError(f"unsafe_threshold must be a bool; found {self.unsafe_threshold!r}.")
-        max_holders = 1 + max(len(nb) for nb in self.graph)
-        if not self.unsafe_threshold and self.t < min_safe_threshold(max_holders):
-            raise ValueError(
-                f"threshold t = {self.t} is at or below half of a client's {max_holders} holders: a server that "
-                "shows two disjoint groups of t holders different survivor sets collects the shares of both "
-                f"secrets of one client. Use t >= {min_safe_threshold(max_holders)}, or pass "
-                "unsafe_threshold=True (--unsafe-threshold) to accept that attack (demonstrations only)."
-            )
-
-    @classmethod
-    def secagg(
-        cls, n: int, dim: int, *, t: int | None = None, round: int = 0, unsafe_threshold: bool = False  # noqa: A002
-    ) -> MaskingConfig:
-        """SecAgg: complete graph; default ``t = floor(2n/3) + 1`` (tolerates < 1/3 dropouts)."""
-        t = (2 * n) // 3 + 1 if t is None else t
-        return cls(n, dim, t, complete_graph(n), os.urandom(INSTANCE_BYTES), round, unsafe_threshold)
-
-    @classmethod
-    def secagg_plus(
-        cls,
-        n: int,
-        dim: int,
-        *,
-        k: int | None = None,
-        t: int | None = None,
-        round: int = 0,  # noqa: A002
-        dropout: float = params.DEFAULT_DROPOUT,
-        corrupt: float = params.DEFAULT_CORRUPT,
-        unsafe_threshold: bool = False,
-    ) -> MaskingConfig:
-        """SecAgg+ over a random k-regular graph.
-
-        Without ``k`` and ``t``, both come from :func:`secagg.params.choose` for ``n``, the planned
-        ``dropout`` fraction and the tolerated ``corrupt`` fraction (abort <= 2^-20 with up to
-        ``ceil(dropout n)`` dropouts, security failure <= 2^-40); with ``k`` only, ``t`` comes from
-        :func:`secagg.params.choose_t`; both raise ``ValueError`` naming the fix when the targets
-        cannot be met. Explicit ``k`` and ``t`` are taken as given (``secagg.params.evaluate``
-        reports their guarantees).
-        """
-        if t is None:
-            g = params.choose(n, dropout=dropout, corrupt=corrupt) if k is None else params.choose_t(
-                n, k, dropout=dropout, corrupt=corrupt)
-            k, t = g.k, g.t
-        elif k is None:
-            k = params.choose(n, dropout=dropout, corrupt=corrupt).k
-        graph = random_regular_graph(n, k)
-        return cls(n, dim, t, graph, os.urandom(INSTANCE_BYTES), round, unsafe_threshold)
-
-    @property
-    def k(self) -> int:
-        """The (maximum) degree of the graph."""
-        return max(len(nb) for nb in self.graph)
-
-    def holders(self, u: int) -> tuple[int, ...]:
-        """Clients holding shares of ``u``'s secrets: its neighbours and itself, sorted."""
-        return tuple(sorted((*self.graph[u], u)))
-
-    def info(self, purpose: bytes) -> bytes:
-        """HKDF ``info`` binding the instance, round and purpose."""
-        return self.instance + struct.pack(">I", self.round) + purpose
-
-    def survivors_digest(self, survivors: Sequence[int]) -> bytes:
-        """What a client signs in the consistency check."""
-        body = np.asarray(sorted(survivors), dtype=">u4").tobytes()
-        return hashlib.sha256(b"secagg/consistency/v1" + self.info(b"") + body).digest()
-
-
-@dataclass(frozen=True)
-class ClientPolicy:
-    """What one client insists on whatever the server's parameters say: its operator's settings.
-
-    The server chooses ``n``, ``k``, ``t`` and the survivor set; a client that trusted them would
-    let a deviating server sum it with too few others, switch off the consistency check, or ignore
-    as many clients as it takes to cut the SecAgg+ graph. These settings come from the client's own
-    configuration (a Flower node's ``node_config``, :func:`fedflower.client_state.node_policy`; the
-    run's plan in simulation, :class:`secagg.runner.RunSpec`), never from a server message.
-
-    Attributes:
-        min_survivors: the client takes part only in an aggregation announced for at least this
-            many clients (``n``, refused at ADVERTISE) and signs a survivor set U3 only if it
-            holds at least this many clients (refused at CONSISTENCY, so the sum over fewer is
-            never unmasked). At least 2: a sum of one client is its input.
-        unsafe_threshold: accept a ``t`` at or below half of this client's holders (attack
-            demonstrations only; see :class:`MaskingConfig`).
-        max_dropout: the largest fraction of the ``n`` announced clients this client lets drop:
-            it signs U3 only if ``n - |U3| <= ceil(max_dropout * n)`` (refused at CONSISTENCY).
-            SecAgg+'s ``k`` and ``t`` are chosen for a planned dropout fraction
-            (:func:`secagg.params.choose`), and its security bound holds only while no more
-            clients are missing than planned: a server that, after seeing the graph, ignores
-            more clients than that can cut the honest survivors' graph and unmask one part's sum
-            (``tests/secagg/test_adaptive_dropout.py``). Default:
-            :data:`secagg.params.DEFAULT_DROPOUT`, the library's planned default; set it to the
-            fraction the deployment's parameters were chosen for.
-    """
-
-    min_survivors: int = 2
-    unsafe_threshold: bool = False
-    max_dropout: float = params.DEFAULT_DROPOUT
-
-    def __post_init__(self) -> None:
-        if type(self.min_survivors) is not int or self.min_survivors < 2:
-            raise ValueError(f"min_survivors must be an int >= 2 (a sum of one client is its input); "
-                             f"found {self.min_survivors!r}.")
-        if type(self.unsafe_threshold) is not bool:
-            raise ValueError(f"unsafe_threshold must be a bool; found {self.unsafe_threshold!r}.")
-        object.__setattr__(self, "max_dropout", params.check_fraction("max_dropout", self.max_dropout))
-
-    def max_dropped(self, n: int) -> int:
-        """How many of ``n`` announced clients may be missing from a survivor set this client signs."""
-        return math.ceil(self.max_dropout * n - 1e-9)
-
-
-class SigningKey:
-    """A client's long-term Ed25519 identity key (registered in the PKI out of band)."""
-
-    def __init__(self, private: Ed25519PrivateKey | None = None) -> None:
-        self._sk = private or Ed25519PrivateKey.generate()
-        self.public_bytes = self._sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-    def __repr__(self) -> str:
-        return f"SigningKey(public={self.public_bytes.hex()[:16]}...)"
-
-    def sign(self, data: bytes) -> bytes:
-        """Ed25519 signature of ``data``."""
-        return self._sk.sign(data)
-
-
-def make_pki(n: int) -> tuple[list[SigningKey], dict[int, bytes]]:
-    """Trusted setup for a simulation: one identity key per client and the public directory."""
-    keys = [SigningKey() for _ in range(n)]
-    return keys, {i: k.public_bytes for i, k in enumerate(keys)}
-
-
-def _verify_now(public: bytes, sig: bytes, data: bytes) -> bool:
-    try:
-        Ed25519PublicKey.from_public_bytes(public).verify(sig, data)
-        return True
-    except (InvalidSignature, ValueError, TypeError):
-        return False
-
-
-def _verify(pki: Mapping[int, bytes], who: int, sig: bytes, data: bytes) -> bool:
-    """Ed25519 check of ``sig`` on ``data`` under ``who``'s directory key; inside a simulation's
-    :func:`secagg.simshare.shared_work` memoised by the exact (key, signature, message) triple."""
-    public = pki.get(who)
-    if public is None:
-        return False
-    memo = simshare.active()
-    if memo is None or not isinstance(sig, (bytes, bytearray)) or not isinstance(data, (bytes, bytearray)):
-        return _verify_now(public, sig, data)
-    return memo.verify(public, sig, data, lambda: _verify_now(public, sig, data))
-
-
-def _commit_seed(cfg: MaskingConfig, who: int, b: bytes) -> bytes:
-    """Hiding, binding commitment to a 256-bit random seed: SHA-256 with domain and context."""
-    return hashlib.sha256(b"secagg/commit-b/v1" + cfg.info(b"") + struct.pack(">I", who) + b).digest()
-
-
-def _advert_digest(cfg: MaskingConfig, who: int, c_pk: bytes, s_pk: bytes) -> bytes:
-    return b"secagg/advertise/v1" + cfg.info(b"") + struct.pack(">I", who) + c_pk + s_pk
-
-
-def _input_digest(cfg: MaskingConfig, who: int, y: np.ndarray) -> bytes:
-    """What a client signs with its masked input: instance, round, sender and SHA-256(y)."""
-    body = hashlib.sha256(memoryview(np.ascontiguousarray(y, dtype="<u8")).cast("B")).digest()
-    return b"secagg/masked-input/v1" + cfg.info(b"") + struct.pack(">I", who) + body
-
-
-def _check_distinct_keys(keys: Sequence[tuple[int, bytes]], where: str) -> None:
-    """Bonawitz et al.'s ShareKeys check: all advertised public keys differ (both kinds, all owners).
-
-    A client that re-advertises another client's mask key under its own signature would make a
-    third client's pairwise masks with the two cancel (exposing its input to the normal unmask)
-    and the sum wrong; one that copies an encryption key would receive shares sealed for another.
-
-    Raises:
-        MessageError: naming the two owners of the duplicated key.
-    """
-    seen: dict[bytes, int] = {}
-    for who, key in keys:
-        key = bytes(key)
-        if key in seen:
-            raise MessageError(
-                f"{where}: duplicate public key advertised by clients {seen[key]} and {who} (all advertised keys "
-                "must differ); refusing to go on with this key set"
-            )
-        seen[key] = who
 
 
 # ----------------------------------------------------------------------------------------------
@@ -514,7 +268,7 @@ class MaskingClient:
             if who != self.id and who not in self._nbrs:
                 raise MessageError(f"stage SHARE_KEYS: client {who} is not a neighbour of {self.id}")
             c_pk, s_pk, sig = rec[:KEY_BYTES], rec[KEY_BYTES : 2 * KEY_BYTES], rec[2 * KEY_BYTES :]
-            if not _verify(self._pki, who, sig, _advert_digest(cfg, who, c_pk, s_pk)):
+            if not _common._verify(self._pki, who, sig, _advert_digest(cfg, who, c_pk, s_pk)):
                 raise AuthenticationError("authenticated decryption failed")
             if who == self.id:
                 if (c_pk, s_pk) != (st.c.public_bytes, st.s.public_bytes):
@@ -630,7 +384,7 @@ class MaskingClient:
             if len(valid) >= self.cfg.t:
                 break
             if (who not in valid and who in st.u3 and (who in self._nbrs or who == self.id)
-                    and _verify(self._pki, who, sig, digest)):
+                    and _common._verify(self._pki, who, sig, digest)):
                 valid.add(who)
         if len(valid) < self.cfg.t:
             raise AbortError(
@@ -643,227 +397,5 @@ class MaskingClient:
         return UnmaskResponse(**self._head(), shares=tuple(out))
 
 
-# ----------------------------------------------------------------------------------------------
-# server
-# ----------------------------------------------------------------------------------------------
-class MaskingServer:
-    """The SecAgg/SecAgg+ server. ``receive`` validates and stores one client message; the stage
-    methods close a stage and return the messages to send (client id -> wire bytes).
-
-    ``receive`` raises :class:`MessageError` / :class:`AuthenticationError` for a bad message and
-    leaves the state unchanged (the sender is then treated as dropped unless a valid message
-    follows). Stage methods raise :class:`AbortError` when too few clients remain.
-    """
-
-    def __init__(self, cfg: MaskingConfig, pki: Mapping[int, bytes]) -> None:
-        self.cfg = cfg
-        self._pki = pki
-        self.stage = ServerStage.ADVERTISE
-        self.adverts: dict[int, bytes] = {}
-        self._key_owner: dict[bytes, int] = {}  # every advertised public key -> its advertiser
-        self.shares: dict[int, tuple[tuple[int, bytes], ...]] = {}
-        self.commits: dict[int, bytes] = {}
-        self.acc = np.zeros(cfg.dim, dtype=np.uint64)
-        self.u1: frozenset[int] = frozenset()
-        self.u2: frozenset[int] = frozenset()
-        self.u3: frozenset[int] = frozenset()
-        self._u3_list: list[int] = []
-        self._u3_seen: dict[int, bool] = {}
-        self.signatures: dict[int, bytes] = {}
-        self._digest = b""  # what U3's signers sign (set when U3 is fixed)
-        self.responses: dict[int, tuple[tuple[int, int, bytes], ...]] = {}
-        self.masks_expanded = 0  #: PRG expansions of length ``dim`` done in :meth:`finish`
-        self.key_agreements = 0  #: X25519 + HKDF evaluations done in :meth:`finish`
-        self.signatures_verified = 0  #: Ed25519 verifications done in :meth:`receive`
-        #: what the server reconstructed in :meth:`finish`: owner -> ("b" | "s", 32-byte secret)
-        self.revealed: dict[int, tuple[str, bytes]] = {}
-
-    def _advance(self, method: str) -> None:
-        need, nxt = SERVER_TRANSITIONS[method]
-        if self.stage != need:
-            raise MessageError(f"server: {method} is not allowed in stage {self.stage.name} (expected {need.name})")
-        self.stage = nxt
-
-    def _head(self, to: int) -> dict:
-        return {"instance": self.cfg.instance, "round": self.cfg.round, "sender": SERVER, "receiver": to}
-
-    def receive(self, blob: bytes) -> int:
-        """Validate and record one client message of the current stage; returns the sender id."""
-        msg = decode(blob)
-        name = self.stage.name
-        if msg.STAGE != self.stage:
-            raise MessageError(f"stage {name}: {type(msg).__name__} belongs to stage {ServerStage(msg.STAGE).name}")
-        if msg.instance != self.cfg.instance:
-            raise MessageError(f"stage {name}: message for another protocol instance")
-        if msg.round != self.cfg.round:
-            raise MessageError(f"stage {name}: wrong round {msg.round} (expected {self.cfg.round})")
-        if msg.receiver != SERVER or not 0 <= msg.sender < self.cfg.n:
-            raise MessageError(f"stage {name}: bad sender {msg.sender} or receiver {msg.receiver}")
-        u = msg.sender
-        if isinstance(msg, AdvertiseKeys):
-            if u in self.adverts:
-                raise MessageError(f"stage {name}: replayed message from client {u} (already received)")
-            self.signatures_verified += 1
-            if not _verify(self._pki, u, msg.sig, _advert_digest(self.cfg, u, msg.c_pk, msg.s_pk)):
-                raise AuthenticationError("authenticated decryption failed")
-            clash = [self._key_owner[key] for key in (msg.c_pk, msg.s_pk) if key in self._key_owner]
-            if clash or msg.c_pk == msg.s_pk:
-                raise MessageError(
-                    f"stage {name}: duplicate public key advertised by clients {clash[0] if clash else u} and {u} "
-                    "(all advertised keys must differ); advert refused"
-                )
-            self.adverts[u] = msg.c_pk + msg.s_pk + msg.sig
-            self._key_owner[msg.c_pk] = self._key_owner[msg.s_pk] = u
-        elif isinstance(msg, EncryptedShares):
-            self._require(u, self.u1, self.shares, name)
-            expected = {v for v in self.cfg.graph[u] if v in self.u1}
-            got = [v for v, _ in msg.shares]
-            if len(set(got)) != len(got) or set(got) != expected:
-                raise MessageError(f"stage {name}: client {u} sent shares for {sorted(got)[:8]}..., expected its neighbours in U1")
-            if len(msg.b_commit) != COMMIT_BYTES:  # pragma: no cover - the parser fixes the size
-                raise MessageError(f"stage {name}: commitment of {len(msg.b_commit)} bytes")
-            self.shares[u] = msg.shares
-            self.commits[u] = msg.b_commit
-        elif isinstance(msg, MaskedInput):
-            self._require(u, self.u2, self._u3_seen, name)
-            if msg.y.shape != (self.cfg.dim,):
-                raise MessageError(f"stage {name}: masked input of length {msg.y.size}, expected {self.cfg.dim}")
-            self.signatures_verified += 1
-            if not _verify(self._pki, u, msg.sig, _input_digest(self.cfg, u, msg.y)):
-                raise AuthenticationError("authenticated decryption failed")
-            np.add(self.acc, msg.y, out=self.acc)
-            self._u3_list.append(u)
-            self._u3_seen[u] = True
-        elif isinstance(msg, ConsistencySignature):
-            self._require(u, self.u3, self.signatures, name)
-            self.signatures_verified += 1
-            if not _verify(self._pki, u, msg.sig, self._digest):
-                raise AuthenticationError("authenticated decryption failed")
-            self.signatures[u] = msg.sig
-        elif isinstance(msg, UnmaskResponse):
-            self._require(u, self.signatures, self.responses, name)
-            allowed = {v for v in self.cfg.graph[u] if v in self.u2} | {u}
-            owners = [o for o, _, _ in msg.shares]
-            if len(set(owners)) != len(owners) or set(owners) != allowed:
-                raise MessageError(f"stage {name}: client {u} revealed shares for unexpected owners")
-            for owner, kind, _ in msg.shares:
-                if kind != (_KIND_B if owner in self.u3 else _KIND_S):
-                    raise MessageError(f"stage {name}: client {u} sent the wrong share kind for {owner}")
-            self.responses[u] = msg.shares
-        else:  # pragma: no cover - registry guarantees one of the above for these stages
-            raise MessageError(f"stage {name}: unexpected {type(msg).__name__}")
-        return u
-
-    @staticmethod
-    def _require(u: int, allowed: Collection[int], done: Mapping[int, object], name: str) -> None:
-        if u not in allowed:
-            raise MessageError(f"stage {name}: client {u} is not in the previous stage's survivor set")
-        if u in done:
-            raise MessageError(f"stage {name}: replayed message from client {u} (already received)")
-
-    def _need(self, have: int, stage: str, what: str) -> None:
-        if have < self.cfg.t:
-            self.stage = ServerStage.DONE
-            raise AbortError(f"stage {stage}: only {have} {what}, fewer than t = {self.cfg.t}; aggregation aborted")
-
-    def broadcast_keys(self) -> dict[int, bytes]:
-        """Close ADVERTISE: send each client in U1 its neighbours' (and its own) signed keys."""
-        self._advance("broadcast_keys")
-        self.u1 = frozenset(self.adverts)
-        self._need(len(self.u1), "ADVERTISE", "clients advertised keys")
-        out = {}
-        for u in sorted(self.u1):
-            entries = tuple((v, self.adverts[v]) for v in self.cfg.holders(u) if v in self.u1)
-            out[u] = KeyBroadcast(**self._head(u), entries=entries).to_bytes()
-        return out
-
-    def forward_shares(self) -> dict[int, bytes]:
-        """Close SHARE_KEYS: forward to each client in U2 the ciphertexts addressed to it."""
-        self._advance("forward_shares")
-        self.u2 = frozenset(self.shares)
-        self._need(len(self.u2), "SHARE_KEYS", "clients sent shares")
-        inbox: dict[int, list[tuple[int, bytes]]] = {u: [] for u in self.u2}
-        for sender in sorted(self.u2):
-            for receiver, ct in self.shares[sender]:
-                if receiver in inbox:
-                    inbox[receiver].append((sender, ct))
-        return {u: ForwardedShares(**self._head(u), shares=tuple(inbox[u])).to_bytes() for u in sorted(self.u2)}
-
-    def request_consistency(self) -> dict[int, bytes]:
-        """Close MASKED_INPUT: send U3 to every client in it."""
-        self._advance("request_consistency")
-        self.u3 = frozenset(self._u3_list)
-        self._need(len(self.u3), "MASKED_INPUT", "masked inputs arrived")
-        surv = tuple(sorted(self.u3))
-        self._digest = self.cfg.survivors_digest(surv)
-        return SurvivorList(**self._head(SERVER), survivors=surv).broadcast(list(surv))
-
-    def request_unmask(self) -> dict[int, bytes]:
-        """Close CONSISTENCY: send each signer the signatures of its holders."""
-        self._advance("request_unmask")
-        self._need(len(self.signatures), "CONSISTENCY", "clients signed the survivor set")
-        out = {}
-        for u in sorted(self.signatures):
-            sigs = tuple((v, self.signatures[v]) for v in self.cfg.holders(u) if v in self.signatures)
-            out[u] = UnmaskRequest(**self._head(u), signatures=sigs).to_bytes()
-        return out
-
-    def finish(self) -> np.ndarray:
-        """Close UNMASK: reconstruct the needed secrets, strip the masks, return the sum of U3."""
-        self._advance("finish")
-        cfg, t = self.cfg, self.cfg.t
-        # Secrets needed: b of every u in U3; s of every v in U2 \ U3 with a neighbour in U3.
-        dropped = [v for v in sorted(self.u2 - self.u3) if any(u in self.u3 for u in cfg.graph[v])]
-        owners = sorted(self.u3) + dropped
-        got: dict[int, list[tuple[int, bytes]]] = {o: [] for o in owners}
-        for holder in sorted(self.responses):
-            for owner, _kind, sh in self.responses[holder]:
-                lst = got.get(owner)
-                if lst is not None and len(lst) < t:
-                    lst.append((holder + 1, sh))
-        short = [o for o in owners if len(got[o]) < t]
-        if short:
-            o = short[0]
-            raise AbortError(
-                f"stage UNMASK: {len(short)} clients lack shares (client {o} has {len(got[o])} of t = {t}); "
-                "aggregation aborted"
-            )
-        xs = np.array([[x for x, _ in got[o]] for o in owners], dtype=np.uint64).reshape(len(owners), t)
-        raw = np.frombuffer(b"".join(sh for o in owners for _, sh in got[o]), dtype=np.uint8)
-        raw = raw.reshape(len(owners), t, SHARE_BYTES)
-        ys = raw[:, :, 2:].copy().view("<u4").astype(np.uint64)
-        if np.any(raw[:, :, 0:2] != np.frombuffer(struct.pack(">H", SEED_BYTES), dtype=np.uint8)) or np.any(
-            ys >= np.uint64(shamir.PRIME)
-        ):
-            raise AbortError("stage UNMASK: malformed share revealed; aggregation aborted")
-        limbs = shamir.combine_batch(xs, ys) if owners else np.zeros((0, 11), dtype=np.uint64)
-        try:
-            secrets = {o: shamir.limbs_to_bytes(limbs[i], SEED_BYTES) for i, o in enumerate(owners)}
-        except ValueError as exc:
-            raise AbortError(f"stage UNMASK: inconsistent shares ({exc}); aggregation aborted") from exc
-        for u in sorted(self.u3):
-            if _commit_seed(cfg, u, secrets[u]) != self.commits[u]:
-                raise AbortError(
-                    f"stage UNMASK: the self-mask seed rebuilt for client {u} does not match its commitment "
-                    "(a holder revealed a wrong share); aggregation aborted instead of returning a wrong sum"
-                )
-        self.revealed = {o: ("b" if o in self.u3 else "s", sec) for o, sec in secrets.items()}
-        acc = self.acc.copy()
-        # (seed, label, subtract?) of every mask to strip, then one cache-blocked pass.
-        strip: list[tuple[bytes, bytes, bool]] = [(secrets[u], b"self", True) for u in sorted(self.u3)]
-        info = cfg.info(b"secagg/mask")
-        for v in dropped:
-            sk = KeyPair.from_private_bytes(secrets[v])
-            s_pk_v = self.adverts[v][KEY_BYTES : 2 * KEY_BYTES]
-            if sk.public_bytes != s_pk_v:
-                raise AbortError(f"stage UNMASK: reconstructed mask key of client {v} does not match its advertised key")
-            for u in cfg.graph[v]:
-                if u in self.u3:
-                    seed = sk.agree(self.adverts[u][KEY_BYTES : 2 * KEY_BYTES], info=info, shared=False)
-                    # u added sign(u, v) * PRG(s_uv): remove it.
-                    strip.append((seed, b"pair", u < v))
-                    self.key_agreements += 1
-        prg.accumulate(acc, strip)
-        masks = len(strip)
-        self.masks_expanded = masks
-        return acc
+# the server lives in secagg/bonawitz_server.py (imported last: it uses the helpers above)
+from secagg.bonawitz_server import MaskingServer  # noqa: E402

@@ -21,6 +21,13 @@ threshold ``t`` over ``d`` words (:mod:`secagg.bonawitz`):
 * CONSISTENCY: 1 signature; UNMASK: ``t`` verifications (it stops at the ``t``-th valid holder
   signature, the decision the protocol needs).
 
+One key setup reused by a round's instances (:mod:`secagg.reuse`, ``reuse=True``): the instance that
+runs the setup (``setup=True``) pays 2 key generations, 1 signature, ``k + 1`` verifications and
+``2k`` agreements once; every instance pays one Shamir split of *one* seed, ``k`` HMAC-SHA256
+per-instance pair seeds, the ``k + 1`` keystreams and adds, SHA-256 over ``8 d`` bytes, 2 signatures
+(masked input, survivor set) and ``t`` verifications. Its server does no agreement (the survivors
+reveal the pair seeds of dropped neighbours) and rebuilds only the survivors' self-mask seeds.
+
 The server's counts come from the run (:class:`secagg.runner.RunResult`: ``masks_expanded``,
 ``key_agreements``, ``signatures_verified``, exact for that instance's dropouts), plus SHA-256 over
 every masked input, the plain sum of the survivors' inputs (one add per word) and the Shamir
@@ -45,13 +52,14 @@ import numpy as np
 __all__ = ["InstanceCost", "UnitCosts", "best_of", "instance_cost"]
 
 
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of ``repeats`` calls of ``fn`` in seconds (the least disturbed by other load: a floor)."""
+def best_of(fn: Callable[[], object], repeats: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """The fastest of ``repeats`` calls of ``fn`` in seconds of ``clock`` (the least disturbed by other
+    load: a floor)."""
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best
 
 
@@ -74,12 +82,15 @@ class UnitCosts:
     agree_s: float
     sign_s: float
     verify_s: float
-    _split: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    prf_s: float = 0.0  #: one HMAC-SHA256 per-instance pair seed (:func:`secagg.reuse.pair_seed`)
+    cpu: bool = False  #: measured in process CPU seconds (:meth:`measure` with ``cpu=True``), not wall-clock
+    _split: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
     _combine: dict[int, float] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def measure(cls, *, buffer_mb: int = 16, repeats: int = 5) -> UnitCosts:
-        """Measure every unit cost once (about a second)."""
+    def measure(cls, *, buffer_mb: int = 16, repeats: int = 5, cpu: bool = False) -> UnitCosts:
+        """Measure every unit cost once (about a second); ``cpu``: in process CPU seconds
+        (``time.process_time``), the clock a machine loaded by other jobs distorts least."""
         import hashlib
 
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -88,6 +99,7 @@ class UnitCosts:
 
         from secagg.keys import KeyPair
 
+        clock = time.process_time if cpu else time.perf_counter
         nbytes = buffer_mb << 20
         src = bytearray(nbytes)
         out = bytearray(nbytes + 16)
@@ -96,32 +108,40 @@ class UnitCosts:
         def ctr() -> None:
             Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor().update_into(src, out)
 
-        aes = nbytes / best_of(ctr, repeats)
+        aes = nbytes / best_of(ctr, repeats, clock)
         gcm_key = AESGCM(key)
-        gcm = nbytes / best_of(lambda: gcm_key.encrypt(bytes(12), bytes(src), None), max(2, repeats // 2))
+        gcm = nbytes / best_of(lambda: gcm_key.encrypt(bytes(12), bytes(src), None), max(2, repeats // 2), clock)
         a = np.zeros(nbytes // 8, dtype=np.uint64)
         b = np.ones(nbytes // 8, dtype=np.uint64)
-        add = a.size / best_of(lambda: np.add(a, b, out=a), repeats)
-        sha = nbytes / best_of(lambda: hashlib.sha256(src).digest(), repeats)
+        add = a.size / best_of(lambda: np.add(a, b, out=a), repeats, clock)
+        sha = nbytes / best_of(lambda: hashlib.sha256(src).digest(), repeats, clock)
         reps = 200
-        keygen = best_of(lambda: [KeyPair.generate() for _ in range(reps)], 3) / reps
+        keygen = best_of(lambda: [KeyPair.generate() for _ in range(reps)], 3, clock) / reps
         p, q = KeyPair.generate(), KeyPair.generate()
-        agree = best_of(lambda: [p.agree(q.public_bytes, info=b"bound") for _ in range(reps)], 3) / reps
+        agree = best_of(lambda: [p.agree(q.public_bytes, info=b"bound") for _ in range(reps)], 3, clock) / reps
         sk = Ed25519PrivateKey.generate()
         pk, sig = sk.public_key(), sk.sign(b"bound")
-        sign = best_of(lambda: [sk.sign(b"bound") for _ in range(reps)], 3) / reps
-        verify = best_of(lambda: [pk.verify(sig, b"bound") for _ in range(reps)], 3) / reps
-        return cls(aes, gcm, add, sha, keygen, agree, sign, verify)
+        sign = best_of(lambda: [sk.sign(b"bound") for _ in range(reps)], 3, clock) / reps
+        verify = best_of(lambda: [pk.verify(sig, b"bound") for _ in range(reps)], 3, clock) / reps
+        from secagg.reuse import pair_seed
 
-    def shamir_split_s(self, holders: int, t: int) -> float:
-        """One client's Shamir split of its two seeds into ``holders`` shares at threshold ``t``."""
-        key = (holders, t)
+        prf = best_of(lambda: [pair_seed(key, bytes(16), 0, 1, 2) for _ in range(reps)], 3, clock) / reps
+        return cls(aes, gcm, add, sha, keygen, agree, sign, verify, prf, cpu)
+
+    @property
+    def _clock(self) -> Callable[[], float]:
+        return time.process_time if self.cpu else time.perf_counter
+
+    def shamir_split_s(self, holders: int, t: int, seeds: int = 2) -> float:
+        """One client's Shamir split of its ``seeds`` seeds (SecAgg: two; a reused setup's instance: one)
+        into ``holders`` shares at threshold ``t``."""
+        key = (holders, t, seeds)
         if key not in self._split:
             from secagg import shamir
 
-            secrets = [os.urandom(32), os.urandom(32)]
+            secrets = [os.urandom(32) for _ in range(seeds)]
             xs = list(range(1, holders + 1))
-            self._split[key] = best_of(lambda: shamir.split_many(secrets, t=t, xs=xs), 3)
+            self._split[key] = best_of(lambda: shamir.split_many(secrets, t=t, xs=xs), 3, self._clock)
         return self._split[key]
 
     def shamir_combine_s(self, secrets: int, t: int) -> float:
@@ -135,14 +155,15 @@ class UnitCosts:
             xs = np.tile(np.arange(1, t + 1, dtype=np.uint64), (batch, 1))
             ys = np.asarray(np.frombuffer(os.urandom(batch * t * 11 * 4), dtype="<u4") % np.uint32(shamir.PRIME),
                             dtype=np.uint64).reshape(batch, t, 11)
-            self._combine[t] = best_of(lambda: shamir.combine_batch(xs, ys), 3) / batch
+            self._combine[t] = best_of(lambda: shamir.combine_batch(xs, ys), 3, self._clock) / batch
         return self._combine[t] * secrets
 
     def as_dict(self) -> dict[str, float]:
         return {"aes256_ctr_gbps": self.aes_ctr_bps / 1e9, "aes256_gcm_gbps": self.gcm_bps / 1e9,
                 "uint64_add_gwps": self.add_wps / 1e9, "sha256_gbps": self.sha256_bps / 1e9,
                 "x25519_keygen_us": self.keygen_s * 1e6, "x25519_hkdf_agree_us": self.agree_s * 1e6,
-                "ed25519_sign_us": self.sign_s * 1e6, "ed25519_verify_us": self.verify_s * 1e6}
+                "ed25519_sign_us": self.sign_s * 1e6, "ed25519_verify_us": self.verify_s * 1e6,
+                "hmac_pair_seed_us": self.prf_s * 1e6}
 
 
 @dataclass(frozen=True)
@@ -158,10 +179,30 @@ class InstanceCost:
 
 def instance_cost(protocol: str, *, n: int, dim: int, k: int | None, t: int | None, survivors: int,
                   masks_expanded: int, key_agreements: int, signatures_verified: int,
-                  units: UnitCosts) -> InstanceCost:
-    """The bound of one instance (see the module docstring for the counts)."""
+                  units: UnitCosts, reuse: bool = False, setup: bool = True) -> InstanceCost:
+    """The bound of one instance (see the module docstring for the counts); ``reuse``: an instance of a
+    key setup reused across the round (``setup``: the one that ran that setup)."""
     word = 8 * dim
-    if protocol in ("secagg", "secagg+"):
+    if protocol in ("secagg", "secagg+") and reuse:
+        k = n - 1 if k is None else k
+        t = 1 if t is None else t
+        c = {
+            "public_key": (2 * units.keygen_s + 2 * k * units.agree_s) if setup else 0.0,
+            "signatures": (units.sign_s + (k + 1) * units.verify_s if setup else 0.0)
+            + 2 * units.sign_s + t * units.verify_s,
+            "shamir": units.shamir_split_s(k + 1, t, seeds=1),
+            "pair_seeds": k * units.prf_s,
+            "prg": (k + 1) * word / units.aes_ctr_bps,
+            "adds_hash": (k + 1) * dim / units.add_wps + word / units.sha256_bps,
+        }
+        s = {
+            "public_key": key_agreements * units.agree_s,
+            "signatures": signatures_verified * units.verify_s,
+            "shamir": units.shamir_combine_s(survivors, t),
+            "prg": masks_expanded * word / units.aes_ctr_bps,
+            "adds_hash": (survivors + masks_expanded) * dim / units.add_wps + n * word / units.sha256_bps,
+        }
+    elif protocol in ("secagg", "secagg+"):
         k = n - 1 if k is None else k
         t = 1 if t is None else t
         c = {

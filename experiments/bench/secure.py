@@ -5,19 +5,25 @@ For each preset (default: every preset whose protocol section sets a secure aggr
 builds the protocol as ``secagg run`` does, and times ``--rounds`` rounds. Every secure-aggregation
 instance a round runs (:func:`protocols.secure_sum.observe`) is priced by :mod:`secagg.costmodel` at
 unit costs measured at the start of the same run (AES-CTR into a preallocated buffer, X25519+HKDF,
-Ed25519, Shamir, SHA-256, uint64 adds). Per round it reports:
+Ed25519, Shamir, SHA-256, uint64 adds), in process CPU seconds (the least distorted clock on a shared
+machine; equal to wall-clock on a quiet one). Per round it reports:
 
-* ``instances``: secure sums run, with their ``n``, ``k``, ``t`` and ``dim`` (``shapes``);
+* ``instances``: secure sums run, with their ``n``, ``k``, ``t`` and ``dim`` (``shapes``; ``reused`` marks
+  an instance of a key setup shared with the round's earlier sums, :mod:`secagg.reuse`);
 * ``device_bound_s``: the largest per-client bound summed over the instances that client took part
   in: what the slowest real device must spend on cryptography in that round;
 * ``simulation_bound_s``: every client's bound plus the server's (one process simulates them all);
   ``server_bound_s`` the server's part;
 * ``secure_measured_s``: the seconds the instances reported (every client's protocol work plus the
   server's), and ``secure_over_bound`` = measured / simulation bound;
-* ``round_s``: the wall-clock round, and with ``--plaintext`` the same preset with
+* ``round_s``: the wall-clock round (``round_cpu_s``: the process's CPU seconds in it, the figure a
+  loaded machine distorts least; ``round_cpu_over_bound`` beside ``round_over_bound``), and with
+  ``--plaintext`` the same preset with
   ``secure_aggregation = "none"`` (``plain_round_s``): ``round_over_bound`` = round / (plaintext
   round + simulation bound), the figure issue 27's 1.5x target is about;
 * ``peak_rss_mb``: the process's peak resident memory after the round;
+* with ``--no-setup-reuse``, ``noreuse``: the same round with every secure sum paying its own key setup
+  (:func:`protocols.exchange.setup_reuse` off; LightFR's two sums then set up twice), with its bound;
 * with ``--no-shared-work``, ``unshared_round_s``: the same round with every simulated client doing
   all its own verifications and agreements (:mod:`secagg.simshare` off), the simulation's cost
   before that optimisation. The bounds are per device either way: sharing changes only how long
@@ -60,6 +66,9 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-shared-work", action="store_true",
                    help="also time each preset with every simulated client doing all its own verifications and "
                    "agreements (secagg.simshare off): the simulation's cost before that optimisation")
+    p.add_argument("--no-setup-reuse", action="store_true",
+                   help="also time each preset with every secure sum paying its own key setup (secagg.reuse off): "
+                   "the cost before one setup per round")
     p.add_argument("--json", action="store_true", help="one JSON object on the last line of stdout")
     p.set_defaults(func=_main)
 
@@ -117,9 +126,11 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> list[dict[str, Any]]:  # noqa: ANN001
+def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # noqa: ANN001
+                 reuse: bool = True) -> list[dict[str, Any]]:
     import contextlib
 
+    from protocols.exchange import setup_reuse
     from protocols.secure_sum import observe
     from secagg import simshare
     from secagg.costmodel import instance_cost
@@ -128,10 +139,10 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> li
     rows = []
     for r in range(rounds):
         seen: list[dict] = []
-        t0 = time.perf_counter()
-        with observe(seen.append), (contextlib.nullcontext() if shared else simshare.disabled()):
+        t0, c0 = time.perf_counter(), time.process_time()
+        with observe(seen.append), (contextlib.nullcontext() if shared else simshare.disabled()), setup_reuse(reuse):
             trainer.run_round()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         per_client: dict[str, float] = defaultdict(float)
         server_bound = measured = 0.0
         parts: dict[str, float] = defaultdict(float)
@@ -140,7 +151,8 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> li
             cost = instance_cost(inst["protocol"], n=inst["n"], dim=inst["dim"], k=inst["k"], t=inst["t"],
                                  survivors=inst["survivors"], masks_expanded=inst["masks_expanded"],
                                  key_agreements=inst["key_agreements"],
-                                 signatures_verified=inst["signatures_verified"], units=units)
+                                 signatures_verified=inst["signatures_verified"], units=units,
+                                 reuse=inst.get("reuse", False), setup=inst.get("setup", True))
             for name in inst["senders"]:
                 per_client[name] += cost.client_s
             server_bound += cost.server_s
@@ -149,10 +161,11 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> li
             for part, sec in cost.server_parts.items():
                 parts[f"server_{part}"] += sec
             measured += sum(inst["client_seconds"]) + inst["server_seconds"]
-            shapes[f"{inst['protocol']} n={inst['n']} k={inst['k']} t={inst['t']} d={inst['dim']}"] += 1
+            reused = " reused" if inst.get("reuse") and not inst.get("setup", True) else ""
+            shapes[f"{inst['protocol']} n={inst['n']} k={inst['k']} t={inst['t']} d={inst['dim']}{reused}"] += 1
         sim_bound = sum(per_client.values()) + server_bound
         row = {
-            "round": r, "round_s": wall, "instances": len(seen), "shapes": dict(shapes),
+            "round": r, "round_s": wall, "round_cpu_s": cpu, "instances": len(seen), "shapes": dict(shapes),
             "device_bound_s": max(per_client.values(), default=0.0),
             "server_bound_s": server_bound, "simulation_bound_s": sim_bound,
             "secure_measured_s": measured,
@@ -160,14 +173,14 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True) -> li
             "bound_parts_s": dict(parts), "peak_rss_mb": _peak_rss_mb(),
         }
         rows.append(row)
-        print(f"{label} round {r + 1}/{rounds}: {wall:.2f} s, {len(seen)} secure sums, bound "
+        print(f"{label} round {r + 1}/{rounds}: {wall:.2f} s ({cpu:.2f} s CPU), {len(seen)} secure sums, bound "
               f"{sim_bound:.2f} s (device {row['device_bound_s']:.3f} s), measured {measured:.2f} s",
               file=sys.stderr)
     return rows
 
 
 def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users: int | None = None,
-          items: int | None = None, unshared: bool = False) -> dict[str, Any]:
+          items: int | None = None, unshared: bool = False, no_reuse: bool = False) -> dict[str, Any]:
     from secagg.costmodel import UnitCosts
 
     if rounds < 1:
@@ -183,13 +196,13 @@ def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users:
     names = presets or secure_presets()
     configs = {name: _config(name, data, rounds, False, shape) for name in names}  # unknown presets fail first
     print("measuring unit costs", file=sys.stderr)
-    units = UnitCosts.measure()
-    out: dict[str, Any] = {"units": units.as_dict(), "data": data, "shape": shape, "rounds": rounds, "presets": {}}
+    units = UnitCosts.measure(cpu=True)  # CPU seconds: the machine may be shared
+    out: dict[str, Any] = {"units": units.as_dict(), "units_clock": "process CPU", "data": data, "shape": shape, "rounds": rounds, "presets": {}}
     for name in names:
         rows = _time_rounds(configs[name], rounds, units, name)
         res: dict[str, Any] = {"rounds": rows}
         last = rows[-1]
-        res.update({k: last[k] for k in ("round_s", "simulation_bound_s", "device_bound_s", "secure_measured_s",
+        res.update({k: last[k] for k in ("round_s", "round_cpu_s", "simulation_bound_s", "device_bound_s", "secure_measured_s",
                                           "secure_over_bound", "peak_rss_mb", "instances")})
         if plaintext:
             try:
@@ -201,28 +214,38 @@ def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users:
                 plain = None
             if plain is not None:
                 res["plain_round_s"] = plain[-1]["round_s"]
+                res["plain_round_cpu_s"] = plain[-1]["round_cpu_s"]
                 denom = res["plain_round_s"] + last["simulation_bound_s"]
                 res["round_over_bound"] = last["round_s"] / denom if denom > 0 else None
+                denom = res["plain_round_cpu_s"] + last["simulation_bound_s"]
+                res["round_cpu_over_bound"] = last["round_cpu_s"] / denom if denom > 0 else None
         if unshared:
             alone = _time_rounds(configs[name], rounds, units, f"{name} (no shared work)", shared=False)
             res["unshared_round_s"] = alone[-1]["round_s"]
             res["unshared_secure_measured_s"] = alone[-1]["secure_measured_s"]
+        if no_reuse:
+            alone = _time_rounds(configs[name], rounds, units, f"{name} (no setup reuse)", reuse=False)
+            res["noreuse"] = {k: alone[-1][k] for k in ("round_s", "round_cpu_s", "simulation_bound_s", "device_bound_s",
+                                                        "secure_measured_s", "instances", "peak_rss_mb")}
+            if "plain_round_cpu_s" in res:
+                denom = res["plain_round_cpu_s"] + alone[-1]["simulation_bound_s"]
+                res["noreuse"]["round_cpu_over_bound"] = alone[-1]["round_cpu_s"] / denom if denom > 0 else None
         out["presets"][name] = res
     return out
 
 
 def _main(args: argparse.Namespace) -> int:
     out = bench(list(args.presets), args.data, args.rounds, args.plaintext, users=args.users, items=args.items,
-                unshared=args.no_shared_work)
+                unshared=args.no_shared_work, no_reuse=args.no_setup_reuse)
     u = out["units"]
     print(f"units: AES-256-CTR {u['aes256_ctr_gbps']:.2f} GB/s, X25519+HKDF {u['x25519_hkdf_agree_us']:.0f} us, "
           f"Ed25519 sign {u['ed25519_sign_us']:.0f} us / verify {u['ed25519_verify_us']:.0f} us")
-    print(f"{'preset':<26}{'round s':>9}{'unshared':>9}{'plain s':>9}{'bound s':>9}{'device s':>10}{'secure s':>10}"
+    print(f"{'preset':<26}{'round s':>9}{'CPU s':>9}{'unshared':>9}{'plain s':>9}{'bound s':>9}{'device s':>10}{'secure s':>10}"
           f"{'sec/bnd':>9}{'rnd/bnd':>9}{'RSS MB':>8}")
     for name, r in out["presets"].items():
         def f(x: Any, spec: str) -> str:
             return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0]))
-        print(f"{name:<26}{f(r['round_s'], '9.2f')}{f(r.get('unshared_round_s'), '9.2f')}"
+        print(f"{name:<26}{f(r['round_s'], '9.2f')}{f(r.get('round_cpu_s'), '9.2f')}{f(r.get('unshared_round_s'), '9.2f')}"
               f"{f(r.get('plain_round_s'), '9.2f')}"
               f"{f(r['simulation_bound_s'], '9.2f')}{f(r['device_bound_s'], '10.3f')}"
               f"{f(r['secure_measured_s'], '10.2f')}{f(r['secure_over_bound'], '9.2f')}"

@@ -46,3 +46,14 @@ def test_a_preset_without_a_plaintext_twin_is_still_timed() -> None:
     r = out["presets"]["fel-dp"]
     assert "plain_round_s" not in r and "secure_aggregation" in r["plain_error"]
     assert r["rounds"][0]["instances"] >= 1 and r["simulation_bound_s"] > 0
+
+
+def test_lightfrs_second_sum_is_priced_as_an_instance_of_the_rounds_one_setup() -> None:
+    out = bench(["lightfr"], "synthetic", 1, True, users=40, items=50, no_reuse=True)
+    r = out["presets"]["lightfr"]
+    # without the reuse the second sum pays a setup of its own: a higher bound for the same two sums
+    assert r["noreuse"]["instances"] == 2 and r["noreuse"]["simulation_bound_s"] > r["simulation_bound_s"]
+    shapes = r["rounds"][0]["shapes"]
+    assert r["instances"] == 2 and sum(v for k, v in shapes.items() if k.endswith(" reused")) == 1
+    assert r["round_cpu_s"] > 0 and r["plain_round_cpu_s"] > 0 and r["round_cpu_over_bound"] > 0
+    assert out["units"]["hmac_pair_seed_us"] > 0

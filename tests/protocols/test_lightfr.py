@@ -302,3 +302,21 @@ def test_bench_sweep_and_fedmf_comparison_small(tmp_path):
     assert cmp["LightFR Agg_grad, SecAgg+ (union rows)"]["same_codes_as_plaintext"] is True
     assert cmp["FedMF full, paillier"]["max_abs_item_diff_vs_plaintext"] < 1e-4
     assert cmp["FedMF full, paillier"]["bytes_per_client_per_round"] > cmp["FedMF full, plaintext"]["bytes_per_client_per_round"]
+
+
+def test_the_rounds_two_secure_sums_share_one_key_setup():
+    """SecAgg+: the rated union and the values over it are two instances of one key setup
+    (secagg.reuse): one advert per client per round, the second sum pays no setup; a new round sets up anew."""
+    from protocols.secure_sum import observe
+
+    data = _data(3, n=10, m=40)
+    m = _model("grad", "secagg+", seed=3, data=data, secure_rows="union")
+    seen: list = []
+    with observe(seen.append):
+        m.run_round()
+        m.run_round()
+    assert [(i["reuse"], i["setup"]) for i in seen] == [(True, True), (True, False)] * 2
+    view = m.transport.transcript.view("server")
+    for rnd in (0, 1):
+        adverts = [r for r in view if r.kind == "secagg:advertise" and r.round == rnd]
+        assert len(adverts) == seen[2 * rnd]["n"]  # one per client per round, not one per sum

@@ -61,3 +61,19 @@ def test_a_non_finite_value_anywhere_is_refused(bad) -> None:
     values[129, 2] = bad  # in the last block of the blockwise check
     with pytest.raises(ValueError, match="non-finite"):
         _sum(values, "secagg")
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(2, 8), dim=st.integers(1, 30), protocol=st.sampled_from(["secagg", "secagg+", "plain"]),
+       seed=st.integers(0, 2**31))
+def test_rows_given_separately_sum_exactly_like_the_stacked_matrix(n, dim, protocol, seed) -> None:
+    """RowStack (the exchange's vectors as they are, no stacked copy) gives the matrix's fixed-point sum."""
+    from protocols.secure_sum import RowStack
+
+    values = np.random.default_rng(seed).uniform(-4, 4, size=(n, dim))
+    res, _ = _sum(RowStack(list(values)), protocol)
+    codec = FixedPoint(16, 4.0)
+    expect = codec.decode(codec.encode(values, rounding="nearest").sum(axis=0, dtype=np.uint64))
+    assert np.array_equal(res.total, expect)
+    with pytest.raises(ValueError, match="one length"):
+        RowStack([np.zeros(2), np.zeros(3)])

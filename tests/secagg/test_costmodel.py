@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from secagg import bonawitz, keys, prg, shamir
+from secagg import bonawitz, bonawitz_common, keys, prg, shamir
 from secagg.costmodel import UnitCosts, instance_cost
 from secagg.runner import RunSpec, run_secagg, run_secagg_plus
 
 ONE = UnitCosts(aes_ctr_bps=1.0, gcm_bps=1.0, add_wps=1.0, sha256_bps=1.0, keygen_s=1.0, agree_s=1.0, sign_s=1.0,
-                verify_s=1.0)
+                verify_s=1.0, prf_s=1.0)
 
 
 def _counting(monkeypatch) -> Counter:
@@ -22,7 +22,7 @@ def _counting(monkeypatch) -> Counter:
     protocol code performs (clients and server together)."""
     seen: Counter = Counter()
     gen, agree, sign, verify, split, acc = (keys.KeyPair.generate, keys.KeyPair.agree, bonawitz.SigningKey.sign,
-                                            bonawitz._verify, shamir.split_many, prg.accumulate)
+                                            bonawitz_common._verify, shamir.split_many, prg.accumulate)
 
     def counted(name, fn, masks=False):  # noqa: ANN001, ANN202
         def wrapper(*a, **kw):  # noqa: ANN002, ANN003, ANN202
@@ -35,7 +35,7 @@ def _counting(monkeypatch) -> Counter:
     monkeypatch.setattr(keys.KeyPair, "generate", classmethod(lambda cls: (seen.update(["keygen"]), gen())[1]))
     monkeypatch.setattr(keys.KeyPair, "agree", counted("agree", agree))
     monkeypatch.setattr(bonawitz.SigningKey, "sign", counted("sign", sign))
-    monkeypatch.setattr(bonawitz, "_verify", counted("verify", verify))
+    monkeypatch.setattr(bonawitz_common, "_verify", counted("verify", verify))  # every check of both ends
     monkeypatch.setattr(bonawitz.shamir, "split_many", counted("split", split))
     monkeypatch.setattr(bonawitz.prg, "accumulate", counted("accumulate", acc, masks=True))
     return seen
@@ -88,3 +88,35 @@ def test_an_unknown_protocol_has_no_cost_model() -> None:
     with pytest.raises(ValueError, match="no cost model"):
         instance_cost("dpf", n=2, dim=1, k=None, t=None, survivors=2, masks_expanded=0, key_agreements=0,
                       signatures_verified=0, units=ONE)
+
+
+@settings(max_examples=5, deadline=None)
+@given(n=st.integers(4, 10), dims=st.lists(st.integers(1, 30), min_size=2, max_size=3), plus=st.booleans())
+def test_a_reused_setup_is_priced_once_and_its_instances_by_what_the_code_does(n, dims, plus) -> None:
+    from secagg import reuse
+    from secagg.reuse_sim import ReuseSession
+
+    session = ReuseSession("secagg+" if plus else "secagg")
+    with pytest.MonkeyPatch.context() as mp:
+        seen = _counting(mp)
+        seeds = reuse.pair_seed
+        mp.setattr(reuse, "pair_seed", lambda *a: (seen.update(["prf"]), seeds(*a))[1])
+        before = Counter()
+        for i, dim in enumerate(dims):
+            inputs = np.arange(n * dim, dtype=np.uint64).reshape(n, dim) + np.uint64(i)
+            res = session.run(inputs, RunSpec(dropout=0.0, corrupt=0.0))
+            assert res.ok and np.array_equal(res.total, inputs.sum(axis=0, dtype=np.uint64))
+            k, t = res.k, res.t
+            done = seen - before  # (before pricing: a first price measures a Shamir split)
+            cost = instance_cost(res.protocol, n=n, dim=dim, k=k, t=t, survivors=len(res.survivors),
+                                 masks_expanded=res.masks_expanded, key_agreements=res.key_agreements,
+                                 signatures_verified=res.signatures_verified, units=ONE, reuse=True, setup=i == 0)
+            c, s = cost.client_parts, cost.server_parts
+            before = Counter(seen)
+            assert done["keygen"] == (2 * n if i == 0 else 0) and done["agree"] == (2 * n * k if i == 0 else 0)
+            assert c["public_key"] == (2 + 2 * k if i == 0 else 0) and s["public_key"] == 0
+            assert done["sign"] == n * (3 if i == 0 else 2)
+            assert done["verify"] == n * ((k + 1 if i == 0 else 0) + t) + res.signatures_verified
+            assert c["signatures"] == (1 + k + 1 if i == 0 else 0) + 2 + t and s["signatures"] == res.signatures_verified
+            assert done["split"] == n and done["prf"] == n * k and c["pair_seeds"] == k
+            assert done["masks"] == n * (k + 1) + res.masks_expanded and c["prg"] == (k + 1) * 8 * dim

@@ -2,7 +2,7 @@
 framework's typed errors, and a mutated message is never folded into an aggregate.
 
 Decoders covered: :func:`secagg.messages.decode` and ``from_bytes`` of every registered message
-kind (plain, SecAgg/SecAgg+, chain, the two-server DPF sum), :func:`secagg.channel.open_sealed`, and the parties that
+kind (plain, SecAgg/SecAgg+, its reused setup, chain, the two-server DPF sum), :func:`secagg.channel.open_sealed`, and the parties that
 consume them (``MaskingServer.receive`` and every ``MaskingClient`` stage, ``ChainServer`` and
 ``ChainClient`` through the chain simulator, ``PlainServer.receive``). Mutations: bit flips,
 truncation, extension, swapped header fields and swapped fixed-size body records.
@@ -27,6 +27,7 @@ from secagg.errors import AbortError, AuthenticationError, MessageError, SecAggE
 from secagg.messages import HEADER_BYTES, decode
 from secagg.dpf_sum import DpfSpec, run_dpf
 from secagg.plain import PlainClient, PlainConfig, PlainServer
+from secagg.reuse import ReuseClient, ReuseServer
 
 U64 = np.uint64
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -68,9 +69,42 @@ def _secagg_transcript(n: int = 5, d: int = 4):
     return out
 
 
+def _reuse_transcript(n: int = 5, d: int = 4) -> list[bytes]:
+    """Every wire message of a reused setup and two instances, one with a dropout (secagg/reuse.py)."""
+    cfg = MaskingConfig.secagg(n, 1, t=4)
+    identities, pki = make_pki(n)
+    clients = [ReuseClient(cfg, i, identities[i], pki) for i in range(n)]
+    server = ReuseServer(cfg, pki)
+    out: list[bytes] = []
+
+    def up(blobs):
+        out.extend(blobs)
+        for b in blobs:
+            server.receive(b)
+
+    up([c.advertise().to_bytes() for c in clients])
+    inbox = server.broadcast_keys()
+    out += list(inbox.values())
+    for c in clients:
+        c.setup(inbox[c.id])
+    for index, drop in ((0, {4}), (1, set())):
+        server.start(d)
+        up([clients[u].share(index, d).to_bytes() for u in sorted(server.live)])
+        inbox = server.forward_shares()
+        out += list(inbox.values())
+        up([clients[u].mask_input(inbox[u], np.full(d, u, dtype=U64)).to_bytes() for u in sorted(inbox) if u not in drop])
+        for stage in ("sign_survivors", "unmask"):
+            inbox = server.request_consistency() if stage == "sign_survivors" else server.request_unmask()
+            out += list(inbox.values())
+            up([getattr(clients[u], stage)(inbox[u]).to_bytes() for u in sorted(inbox)])
+        assert server.finish().tolist() == [sum(range(4))] * d
+    return out
+
+
 def _samples() -> list[bytes]:
     """At least one valid message of every registered kind."""
     blobs = [b for stage in _secagg_transcript().values() for b in stage]
+    blobs += _reuse_transcript()
     chain = simulate(ChainConfig(instance=os.urandom(16), round=1, dim=3, successors=1),
                      {i: np.full(3, i, dtype=U64) for i in range(4)})
     blobs += [d for *_, d in chain.server_view]

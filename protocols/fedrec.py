@@ -20,9 +20,12 @@ Round ``t`` (every sampled client, one local step on the model it received):
     3. the client computes, at its current ``p_u``, the item gradients
        ``g_i = -(r_ui - p_u . q_i) p_u + reg q_i`` for every ``i`` in ``I_u`` (real ratings) and in
        ``I'_u`` (virtual ones), and uploads them as one list of rows sorted by item id with the
-       ids in the clear (kind ``"update"``); its user vector moves on its real ratings only:
-       ``p_u -= lr (sum_(i in I_u) -(r_ui - p_u . q_i) q_i + reg p_u)``;
-    4. the server sets ``q_i -= lr sum_u g_i``.
+       ids in the clear (kind ``"update"``); its user vector moves on its real ratings only, by the
+       mean gradient: ``p_u -= lr (mean_(i in I_u) -(r_ui - p_u . q_i) q_i + reg p_u)``;
+    4. the server steps ``q_i -= lr G_i`` with ``G_i`` the mean of the round's uploaded rows for
+       ``i`` (``aggregation = "mean"``, the default; the server counts the uploads of each id) or
+       their sum (``"sum"``, the literal rule, which diverges on MovieLens at any learning rate that
+       trains in reasonable time: a popular item sums hundreds of gradients, as FedMF's does).
 
 Adversary and promise: an honest-but-curious server. With ``secure_aggregation = "none"`` (the
 default) the server sees every upload in plaintext: the row ids are ``I_u`` and ``I'_u`` mixed and
@@ -78,6 +81,7 @@ class FedRecConfig:
         lr: learning rate of the client's user step and of the server's item step.
         reg: L2 regulariser of both factor sets.
         init_mean, init_std: factors start at ``sqrt(init_mean / dim) + N(0, init_std^2)``.
+        aggregation: ``"mean"`` (each item row moves by the mean of its uploaded gradients) or ``"sum"``.
         rho: filled unrated items per rated item (``round(rho |I_u|)``, at most the unrated count).
         filling: ``"average"`` or ``"hybrid"`` (module docstring).
         hybrid_rounds: rounds of average filling before ``"hybrid"`` switches to predictions.
@@ -86,8 +90,9 @@ class FedRecConfig:
     """
 
     dim: int = 16
-    lr: float = 0.01
+    lr: float = 0.05
     reg: float = 0.01
+    aggregation: str = "mean"
     init_mean: float = 3.5
     init_std: float = 0.1
     rho: float = 1.0
@@ -110,6 +115,8 @@ class FedRecConfig:
                 raise ValueError(f"fedrec.{name} must be a finite number >= 0; found {v!r}")
         if not self.lr > 0:
             raise ValueError(f"fedrec.lr must be positive; found {self.lr!r}")
+        if self.aggregation not in ("mean", "sum"):
+            raise ValueError(f"fedrec.aggregation must be 'mean' or 'sum'; found {self.aggregation!r}")
         if self.filling not in FILLINGS:
             raise ValueError(f"fedrec.filling must be one of {FILLINGS}; found {self.filling!r}")
         if type(self.hybrid_rounds) is not int or self.hybrid_rounds < 0:
@@ -226,35 +233,42 @@ class FedRec:
         users = np.concatenate([ru, fu])
         items = np.concatenate([ri, fi])
         grads = -np.concatenate([e, ef])[:, None] * self.p[users] + cfg.reg * self.q[items]
-        gp = cfg.reg * self.p[sampled]
         slot = np.searchsorted(sampled, ru)
-        np.add.at(gp, slot, -e[:, None] * self.q[ri])
-        sse = np.bincount(slot, weights=e * e, minlength=m)
         n_real = np.bincount(slot, minlength=m).astype(np.float64)
+        gp = np.zeros((m, cfg.dim))
+        np.add.at(gp, slot, -e[:, None] * self.q[ri])
+        gp = gp / np.maximum(n_real, 1.0)[:, None] + cfg.reg * self.p[sampled]
+        sse = np.bincount(slot, weights=e * e, minlength=m)
         secagg_s = 0.0
         if cfg.secure_aggregation == "none":
             total = np.zeros_like(self.q)
             np.add.at(total, items, grads)
+            uploads = np.bincount(items, minlength=self.train.n_items).astype(np.float64)
             self._send_uploads(t, sampled, users, items, grads)
             loss_sum, loss_n = float(sse.sum()), float(n_real.sum())
             upload = float(sum(4 * (1 + cfg.dim) * k for k in np.bincount(np.searchsorted(sampled, users),
                                                                             minlength=m))) / m
         else:
-            vectors = np.zeros((m, self.q.size + 2))
-            flat = np.searchsorted(sampled, users) * (self.q.size + 2)
+            width = self.q.size + self.train.n_items + 2  # gradients, upload counts per item, loss terms
+            vectors = np.zeros((m, width))
+            flat = np.searchsorted(sampled, users) * width
             cols = items[:, None] * cfg.dim + np.arange(cfg.dim)[None, :]
             np.add.at(vectors.reshape(-1), (flat[:, None] + cols).reshape(-1), grads.reshape(-1))
+            np.add.at(vectors.reshape(-1), flat + self.q.size + items, 1.0)
             vectors[:, -2], vectors[:, -1] = sse, n_real
             res = secure_sum(vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
                              value_clip=cfg.value_clip, round=t, transport=self.transport,
                              senders=[client(u) for u in sampled], where="fedrec.value_clip",
                              dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
             secagg_s = float(np.mean(res.client_seconds))
-            total = res.total[:-2].reshape(self.q.shape)
+            total = res.total[:self.q.size].reshape(self.q.shape)
+            uploads = np.round(res.total[self.q.size:-2])
             loss_sum, loss_n = float(res.total[-2]), float(round(res.total[-1]))
             upload = float(res.bytes_per_client)
         t_local = time.perf_counter()
         self.p[sampled] -= cfg.lr * gp  # on the clients
+        if cfg.aggregation == "mean":
+            total = total / np.maximum(uploads, 1.0)[:, None]
         self.q -= cfg.lr * total
         self.round += 1
         t_end = time.perf_counter()

@@ -8,6 +8,10 @@ over the training ratings; evaluation is RMSE/MAE on the held-out 20% of each us
 
 * ``pmf``: :mod:`recmodels.pmf` (Salakhutdinov and Mnih 2007; Gaussian priors as weight decay).
 * ``svdpp``: :mod:`recmodels.svdpp` (Koren 2008; the implicit-feedback term of the rated set).
+
+``pmf-rank`` and ``svdpp-rank`` train the same models on the same explicit ratings but are evaluated
+as LightFR evaluates them: leave-one-out, the held-out item ranked by predicted rating among the
+sampled candidates (HR@K, NDCG@K).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ class CentralRating:
         if not len(train):
             raise ValueError("a rating baseline needs training ratings; found none")
         self.train, self.config = train, config
-        self.name = "svdpp" if isinstance(config, SVDppConfig) else "pmf"
+        self.name = "svdpp" if isinstance(config, SVDppConfig) else "pmf"  # the model (the protocol may add -rank)
         self.rng = np.random.default_rng(seed)
         self.ratings = train.ratings.astype(np.float64)
         self.scale = (float(self.ratings.min()), float(self.ratings.max()))
@@ -121,4 +125,14 @@ register(ProtocolSpec(
     name="svdpp",
     summary="SVD++ trained centrally by SGD: biased MF plus the implicit feedback of the rated set (rating task)",
     build=_build, section="svdpp", config_cls=SVDppConfig, federated=False, task="rating", keeps_ratings=True,
+))
+register(ProtocolSpec(
+    name="pmf-rank",
+    summary="PMF trained centrally on explicit ratings, ranked by predicted rating (leave-one-out, LightFR's protocol)",
+    build=_build, section="pmf", config_cls=PMFConfig, federated=False, task="ranking", keeps_ratings=True,
+))
+register(ProtocolSpec(
+    name="svdpp-rank",
+    summary="SVD++ trained centrally on explicit ratings, ranked by predicted rating (leave-one-out, LightFR's protocol)",
+    build=_build, section="svdpp", config_cls=SVDppConfig, federated=False, task="ranking", keeps_ratings=True,
 ))

@@ -40,6 +40,9 @@ accuracy cost). With ``"secagg"``/``"secagg+"`` each client's dense ``[n_items x
 the sums over the round's clients, not even the rows. Every message goes through the run's
 transport, so bytes are counted.
 
+``fedrec-rank`` is the same protocol evaluated as LightFR evaluates it: leave-one-out, each client
+ranking the held-out item among the sampled candidates by its predicted rating.
+
 Simulation: the sampled clients are computed together on flat arrays (one row per rating or filled
 item), exactly what each computes alone. Client sampling is seeded simulation randomness; the
 filled sets are not (they must be unpredictable to the server) and are saved in checkpoints, so a
@@ -334,4 +337,10 @@ register(ProtocolSpec(
             "filled with virtual ratings",
     build=lambda ctx: FedRec(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport),
     section="fedrec", config_cls=FedRecConfig, task="rating", keeps_ratings=True,
+))
+register(ProtocolSpec(
+    name="fedrec-rank",
+    summary="FedRec trained on explicit ratings, ranked by predicted rating (leave-one-out, LightFR's protocol)",
+    build=lambda ctx: FedRec(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport),
+    section="fedrec", config_cls=FedRecConfig, keeps_ratings=True,
 ))

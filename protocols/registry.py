@@ -78,7 +78,7 @@ PROTOCOL_MODULES: tuple[str, ...] = (
 BUILTIN_PROTOCOLS: tuple[str, ...] = (
     "itempop", "random", "centralized", "fedavg", "fedmf", "lightfr", "fedcl", "fedcl-central", "fel",
     "sttfedrec", "fl-twotower", "centralized-twotower", "fedfast",
-    "pmf", "svdpp", "ncf-central", "ncf-fed", "fcf", "fedrec",
+    "pmf", "svdpp", "pmf-rank", "svdpp-rank", "ncf-central", "ncf-fed", "fcf", "fedrec", "fedrec-rank",
 )
 
 #: Entry-point group of installed plugins that register protocols (each entry point names a module).

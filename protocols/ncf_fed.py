@@ -46,7 +46,7 @@ import torch
 
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
-from protocols.registry import BuildContext, ProtocolSpec, register
+from protocols.registry import ProtocolSpec, register
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions, pair_keys

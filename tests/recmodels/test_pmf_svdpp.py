@@ -11,16 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import surprise  # the dev extra's independent oracle (pip install -e .[dev])
 from recmodels.pmf import PMFConfig, RatingModel, pmf_epoch
 from recmodels.svdpp import SVDppConfig, SVDppModel, svdpp_epoch, svdpp_order
-
-surprise = pytest.importorskip("surprise")
 
 
 def _tiny(seed: int, n_users: int, n_items: int, density: float):
     rng = np.random.default_rng(seed)
     mask = rng.random((n_users, n_items)) < density
-    mask[np.arange(n_users), rng.integers(0, n_items, n_users)] = True
+    mask[np.arange(n_users), rng.integers(0, n_items, n_users)] = True  # every user and every item rated
+    mask[rng.integers(0, n_users, n_items), np.arange(n_items)] = True
     u, i = np.nonzero(mask)
     r = rng.integers(1, 6, len(u)).astype(np.float64)
     return u, i, r

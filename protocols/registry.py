@@ -67,6 +67,10 @@ PROTOCOL_MODULES: tuple[str, ...] = (
     "protocols.fel",
     "protocols.sttfedrec",
     "protocols.fedfast",
+    "protocols.central_rating",
+    "protocols.ncf_fed",
+    "protocols.fcf",
+    "protocols.fedrec",
 )
 
 #: The names the modules of :data:`PROTOCOL_MODULES` register, in registration order, for help texts
@@ -74,6 +78,7 @@ PROTOCOL_MODULES: tuple[str, ...] = (
 BUILTIN_PROTOCOLS: tuple[str, ...] = (
     "itempop", "random", "centralized", "fedavg", "fedmf", "lightfr", "fedcl", "fedcl-central", "fel",
     "sttfedrec", "fl-twotower", "centralized-twotower", "fedfast",
+    "pmf", "svdpp", "pmf-rank", "svdpp-rank", "ncf-central", "ncf-fed", "fcf", "fedrec", "fedrec-rank",
 )
 
 #: Entry-point group of installed plugins that register protocols (each entry point names a module).

@@ -174,6 +174,9 @@ def _builtins() -> None:
         ("lightfr.Upload", "protocols.lightfr", "Upload",
          {"user": int, "round": int, "items": nd, "body": nd, "stats": (nd, none)}),
         ("fel.LeafModel", "protocols.fel_leaf", "LeafModel", {"leaf": int, "round": int, "before": nd, "after": nd}),
+        ("ncf_fed.NCFUpdate", "protocols.ncf_fed", "NCFUpdate", {"user": int, "delta": object, "weight": float}),
+        ("fcf.FCFUpdate", "protocols.fcf", "FCFUpdate", {"user": int, "gradient": nd, "cost": float}),
+        ("fedrec.FedRecUpload", "protocols.fedrec", "FedRecUpload", {"user": int, "items": nd, "gradients": nd}),
     ):
         spec = PayloadType(name, 1, module, qualname, fields)
         _BY_NAME.setdefault(name, spec)
@@ -182,7 +185,7 @@ def _builtins() -> None:
 
 #: The built-in payload types (name -> module, class), for tests and documentation.
 BUILTIN_PAYLOAD_TYPES = ("fedavg.ClientUpdate", "fedfast.FedFastUpload", "fedmf.Upload", "lightfr.Upload",
-                         "fel.LeafModel")
+                         "fel.LeafModel", "ncf_fed.NCFUpdate", "fcf.FCFUpdate", "fedrec.FedRecUpload")
 
 
 # -- encoding ---------------------------------------------------------------------------------------

@@ -33,6 +33,10 @@ only their sums over the round's clients. Every message goes through the run's t
 Simulation: the sampled clients are computed one after another in this process, each exactly as
 it would alone (one ``[dim, dim]`` system, one dense upload). Client sampling is seeded
 simulation randomness. In process only (no device split for Flower).
+
+Not guarded against a deviating server: with no device split, this baseline's clients have no
+step guard (:mod:`protocols.guard`), so a server that asks a secure step twice in a round is
+not refused (docs/limitations.md). It is a comparison point, run in process only.
 """
 
 from __future__ import annotations

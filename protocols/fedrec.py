@@ -47,6 +47,10 @@ Simulation: the sampled clients are computed together on flat arrays (one row pe
 item), exactly what each computes alone. Client sampling is seeded simulation randomness; the
 filled sets are not (they must be unpredictable to the server) and are saved in checkpoints, so a
 resumed run continues exactly but two fresh runs with one seed differ in them.
+
+Not guarded against a deviating server: with no device split, this baseline's clients have no
+step guard (:mod:`protocols.guard`), so a server that asks a secure step twice in a round is
+not refused (docs/limitations.md). It is a comparison point, run in process only.
 """
 
 from __future__ import annotations

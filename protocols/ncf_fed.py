@@ -32,6 +32,10 @@ Simulation: the clients of a round train one after another in this process, each
 ``[seed, t, 0]``, so on data of one user (user 0) one round of ``ncf-fed`` with ``local_epochs = 1``
 equals one epoch of ``ncf-central`` (tests/protocols/test_ncf_fed.py). Clients run in process only
 (no device split for Flower).
+
+Not guarded against a deviating server: with no device split, this baseline's clients have no
+step guard (:mod:`protocols.guard`), so a server that asks a secure step twice in a round is
+not refused (docs/limitations.md). It is a comparison point, run in process only.
 """
 
 from __future__ import annotations

@@ -165,3 +165,17 @@ def test_config_and_wire_validate_the_width():
     with pytest.raises(MessageError):  # a length that does not match the width
         data = ChainUploadV2(bytes(16), 0, 1, 2, vector=np.arange(4, dtype=np.uint64), tag=bytes(28)).to_bytes()
         ChainUploadV2.from_bytes(data[:-1])
+
+
+def test_chain_bench_measures_the_32_bit_ring(capsys):
+    import json
+
+    from secagg.chain_bench import bench_one, main
+
+    row = bench_one(6, 16, 0.5, s=2, ring_bits=32)
+    assert row["correct"] and row["attempts"] == 2 and row["bytes_per_value"] == 4
+    assert row["bytes_per_client"] == 2 * message_size(Kind.UPLOAD, dim=16, ring_bits=32) + message_size(
+        Kind.ADVERT) + 2 * message_size(Kind.BUNDLE, s=2) + message_size(Kind.UNLOCK)
+    assert main(["--clients", "4", "--dims", "8", "--dropouts", "0", "--ring-bits", "32"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(r["correct"], r["ring_bits"]) for r in out["rows"]] == [(True, 32)]

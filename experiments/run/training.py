@@ -262,6 +262,8 @@ class _Run:
         secure: dict[str, float] = {}  # each client's secure-aggregation seconds this round
 
         def count_secure(info: dict) -> None:
+            if info["protocol"] == "plain":  # an unmasked sum: no secure step to count
+                return
             for name, sec in zip(info["senders"], info["client_seconds"]):
                 secure[name] = secure.get(name, 0.0) + float(sec)
 
@@ -651,8 +653,10 @@ def device_seconds(seconds: dict[str, float], secure: dict[str, float], trainer:
     (key agreement, PRG expansion, sealing, shares; :func:`protocols.secure_sum.observe`). When a
     round ran any, ``client_secure`` is their mean over the clients, ``client_compute`` the device's
     own training work and ``client`` their sum. A protocol whose ``client`` already includes its
-    secure work says so with ``client_seconds_include_secure = True`` (FedAvg, LightFR); one that
-    reports ``client_secure`` itself (STTFedRec) is left as it is.
+    secure work says so with ``client_seconds_include_secure = True`` (FedAvg, LightFR; FedFast, a
+    FedAvg subclass whose ``client`` is its local training alone, sets it back to ``False``); one that
+    reports ``client_secure`` itself (STTFedRec) is left as it is. Not yet measured: the two-server
+    DPF sums (``secure_sum`` does not notify observers of them).
     """
     if not secure or "client_secure" in seconds:
         return dict(seconds)

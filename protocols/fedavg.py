@@ -311,6 +311,9 @@ class FedAvgGMF(FedAvgSums):
             every user with training data.
     """
 
+    #: its ``seconds["client"]`` already holds the secure-aggregation work (experiments/run/training.py)
+    client_seconds_include_secure = True
+
     upload_cls: type[ClientUpdate] = ClientUpdate
 
     def __init__(

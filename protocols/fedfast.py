@@ -229,6 +229,9 @@ class FedFastGMF(FedFastClustering, FedFastDevice, FedAvgGMF):
     client on a device); :meth:`run_round` drives the two in one process.
     """
 
+    #: its ``seconds["client"]`` is the local training alone: the run loop adds the secure steps
+    client_seconds_include_secure = False
+
     upload_cls = FedFastUpload
 
     def __init__(self, train: Interactions, config: FedFastConfig, *, seed: int,

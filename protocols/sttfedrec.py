@@ -170,6 +170,9 @@ class STTFedRec(STTFedRecDevice, FLTwoTowerRounds):
         self._dropouts: dict[str, dict[str, frozenset[int]]] = {}  # test hook: "user"/"item" -> stage -> rows
         self._device_seconds: list[float] = []
         self._train_bytes: list[float] = []
+        #: a client's secure-aggregation work per round (its chain steps and, with a secure item
+        #: aggregation, that protocol's): mean over the round's clients, measured by the runner
+        self._secure_seconds: list[float] = []
         #: simulation ground truth for the chain-collusion attack's scoring (never sent): when set,
         #: each split round keeps its chain inputs as ``last_chain_inputs = (senders, [K, dim] float64)``
         self.record_chain_inputs = False
@@ -290,6 +293,7 @@ class STTFedRec(STTFedRecDevice, FLTwoTowerRounds):
         pir = cfg.decoys == "pir"
         all_ids = everything or pir  # RS computes (and the gradients cover) every item id
         timed = len(self._device_seconds)
+        item_secure_s = 0.0
         sampled = np.sort(self.rng.choice(self._clients, size=self.clients_per_round, replace=False))  # SAS's choice
         try:
             # Step 2: the requests, to RS.
@@ -369,6 +373,7 @@ class STTFedRec(STTFedRecDevice, FLTwoTowerRounds):
                 if res_i.aborted is not None:
                     raise SecureSumAborted(res_i.aborted)
                 g_sum, n_i, bytes_i = res_i.total, len(res_i.survivors), res_i.bytes_per_client
+                item_secure_s = float(res_i.client_seconds)
                 rs_s += res_i.server_seconds
                 # RS's own output (0 bytes on the wire), in its view so attacks see what RS learns.
                 names_in = [client(u) for u in res_i.survivors]
@@ -407,8 +412,12 @@ class STTFedRec(STTFedRecDevice, FLTwoTowerRounds):
         self.round += 1
         self._cache = None
         seconds = {"rs": rs_s, "sas": sas_s, "server": rs_s + sas_s, "round": time.perf_counter() - t0}
+        secure_s = float(res_u.client_seconds) + item_secure_s
+        self._secure_seconds.append(secure_s)
+        seconds["client_secure"] = secure_s
         if len(self._device_seconds) > timed:  # in process the client steps ran here and timed one device
-            seconds["client"] = self._device_seconds[-1]
+            seconds["client_compute"] = self._device_seconds[-1]
+            seconds["client"] = self._device_seconds[-1] + secure_s  # the device's whole work
         return RoundStats(
             round=t, loss=mean_loss, clients=k, bytes_per_client=float(train_bytes), seconds=seconds,
             extra={"union_ids": int(len(union)), "survivors_user": n_u, "survivors_item": n_i,
@@ -553,15 +562,39 @@ class STTFedRec(STTFedRecDevice, FLTwoTowerRounds):
             infer_s = time.perf_counter() - ts
         infer_bytes = m * cfg.dim * 4 if self.mode == "split" else self.data.item_text_bytes + 4 * self.n_item_id_params
         rounds = [r for r in self._device_seconds]
-        return {
+        return {**self._paper_costs(), **self._secure_costs(rounds),
             "inference_bytes_per_client": int(infer_bytes),
             "device_inference_seconds": float(infer_s),
-            "device_train_seconds_per_round": float(np.mean(rounds)) if rounds else 0.0,
             "train_bytes_per_client_per_round": float(np.mean(self._train_bytes)) if self._train_bytes else 0.0,
             "user_tower_params": int(self.n_user_params),
             "item_tower_params": int(self.n_item_params),
             "item_id_params": int(self.n_item_id_params),
             "features": self.data.describe(),
+        }
+
+    def _secure_costs(self, rounds: list[float]) -> dict[str, Any]:
+        """Device seconds per round: compute (one client timed alone), secure aggregation (mean over
+        the round's clients of their chain/masking steps: key agreement, PRG expansion, sealing) and
+        their sum, the device's whole training work (``device_train_seconds_per_round``)."""
+        compute = float(np.mean(rounds)) if rounds else 0.0
+        secure = float(np.mean(self._secure_seconds)) if self._secure_seconds else 0.0
+        return {"device_compute_seconds_per_round": compute, "device_secure_seconds_per_round": secure,
+                "device_train_seconds_per_round": compute + secure}
+
+    def _paper_costs(self) -> dict[str, Any]:
+        """Training bytes counted the paper's way (notes section 5, Table 3): float32 tower parameters
+        only, each tower once down (the model) and once up (its gradient). FL-DSSM: both towers;
+        STTFedRec: the user tower (down from SAS, up through the chain). Left out: the item request,
+        the returned embeddings, the item-gradient upload, the id vectors, the raw item features
+        and the chain's 8-byte ring values, seeds and headers (all in ``train_bytes_per_client_per_round``)."""
+        split = 2 * 4 * int(self.n_user_params)
+        fl = 2 * 4 * (int(self.n_user_params) + int(self.n_item_params))
+        return {
+            "paper_train_bytes_per_client_per_round": float(split if self.mode == "split" else fl),
+            "paper_train_bytes_sttfedrec": float(split), "paper_train_bytes_fl_dssm": float(fl),
+            "paper_train_bytes_ratio_fl_over_sttfedrec": fl / split,
+            "paper_count": "4 B x (user tower down + user-tower gradient up)" if self.mode == "split"
+            else "4 B x (both towers down + both towers' gradients up)",
         }
 
     def public_info(self) -> dict[str, Any]:
@@ -578,7 +611,8 @@ class STTFedRec(STTFedRecDevice, FLTwoTowerRounds):
             "item": {k: v.clone() for k, v in self.item_params.items()},
             "user_opt": self.user_opt.state_dict(), "item_opt": self.item_opt.state_dict(),
             "rng": self.rng.bit_generator.state, "dropout_gen": self.dropout_gen.get_state(),
-            "device_seconds": list(self._device_seconds), "train_bytes": list(self._train_bytes), "config": asdict(self.config), "mode": self.mode,
+            "device_seconds": list(self._device_seconds),
+            "secure_seconds": list(self._secure_seconds), "train_bytes": list(self._train_bytes), "config": asdict(self.config), "mode": self.mode,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -598,6 +632,7 @@ class STTFedRec(STTFedRecDevice, FLTwoTowerRounds):
         self.rng.bit_generator.state = state["rng"]
         self.dropout_gen.set_state(state["dropout_gen"])
         self._device_seconds = [float(x) for x in state["device_seconds"]]
+        self._secure_seconds = [float(x) for x in state.get("secure_seconds", [])]  # absent before issue 25
         self._train_bytes = [float(x) for x in state["train_bytes"]]
         self._cache = None
 

@@ -125,7 +125,9 @@ from secagg.chain_wire import (
     ChainUnlock,
     ChainUnlockRequest,
     ChainUpload,
+    ChainUploadV2,
     Kind,
+    RING_BITS,
     message_size,
 )
 from secagg.channel import associated_data, open_sealed, seal
@@ -145,6 +147,7 @@ __all__ = [
     "ChainUnlock",
     "ChainUnlockRequest",
     "ChainUpload",
+    "ChainUploadV2",
     "ClientStage",
     "Kind",
     "effective_successors",
@@ -192,6 +195,13 @@ class ChainConfig:
             ``m - 1`` for a ring of ``m`` clients.
         min_survivors: the round aborts rather than publish a sum over fewer clients (``>= 2``).
         max_attempts: the round aborts after this many abandoned attempts (``>= 1``).
+        ring_bits: the ring, ``Z_2^64`` (default; uploads :class:`ChainUpload`, 8 bytes per
+            value) or ``Z_2^32`` (uploads :class:`ChainUploadV2`, 4 bytes per value). Public: every
+            party derives it from the public encoding parameters with
+            :func:`secagg.encoding.choose_ring_bits` (32 only when the sum provably fits), so
+            clients and server agree without negotiating; an upload of another width is refused.
+            Inputs stay ``uint64`` encodings (their value mod ``2^ring_bits`` is what is summed)
+            and :meth:`ChainServer.result` is the sum mod ``2^ring_bits``.
     """
 
     instance: bytes
@@ -200,6 +210,7 @@ class ChainConfig:
     successors: int = 1
     min_survivors: int = 2
     max_attempts: int = 4
+    ring_bits: int = 64
 
     def __post_init__(self) -> None:
         if not isinstance(self.instance, bytes) or len(self.instance) != 16:
@@ -216,6 +227,13 @@ class ChainConfig:
         for name, value, low, high in checks:
             if type(value) is not int or not low <= value <= high:
                 raise ValueError(f"{name} must be an int in [{low}, {high}]; found {value!r}.")
+        if type(self.ring_bits) is not int or self.ring_bits not in RING_BITS:
+            raise ValueError(f"ring_bits must be one of {RING_BITS}; found {self.ring_bits!r}.")
+
+    @property
+    def ring_mask(self) -> np.uint64:
+        """``2^ring_bits - 1`` as ``uint64`` (reduces a ``uint64`` word into the ring)."""
+        return np.uint64(2**self.ring_bits - 1)
 
 
 def effective_successors(successors: int, ring_size: int) -> int:
@@ -256,12 +274,14 @@ def _upload_tag(key: bytes, config: ChainConfig, attempt: int, sender: int, vect
     ``HKDF(key, info=context)``; the vector's bytes are the associated data, read in place
     (no copy of the ``8 * dim`` bytes).
     """
+    width = "" if config.ring_bits == 64 else f"ring={config.ring_bits}/"  # format 1 unchanged
     context = associated_data(
         instance=config.instance, round=config.round, sender=sender, receiver=SERVER,
-        kind=f"chain/upload/attempt={attempt}",
+        kind=f"chain/upload/{width}attempt={attempt}",
     )
     one_time = hkdf_sha256(key, info=context)
-    data = memoryview(np.ascontiguousarray(vector, dtype="<u8")).cast("B")
+    word = f"<u{config.ring_bits // 8}"
+    data = memoryview(np.ascontiguousarray(vector, dtype=word)).cast("B")
     if tag is None:
         return seal(one_time, b"", aad=data)  # type: ignore[arg-type]
     open_sealed(one_time, tag, aad=data)  # type: ignore[arg-type]
@@ -473,6 +493,12 @@ class ChainClient:
         y = _mask(self._value, self._sent.values(), received.values(), pad=self._pad,
                   out=_upload_scratch(self.config.dim))
         key, self._unlock_key = _server_channel_keys(self._keys, self._ring.server_key, self.config)  # type: ignore[arg-type]
+        if self.config.ring_bits != 64:  # Z_2^32: the low word of each Z_2^64 value (2^32 divides 2^64)
+            y = y & self.config.ring_mask
+            tag = _upload_tag(key, self.config, self._attempt, self.client_id, y)
+            self.stage = ClientStage.UPLOADED
+            return ChainUploadV2(self.config.instance, self.config.round, self.client_id, SERVER,
+                                 attempt=self._attempt, vector=y, tag=tag, ring_bits=self.config.ring_bits).to_bytes()
         tag = _upload_tag(key, self.config, self._attempt, self.client_id, y)
         self.stage = ClientStage.UPLOADED
         return ChainUpload(self.config.instance, self.config.round, self.client_id, SERVER,

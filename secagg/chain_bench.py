@@ -24,6 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from secagg import prg
+from secagg.chain_wire import Kind, message_size
+from secagg.encoding import sign_extend
 from secagg.runner import INPUT_STAGE, RunSpec, run
 
 __all__ = ["bench_one", "breakdown", "main", "prg_seconds"]
@@ -45,16 +47,17 @@ def prg_seconds(dim: int, count: int, *, repeat: int = 5) -> float:
     return float(np.median(trials))
 
 
-def bench_one(n: int, dim: int, dropout: float, *, s: int = 1, seed: int = 0) -> dict:
-    """Measure one configuration; returns a JSON-able row."""
+def bench_one(n: int, dim: int, dropout: float, *, s: int = 1, seed: int = 0, ring_bits: int = 64) -> dict:
+    """Measure one configuration (in ``Z_2^ring_bits``); returns a JSON-able row."""
     rng = np.random.default_rng(seed)  # CSPRNG-OK: benchmark inputs and dropout choice (simulation)
     inputs = rng.integers(0, 2**64, (n, dim), dtype=np.uint64)
     dropped = frozenset(rng.choice(n, size=int(round(dropout * n)), replace=False).tolist())
-    spec = RunSpec(k=s, dropouts={INPUT_STAGE: dropped} if dropped else {})
+    spec = RunSpec(k=s, dropouts={INPUT_STAGE: dropped} if dropped else {}, ring_bits=ring_bits)
     res = run("chain", inputs, spec)
     survivors = sorted(res.survivors)
-    correct = res.total is not None and np.array_equal(res.total, inputs[survivors].sum(axis=0, dtype=np.uint64))
-    plain = run("plain", inputs, spec)
+    expected = sign_extend(inputs[survivors].sum(axis=0, dtype=np.uint64) & np.uint64(2**ring_bits - 1), ring_bits)
+    correct = res.total is not None and np.array_equal(res.total, expected)
+    plain = run("plain", inputs, RunSpec(k=s, dropouts=spec.dropouts))
     attempts = 2 if dropped else 1
     s_eff = min(s, n - 1)
     bound = prg_seconds(dim, (2 * s_eff + 1) * attempts)
@@ -69,6 +72,9 @@ def bench_one(n: int, dim: int, dropout: float, *, s: int = 1, seed: int = 0) ->
         "k": s_eff,
         "t": None,
         "attempts": attempts,
+        "ring_bits": ring_bits,
+        "upload_bytes": message_size(Kind.UPLOAD, dim=dim, ring_bits=ring_bits),
+        "bytes_per_value": ring_bits // 8,
         "client_s": client_med,
         "client_s_mean": float(np.mean(res.client_s[survivors])) if survivors else float("nan"),
         "server_s": res.server_s,
@@ -132,6 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dropouts", type=float, nargs="+", default=[0.0, 0.3])
     parser.add_argument("--successors", type=int, default=1, help="s (default 1, the paper's chain)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulated inputs and dropout choice")
+    parser.add_argument("--ring-bits", type=int, choices=(32, 64), default=64,
+                        help="the ring: 64 (default) or 32 (4 bytes per value; secagg.encoding.choose_ring_bits "
+                             "says when a real sum fits)")
     parser.add_argument("--breakdown", type=int, metavar="DIM", default=None,
                         help="instead: median ms per client of every stage method at this dim (30 clients)")
     args = parser.parse_args(argv)
@@ -157,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in args.clients:
         for dim in args.dims:
             for f in args.dropouts:
-                r = bench_one(n, dim, f, s=args.successors, seed=args.seed)
+                r = bench_one(n, dim, f, s=args.successors, seed=args.seed, ring_bits=args.ring_bits)
                 rows.append(r)
                 print(
                     f"{n:>5} {dim:>7} {f:>4.1f} {r['client_s']:>9.5f} {r['prg_bound_client_s']:>8.5f} "

@@ -225,6 +225,12 @@ class ChainServer:
         where = f"server stage UPLOAD (attempt {self.attempt})"
         if msg.sender in self._uploaded:
             raise MessageError(f"{where}: replayed message from client {msg.sender} (already received).")
+        width = getattr(msg, "ring_bits", 64)  # format 1 (ChainUpload) is a 64-bit ring's
+        if width != self.config.ring_bits:
+            raise MessageError(
+                f"{where}: upload from {msg.sender} is in a {width}-bit ring, this round's is "
+                f"{self.config.ring_bits} bits (ChainConfig.ring_bits); refused."
+            )
         if msg.vector.shape != (self.config.dim,):
             raise MessageError(
                 f"{where}: upload from {msg.sender} has {msg.vector.size} values, expected dim={self.config.dim}."
@@ -352,9 +358,11 @@ class ChainServer:
         return closers[self.stage]()
 
     def result(self) -> np.ndarray:
-        """The ``uint64`` sum over :attr:`survivors` (only after the round completed)."""
+        """The ``uint64`` sum over :attr:`survivors` mod ``2^ring_bits`` (only after the round completed)."""
         if self.stage is not ServerStage.DONE or self._sum is None:
             raise AbortError(f"no result: the chain round is in stage {self.stage.name}, not DONE.")
+        if self.config.ring_bits != 64:
+            return self._sum & self.config.ring_mask
         return self._sum.copy()
 
     # -- internals -----------------------------------------------------------------------

@@ -19,6 +19,7 @@ import numpy as np
 
 from secagg.chain import ChainClient, ChainConfig, Kind, effective_successors
 from secagg.chain_server import ChainServer, ServerStep
+from secagg.encoding import sign_extend
 from secagg.errors import AbortError, AuthenticationError, MessageError
 from secagg.messages import SERVER
 from secagg.runspec import RunResult, RunSpec
@@ -227,7 +228,9 @@ def run_chain(inputs: np.ndarray, spec: RunSpec) -> RunResult:
     has ``2s`` ring neighbours); ``spec.t`` has no meaning for the chain and is reported as
     ``None``. Dropout stages are mapped with :data:`RUNNER_STAGES`; ``masks_expanded`` counts the
     pads the server stripped (one per survivor; it never expands a ring mask: recovery re-runs,
-    it never unmasks). Client seconds include every attempt a client took part in.
+    it never unmasks). Client seconds include every attempt a client took part in. A spec with
+    ``ring_bits = 32`` (:func:`secagg.encoding.choose_ring_bits`) runs the round in ``Z_2^32``
+    (4 bytes per value); the sum is returned sign-extended to ``Z_2^64`` words either way.
     """
     from secagg.messages import INSTANCE_BYTES
 
@@ -246,12 +249,14 @@ def run_chain(inputs: np.ndarray, spec: RunSpec) -> RunResult:
                 continue
             if c not in dropouts or DROP_STAGES.index(mapped) < DROP_STAGES.index(dropouts[c].stage):
                 dropouts[c] = Dropout(mapped, None)  # the earliest stage wins
+    ring_bits = spec.ring_bits
     config = ChainConfig(instance=os.urandom(INSTANCE_BYTES), round=spec.round, dim=dim,
-                         successors=effective_successors(s, n), min_survivors=getattr(spec, "min_survivors", 2))
+                         successors=effective_successors(s, n), min_survivors=getattr(spec, "min_survivors", 2),
+                         ring_bits=ring_bits)
     chain = simulate(config, {i: arr[i] for i in range(n)}, dropouts=dropouts, keep_view=False)
     return RunResult(
         "chain",
-        chain.result,
+        None if chain.result is None else sign_extend(chain.result, ring_bits),  # callers decode Z_2^64 words
         chain.survivors,
         None if chain.abort is None else str(chain.abort),
         np.array([chain.client_seconds[i] for i in range(n)]),

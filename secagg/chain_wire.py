@@ -31,11 +31,14 @@ __all__ = [
     "ChainUnlock",
     "ChainUnlockRequest",
     "ChainUpload",
+    "ChainUploadV2",
     "Kind",
+    "RING_BITS",
     "message_size",
 ]
 
 CT_BYTES = SEED_BYTES + OVERHEAD  #: one sealed 32-byte secret: nonce || secret || tag
+RING_BITS = (32, 64)  #: the rings a chain round may run in: Z_2^32 or Z_2^64
 _MAX_ENTRIES = 2**15
 
 
@@ -49,6 +52,7 @@ class Kind(enum.IntEnum):
     UPLOAD = 52  #: client -> server: the masked (and padded) vector
     UNLOCK_REQUEST = 53  #: server -> client: every ring member's upload arrived, reveal the pad
     UNLOCK = 54  #: client -> server: the attempt's pad seed, sealed to the server
+    UPLOAD_V2 = 55  #: client -> server: the masked vector with its ring width (format 2: 32-bit rings)
 
 
 
@@ -189,6 +193,53 @@ class ChainUpload(Message):
         return cls(**head, attempt=attempt, tag=tag, vector=r.u64_vector())
 
 @register
+@dataclass(frozen=True, eq=False)
+class ChainUploadV2(ChainUpload):
+    """Client -> server, format 2 of the upload: the ring width travels with the vector.
+
+    Body: ``attempt u32 | ring_bits u8 | tag | count u32 | count words of ring_bits / 8 bytes``
+    (little-endian). A round in ``Z_2^32`` sends this message (4 bytes per value); a round in
+    ``Z_2^64`` sends :class:`ChainUpload` (format 1, implicitly 64 bits, unchanged). The parser
+    refuses a width outside :data:`RING_BITS` and a length that does not match the width; the
+    server refuses a width other than its round's (``ChainConfig.ring_bits``), and the tag binds
+    the width (it is in the one-upload key's context), so neither can be changed in transit.
+    ``vector`` holds the words as ``uint64`` (each below ``2^ring_bits``).
+    """
+
+    KIND: ClassVar[int] = int(Kind.UPLOAD_V2)
+    STAGE: ClassVar[int] = int(Kind.UPLOAD_V2)
+    ring_bits: int = 32
+
+    def _write_body(self, w: Writer) -> None:
+        if len(self.tag) != OVERHEAD:
+            raise ValueError(f"tag must be {OVERHEAD} bytes; found {len(self.tag)}.")
+        if self.ring_bits not in RING_BITS:
+            raise ValueError(f"ring_bits must be one of {RING_BITS}; found {self.ring_bits!r}.")
+        vec = np.asarray(self.vector)
+        if vec.ndim != 1 or vec.dtype != np.uint64:
+            raise ValueError(f"vector must be a 1-D uint64 array; found {vec.dtype} {vec.shape}.")
+        if self.ring_bits < 64 and vec.size and int(vec.max()) >> self.ring_bits:
+            raise ValueError(f"vector words must lie in [0, 2^{self.ring_bits}).")
+        word = f"<u{self.ring_bits // 8}"
+        w.u32(self.attempt).u8(self.ring_bits).raw(self.tag).u32(vec.size).raw(vec.astype(word).tobytes())
+
+    def to_bytes(self) -> bytes:
+        return Message.to_bytes(self)
+
+    @classmethod
+    def _read_body(cls, r: Reader, head: dict) -> ChainUploadV2:
+        attempt, bits = r.u32(), r.u8()
+        if bits not in RING_BITS:
+            raise MessageError(f"chain upload: ring width {bits} bits is not one of {RING_BITS}.")
+        tag, count = r.raw(OVERHEAD), r.u32()
+        if count > 2**31:
+            raise MessageError(f"chain upload: vector of {count} words exceeds the limit 2^31.")
+        data = r.raw(count * bits // 8)
+        vector = np.frombuffer(data, dtype=f"<u{bits // 8}").astype(np.uint64)
+        return cls(**head, attempt=attempt, tag=tag, vector=vector, ring_bits=bits)
+
+
+@register
 @dataclass(frozen=True)
 class ChainUnlockRequest(Message):
     """Server -> client: every ring member's upload of ``attempt`` arrived; reveal your pad."""
@@ -229,13 +280,20 @@ class ChainUnlock(Message):
 MESSAGE_CLASSES: dict[Kind, type[Message]] = {
     Kind.ADVERT: ChainAdvert, Kind.RING: ChainRing, Kind.BUNDLE: ChainBundle,
     Kind.DELIVERY: ChainDelivery, Kind.UPLOAD: ChainUpload, Kind.UNLOCK_REQUEST: ChainUnlockRequest,
-    Kind.UNLOCK: ChainUnlock,
+    Kind.UNLOCK: ChainUnlock, Kind.UPLOAD_V2: ChainUploadV2,
 }
 """Message class of each kind."""
 
 
-def message_size(kind: Kind, *, s: int = 1, dim: int = 1) -> int:
-    """Exact wire size in bytes of a chain message of ``kind`` for ``s`` successors and ``dim``."""
+def message_size(kind: Kind, *, s: int = 1, dim: int = 1, ring_bits: int = 64) -> int:
+    """Exact wire size in bytes of a chain message of ``kind`` for ``s`` successors and ``dim``.
+
+    ``ring_bits`` matters only for the upload: ``Kind.UPLOAD`` with ``ring_bits = 32`` (or
+    ``Kind.UPLOAD_V2``) is the size of a 32-bit round's :class:`ChainUploadV2`."""
+    if ring_bits not in RING_BITS:
+        raise ValueError(f"ring_bits must be one of {RING_BITS}; found {ring_bits!r}.")
+    if Kind(kind) is Kind.UPLOAD_V2 or (Kind(kind) is Kind.UPLOAD and ring_bits != 64):
+        return HEADER_BYTES + 9 + OVERHEAD + ring_bits // 8 * dim
     body = {
         Kind.ADVERT: KEY_BYTES,
         Kind.RING: 16 + KEY_BYTES + 2 * s * (4 + KEY_BYTES),

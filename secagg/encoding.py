@@ -3,7 +3,10 @@
 A real ``x`` with ``|x| <= clip`` becomes the integer ``round(x * 2^frac_bits)`` stored in two's
 complement as ``uint64``. Sums of encodings are computed with wrap-around ``uint64`` adds and
 decoded as signed integers, which is exact as long as the true integer sum stays inside
-``(-2^63, 2^63)``: :func:`check_budget` verifies that up front.
+``(-2^63, 2^63)``: :func:`check_budget` verifies that up front. A protocol may run in the smaller
+ring ``Z_(2^32)`` (the low 32 bits of each encoding; half the bytes) when the sum provably fits in
+``(-2^31, 2^31)``: :func:`choose_ring_bits` decides from public parameters only, and
+:func:`sign_extend` (or ``decode(..., ring_bits=32)``) maps such a sum back.
 
 Rounding modes:
 
@@ -22,7 +25,7 @@ import numpy as np
 
 from secagg.errors import BudgetError
 
-__all__ = ["FixedPoint", "check_budget", "csprng_uniform"]
+__all__ = ["FixedPoint", "check_budget", "choose_ring_bits", "csprng_uniform", "sign_extend"]
 
 _ROUNDINGS = ("stochastic", "nearest")
 
@@ -109,12 +112,44 @@ class FixedPoint:
                 f"(np.clip(x, -{self.clip}, {self.clip})) or raise clip (and re-check the budget)."
             )
 
-    def decode(self, u: np.ndarray) -> np.ndarray:
-        """Signed decode of an encoding or of a sum of encodings into float64."""
+    def decode(self, u: np.ndarray, *, ring_bits: int = 64) -> np.ndarray:
+        """Signed decode of an encoding or of a sum of encodings (mod ``2^ring_bits``) into float64."""
         arr = np.asarray(u)
         if arr.dtype != np.uint64:
             raise ValueError(f"decode expects a uint64 array; found dtype {arr.dtype}.")
-        return arr.view(np.int64).astype(np.float64) / self.scale
+        return sign_extend(arr, ring_bits).view(np.int64).astype(np.float64) / self.scale
+
+
+def sign_extend(u: np.ndarray, ring_bits: int) -> np.ndarray:
+    """The ``Z_(2^64)`` two's-complement word of each ``Z_(2^ring_bits)`` element (its low bits).
+
+    ``ring_bits`` is 32 or 64; with 64 the words are returned as they are (a view)."""
+    arr = np.asarray(u)
+    if arr.dtype != np.uint64:
+        raise ValueError(f"sign_extend expects a uint64 array; found dtype {arr.dtype}.")
+    if ring_bits == 64:
+        return arr
+    if ring_bits != 32:
+        raise ValueError(f"ring_bits must be 32 or 64; found {ring_bits!r}.")
+    return arr.astype(np.uint32).view(np.int32).astype(np.int64).view(np.uint64)
+
+
+def choose_ring_bits(*, n_summands: int, clip: float, frac_bits: int, noise_headroom_bits: int = 0) -> int:
+    """32 when a sum of ``n_summands`` encodings provably fits ``Z_(2^32)`` (:func:`check_budget`
+    with ``ring_bits = 32``), else 64. Every argument is public, so every party computes the same
+    ring without talking.
+
+    Raises:
+        BudgetError: not even ``Z_(2^64)`` holds the sum (the message says what to lower).
+    """
+    try:
+        check_budget(n_summands=n_summands, clip=clip, frac_bits=frac_bits,
+                     noise_headroom_bits=noise_headroom_bits, ring_bits=32)
+        return 32
+    except BudgetError:
+        check_budget(n_summands=n_summands, clip=clip, frac_bits=frac_bits,
+                     noise_headroom_bits=noise_headroom_bits, ring_bits=64)
+        return 64
 
 
 def check_budget(

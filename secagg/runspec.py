@@ -44,6 +44,8 @@ class RunSpec:
         shared_work: SecAgg/SecAgg+: the simulated clients verify each signed broadcast and compute
             each pair's agreement once between them (:mod:`secagg.simshare`; the server's work stays
             its own). ``False`` times every client as its own device (``secagg bench aggregation``).
+        ring_bits: the chain's ring, 64 (default) or 32 (:func:`secagg.encoding.choose_ring_bits`
+            from the public encoding parameters; the other protocols ignore it).
     """
 
     k: int | None = None
@@ -55,6 +57,7 @@ class RunSpec:
     unsafe_threshold: bool = False
     min_survivors: int = 2
     shared_work: bool = True
+    ring_bits: int = 64
 
     def planned_dropout(self, n: int) -> float:
         """``dropout``, or the fraction of the ``n`` clients that ``dropouts`` lists."""

@@ -41,6 +41,7 @@ from experiments.run.prepare import Prepared, prepare_data, run_data_files
 from experiments.run.rundir import CHECKPOINT, RunDir, default_run_dir
 from protocols.guard import set_device_policy
 from protocols.registry import BuildContext
+from protocols.secure_sum import observe as observe_secure
 from protocols.state import loads_json
 from protocols.transport import InProcessTransport, Transcript
 from recmodels.metrics import TIE_RULES, evaluate_full_by_rule, evaluate_sampled, evaluate_sampled_by_rule
@@ -258,8 +259,17 @@ class _Run:
         snapshot = self.trainer.state_dict() if self.ledger.budget is not None else None
         if self.views is not None:
             self.views.begin(r)
+        secure: dict[str, float] = {}  # each client's secure-aggregation seconds this round
+
+        def count_secure(info: dict) -> None:
+            if info["protocol"] == "plain":  # an unmasked sum: no secure step to count
+                return
+            for name, sec in zip(info["senders"], info["client_seconds"]):
+                secure[name] = secure.get(name, 0.0) + float(sec)
+
         try:
-            stats = self.trainer.run_round()
+            with observe_secure(count_secure):
+                stats = self.trainer.run_round()
         except (ValueError, ArithmeticError) as exc:  # a mechanism refused a non-finite value (FedMF's LDP clip)
             if self.views is not None:
                 self.views.filter.active = False  # the round did not finish: nothing of it is recorded
@@ -290,7 +300,12 @@ class _Run:
                 f"{r},{party},{b['sent']},{b['received']}\n" for party, b in sorted(transcript.bytes_by_party(r).items())
             ))
             transcript.drop_before(r + 1)
-        cost["seconds"] = {k: round(float(v), 6) for k, v in stats.seconds.items()}
+        seconds = device_seconds(stats.seconds, secure, self.trainer)
+        cost["seconds"] = {k: round(float(v), 6) for k, v in seconds.items()}
+        if secure:
+            per = np.array(list(secure.values()))
+            cost["client_secure_seconds"] = {"mean": round(float(per.mean()), 6), "max": round(float(per.max()), 6),
+                                             "clients": int(per.size)}
         cost.update({k: v for k, v in stats.extra.items() if k not in cost})
         self.rd.append_jsonl("costs.jsonl", cost)
         row: dict[str, Any] = {"round": r + 1, "loss": round(float(stats.loss), 6)}
@@ -634,6 +649,27 @@ def best_validation(history: list[dict[str, Any]], metric: str) -> dict[str, Any
         "valid": {k[len(VALID_PREFIX):]: v for k, v in best.items() if k.startswith(VALID_PREFIX)},
         "metrics": {k: v for k, v in best.items() if k not in ("round", "loss", "seconds") and not k.startswith(VALID_PREFIX)},
     }
+
+
+def device_seconds(seconds: dict[str, float], secure: dict[str, float], trainer: Any) -> dict[str, float]:
+    """A round's seconds per party with the device's secure-aggregation work (issue 25 item 5).
+
+    ``secure`` holds each client's seconds in the masking/chain steps of every secure sum of the round
+    (key agreement, PRG expansion, sealing, shares; :func:`protocols.secure_sum.observe`). When a
+    round ran any, ``client_secure`` is their mean over the clients, ``client_compute`` the device's
+    own training work and ``client`` their sum. A protocol whose ``client`` already includes its
+    secure work says so with ``client_seconds_include_secure = True`` (FedAvg, LightFR; FedFast, a
+    FedAvg subclass whose ``client`` is its local training alone, sets it back to ``False``); one that
+    reports ``client_secure`` itself (STTFedRec) is left as it is. Not yet measured: the two-server
+    DPF sums (``secure_sum`` does not notify observers of them).
+    """
+    if not secure or "client_secure" in seconds:
+        return dict(seconds)
+    measured = float(np.mean(list(secure.values())))
+    client = float(seconds.get("client", 0.0))
+    includes = getattr(trainer, "client_seconds_include_secure", type(trainer).__module__ == "protocols.lightfr")
+    compute = max(0.0, client - measured) if includes else client
+    return {**seconds, "client_compute": compute, "client_secure": measured, "client": compute + measured}
 
 
 def _cost_summary(costs: list[dict[str, Any]], trainer: Any) -> dict[str, Any]:

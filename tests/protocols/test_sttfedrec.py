@@ -449,3 +449,47 @@ def test_summed_first_layer_gradient_reveals_the_cohorts_union_of_click_buckets(
     # the exposure counter, on a hand-made example: u0 {0, 1}, u1 {1, 2}, u2 {3}; B = 8
     got = cohort_exposure(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 1, 2, 3]), 3, 8, 3, 2)
     assert got == {"union_covers": 0.5, "sole_held_fraction": pytest.approx(2 / 3), "members_with_a_sole_bucket": 1.0}
+
+
+@pytest.mark.parametrize("tower", ["dssm", "clsm"])
+def test_paper_bytes_count_float32_tower_parameters_only(train, tower):
+    """Issue 25 item 5: the paper's Table 3 count, recomputed here from the towers' parameter shapes
+    (not from the trainer's own counters): STTFedRec = 4 B x user tower x 2 (down, gradient up);
+    FL-DSSM = 4 B x both towers x 2; the id vectors are not tower parameters. The true bytes are
+    larger than the paper's in split mode (the chain's 8-byte values, the request, the embeddings)."""
+    def size(module):
+        return sum(int(np.prod(p.shape)) for p in module.parameters())
+
+    split = _trainer(train, "split", tower=tower, item_id_embedding=True)
+    fl = _trainer(train, "fl", tower=tower, item_id_embedding=True)
+    n_user, n_item = size(split.user_tower), size(split.item_tower)
+    assert n_user > 0 and n_item > 0
+    split.run_round()
+    fl.run_round()
+    a, b = split.cost_report(), fl.cost_report()
+    assert a["paper_train_bytes_per_client_per_round"] == 8 * n_user
+    assert b["paper_train_bytes_per_client_per_round"] == 8 * (n_user + n_item)
+    for rep in (a, b):
+        assert rep["paper_train_bytes_sttfedrec"] == 8 * n_user
+        assert rep["paper_train_bytes_fl_dssm"] == 8 * (n_user + n_item)
+        assert rep["paper_train_bytes_ratio_fl_over_sttfedrec"] == pytest.approx((n_user + n_item) / n_user)
+    assert a["train_bytes_per_client_per_round"] > a["paper_train_bytes_per_client_per_round"]
+    assert b["train_bytes_per_client_per_round"] > b["paper_train_bytes_per_client_per_round"]
+    json.dumps(a, allow_nan=False)
+
+
+def test_device_seconds_include_the_clients_chain_work(train):
+    """Issue 25 item 5: the device's round = its own compute (timed alone) + its chain steps (mean
+    over the round's clients, measured by the runner), each reported apart and in the cost report."""
+    split = _trainer(train, "split")
+    s = split.run_round().seconds
+    assert s["client_secure"] > 0 and s["client_compute"] > 0
+    assert s["client"] == pytest.approx(s["client_compute"] + s["client_secure"])
+    rep = split.cost_report()
+    assert rep["device_secure_seconds_per_round"] == pytest.approx(s["client_secure"])
+    assert rep["device_train_seconds_per_round"] == pytest.approx(s["client"])
+    fl = _trainer(train, "fl")
+    assert "client_secure" not in fl.run_round().seconds and fl.cost_report()["device_secure_seconds_per_round"] == 0.0
+    restored = _trainer(train, "split")
+    restored.load_state_dict(state_from_bytes(state_to_bytes(split.state_dict())))
+    assert restored.cost_report()["device_secure_seconds_per_round"] == rep["device_secure_seconds_per_round"]

@@ -108,6 +108,9 @@ def _samples() -> list[bytes]:
     chain = simulate(ChainConfig(instance=os.urandom(16), round=1, dim=3, successors=1),
                      {i: np.full(3, i, dtype=U64) for i in range(4)})
     blobs += [d for *_, d in chain.server_view]
+    chain32 = simulate(ChainConfig(instance=os.urandom(16), round=1, dim=3, successors=1, ring_bits=32),
+                       {i: np.full(3, i, dtype=U64) for i in range(4)})  # the 32-bit ring's upload (format 2)
+    blobs += [d for *_, d in chain32.server_view]
     cfg = PlainConfig(3, 2, os.urandom(16), 0)
     blobs.append(PlainClient(cfg, 1).send(np.ones(2, dtype=U64)).to_bytes())
     x = np.zeros((3, 20 * 2), dtype=U64)

@@ -102,6 +102,10 @@ class LightFR:
         transport: where messages go (default: keeps what the server received or sent).
     """
 
+    #: the round's ``seconds["client"]`` already holds the clients' secure-aggregation work
+    #: (``experiments.run.training`` adds it only to protocols whose figure leaves it out)
+    client_seconds_include_secure = True
+
     def __init__(self, train: Interactions, config: LightFRConfig, *, seed: int,
                  transport: InProcessTransport | None = None):
         self.train, self.config, self.seed = train, config, int(seed)

@@ -26,6 +26,7 @@ releases its share.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,7 +36,7 @@ from protocols.transport import SERVER, InProcessTransport
 from secagg import params
 from secagg.bonawitz import MaskedInput
 from secagg.dpf_sum import DpfSpec, run_dpf_rows
-from secagg.encoding import FixedPoint, check_budget
+from secagg.encoding import FixedPoint, check_budget, choose_ring_bits
 from secagg.reuse_sim import ReuseSession
 from secagg.runner import PROTOCOLS, EncodedRows, RunSpec
 
@@ -274,6 +275,9 @@ def secure_sum(
         protocol = small_cohort_protocol(protocol, vals.shape[0], dropout=spec.planned_dropout(vals.shape[0]),
                                          corrupt=spec.corrupt, k=k, t=t)
     runner = PROTOCOLS[protocol]
+    if protocol == "chain":  # Z_2^32 when the public budget proves the sum fits (half the bytes), else Z_2^64
+        spec = dataclasses.replace(spec, ring_bits=choose_ring_bits(
+            n_summands=max(vals.shape[0], 1), clip=value_clip, frac_bits=frac_bits))
     if protocol not in ("secagg", "secagg+"):
         session = None
         if isinstance(vals, RowStack):

@@ -667,7 +667,7 @@ def device_seconds(seconds: dict[str, float], secure: dict[str, float], trainer:
         return dict(seconds)
     measured = float(np.mean(list(secure.values())))
     client = float(seconds.get("client", 0.0))
-    includes = getattr(trainer, "client_seconds_include_secure", type(trainer).__module__ == "protocols.lightfr")
+    includes = bool(getattr(trainer, "client_seconds_include_secure", False))
     compute = max(0.0, client - measured) if includes else client
     return {**seconds, "client_compute": compute, "client_secure": measured, "client": compute + measured}
 

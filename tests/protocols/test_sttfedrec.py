@@ -185,6 +185,24 @@ def test_chain_sum_equals_plaintext_sum(n, dim, seed, s):
     assert np.allclose(res.total, vals.sum(0), atol=n * 2**-24)
 
 
+def test_secure_sum_runs_the_chain_in_32_bits_when_the_public_budget_allows():
+    """secure_sum picks the chain's ring from public parameters: 4 bytes a value when n x clip x 2^f
+    fits 31 bits, 8 when it does not; the sum is exact either way."""
+    n, dim = 6, 400
+    vals = np.random.default_rng(0).uniform(-3, 3, (n, dim))
+    per_value = {}
+    for frac_bits in (24, 29):  # 6 x 4 x 2^24 < 2^31 (32-bit ring); 6 x 4 x 2^29 > 2^31 (64-bit ring)
+        tr = InProcessTransport()
+        res = secure_sum(vals, protocol="chain", frac_bits=frac_bits, value_clip=4.0, round=0, transport=tr,
+                         senders=[client(i) for i in range(n)], receiver=SAS, k=1)
+        assert np.allclose(res.total, vals.sum(0), atol=n * 2**-frac_bits)
+        uploads = [r.nbytes for r in tr.transcript.records if r.kind == "update"]  # the masked upload
+        assert uploads, sorted({r.kind for r in tr.transcript.records})
+        per_value[frac_bits] = min(uploads)
+    # the body is dim words of 4 bytes (Z_2^32) or 8 (Z_2^64); the 32-bit format adds its width byte
+    assert per_value[29] - per_value[24] == 4 * dim - 1, per_value
+
+
 def test_dropouts_give_the_survivors_mean_or_a_clean_abort(train):
     tr = _trainer(train)
     tr._dropouts = {"user": {"masked_input": frozenset({1})}, "item": {"masked_input": frozenset({2})}}

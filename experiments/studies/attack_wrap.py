@@ -60,7 +60,7 @@ def run_and_attack(args: argparse.Namespace, *, paper: str, protocol: str, cell:
 
     Args:
         args: the command's options (``data``, ``users``, ``items``, ``seed``, ``rounds``, ``out``,
-            ``defense``).
+            ``defense`` where the command has one; else the cell names the run).
         paper: the command's name (the default run folder's).
         attack: the registered attack whose first finding is the result's ``attack``.
         overrides: keys of the protocol's configuration section from the command's options.
@@ -87,7 +87,8 @@ def run_and_attack(args: argparse.Namespace, *, paper: str, protocol: str, cell:
                              seed=args.seed, synthetic=synthetic, overrides=overrides)
     except ValueError as exc:  # a key's check: name the option
         raise UserError(str(exc).replace(f"{protocol}.", "--").replace("_", "-")) from None
-    out = args.out if args.out is not None else _fresh(paper, args.defense)
+    defense = getattr(args, "defense", None) or cell  # FedCL's command names an epsilon, not a defense
+    out = args.out if args.out is not None else _fresh(paper, defense)
     print(f"{paper}: run {protocol} / {cell} in {out}", file=sys.stderr)
     t0 = time.perf_counter()
     summary = execute(RunRequest(preset=f"attack-{paper}-{cell}", config=config, out=out, quiet=True))
@@ -95,7 +96,7 @@ def run_and_attack(args: argparse.Namespace, *, paper: str, protocol: str, cell:
     res = attack_run_dir(out)
     main = next((f for f in res["findings"] if f["attack"] == attack), None)
     desc = summary.get("data") or {}
-    return {"paper": paper, "protocol": protocol, "defense": args.defense, "cell": cell, "run_dir": str(out),
+    return {"paper": paper, "protocol": protocol, "defense": defense, "cell": cell, "run_dir": str(out),
             "data": "synthetic" if args.data is None else str(args.data),
             "data_description": desc.get("preprocessed"), "rounds": args.rounds, "seed": args.seed,
             "views": summary.get("views"), "train_seconds": train_s, "source": res["source"],

@@ -89,7 +89,8 @@ def run_and_attack(args: argparse.Namespace, *, paper: str, protocol: str, cell:
         raise UserError(str(exc).replace(f"{protocol}.", "--").replace("_", "-")) from None
     defense = getattr(args, "defense", None) or cell  # FedCL's command names an epsilon, not a defense
     out = args.out if args.out is not None else _fresh(paper, defense)
-    print(f"{paper}: run {protocol} / {cell} in {out}", file=sys.stderr)
+    label = cell if defense == cell else f"{defense} (matrix cell {cell})"
+    print(f"{paper}: run {protocol} / {label} in {out}", file=sys.stderr)
     t0 = time.perf_counter()
     summary = execute(RunRequest(preset=f"attack-{paper}-{cell}", config=config, out=out, quiet=True))
     train_s = time.perf_counter() - t0

@@ -89,7 +89,7 @@ def run_and_attack(args: argparse.Namespace, *, paper: str, protocol: str, cell:
         raise UserError(str(exc).replace(f"{protocol}.", "--").replace("_", "-")) from None
     defense = getattr(args, "defense", None) or cell  # FedCL's command names an epsilon, not a defense
     out = args.out if args.out is not None else _fresh(paper, defense)
-    label = cell if defense == cell else f"{defense} (matrix cell {cell})"
+    label = cell if defense == cell else f"{defense} (matrix cell {cell} with the command's keys)"
     print(f"{paper}: run {protocol} / {label} in {out}", file=sys.stderr)
     t0 = time.perf_counter()
     summary = execute(RunRequest(preset=f"attack-{paper}-{cell}", config=config, out=out, quiet=True))
@@ -100,7 +100,8 @@ def run_and_attack(args: argparse.Namespace, *, paper: str, protocol: str, cell:
     return {"paper": paper, "protocol": protocol, "defense": defense, "cell": cell, "run_dir": str(out),
             "data": "synthetic" if args.data is None else str(args.data),
             "data_description": desc.get("preprocessed"), "rounds": args.rounds, "seed": args.seed,
-            "views": summary.get("views"), "train_seconds": train_s, "source": res["source"],
+            "views": summary.get("views"), "bytes_per_client_per_round": summary.get("bytes_per_client_per_round"),
+            "train_seconds": train_s, "source": res["source"],
             "attack_name": attack, "attack": main, "findings": res["findings"], "skipped": res["skipped"]}
 
 

@@ -21,7 +21,8 @@ matrix's cell, ``secagg+`` (the preset's SecAgg+ item sum, fresh decoys) or ``dp
 ``sttfedrec-dpf`` preset), with ``--defense none`` for ``item-gradient`` -> ``[sttfedrec]
 item_aggregation = "none"``, ``fixed-pool``/``download-all`` -> ``decoys``, and ``--rounds`` -> ``[run]
 rounds``, ``--clients`` -> ``clients_per_round``, ``--rho`` -> ``rho``, ``--request-size`` ->
-``request_size``, ``--users``/``--items`` -> the synthetic size; views recorded, then ``secagg attack
+``request_size``, ``--users``/``--items`` -> the synthetic size, and the earlier command's small towers
+(``hash_dim`` 256, ``dim`` 32; the preset's other keys as they are); views recorded, then ``secagg attack
 RUN_DIR``, which runs both registered RS attacks. ``--json`` prints ``findings`` in the common schema
 (precision of the inferred clicks against the client's training items, beside a random and a public
 guess), ``attack`` (the ``--attack`` finding, ``null`` when its view holds nothing it reads: it is then
@@ -277,7 +278,9 @@ def run_attack(args: argparse.Namespace) -> dict[str, Any]:
     if args.users < 4 or args.items < 2 * args.request_size:
         raise UserError(f"--users {args.users} / --items {args.items} too small for --request-size {args.request_size}")
     cell = "dpf" if args.defense == "dpf" else "secagg+"
-    over: dict[str, Any] = {"clients_per_round": args.clients, "rho": args.rho, "request_size": args.request_size}
+    # hash_dim and dim: the earlier command's small towers (k = 32), which its figures were measured with
+    over: dict[str, Any] = {"clients_per_round": args.clients, "rho": args.rho, "request_size": args.request_size,
+                            "hash_dim": 256, "dim": 32}
     if args.defense in ("fixed-pool", "download-all"):
         over["decoys"] = args.defense
     if args.attack == "item-gradient" and args.defense == "none":

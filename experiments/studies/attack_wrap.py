@@ -24,6 +24,7 @@ On a secure defense that finding's value is the stronger baseline and its advant
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -67,6 +68,7 @@ def run_and_attack(args: argparse.Namespace, *, paper: str, protocol: str, cell:
         dim, items_per_interaction: the synthetic generator's latent size and density (as before:
             about ``clip(items // items_per_interaction, 3, 20)`` interactions per user).
     """
+    from experiments.errors import TrainingDiverged
     from experiments.run.training import RunRequest, execute
     from experiments.studies.attack_matrix import cell_config
     from experiments.studies.attack_rundir import attack_run_dir
@@ -92,7 +94,18 @@ def run_and_attack(args: argparse.Namespace, *, paper: str, protocol: str, cell:
     label = cell if defense == cell else f"{defense} (matrix cell {cell} with the command's keys)"
     print(f"{paper}: run {protocol} / {label} in {out}", file=sys.stderr)
     t0 = time.perf_counter()
-    summary = execute(RunRequest(preset=f"attack-{paper}-{cell}", config=config, out=out, quiet=True))
+    diverged = None
+    import numpy as np
+
+    try:
+        # a diverging model (FedMF's LDP at a small epsilon) is reported as diverged, not as numpy warnings
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            summary = execute(RunRequest(preset=f"attack-{paper}-{cell}", config=config, out=out, quiet=True))
+    except TrainingDiverged as exc:  # the run directory stays valid: attack the rounds it recorded
+        diverged = str(exc)
+        print(f"{paper}: {diverged}", file=sys.stderr)
+        path = Path(out) / "summary.json"
+        summary = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     train_s = time.perf_counter() - t0
     res = attack_run_dir(out)
     main = next((f for f in res["findings"] if f["attack"] == attack), None)
@@ -101,7 +114,7 @@ def run_and_attack(args: argparse.Namespace, *, paper: str, protocol: str, cell:
             "data": "synthetic" if args.data is None else str(args.data),
             "data_description": desc.get("preprocessed"), "rounds": args.rounds, "seed": args.seed,
             "views": summary.get("views"), "bytes_per_client_per_round": summary.get("bytes_per_client_per_round"),
-            "train_seconds": train_s, "source": res["source"],
+            "train_seconds": train_s, "diverged": diverged, "metrics": summary.get("metrics"), "source": res["source"],
             "attack_name": attack, "attack": main, "findings": res["findings"], "skipped": res["skipped"]}
 
 

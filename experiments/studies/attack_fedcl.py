@@ -156,6 +156,7 @@ def run_attack(args: argparse.Namespace) -> dict[str, Any]:
     over = {"epsilon": args.epsilon, "encoder": args.encoder, "dim": args.dim, "lr": args.lr, "max_len": 20,
             "clients_per_round": users, "clusters": min(25, max(2, users // 8)), "upload_every": 1,
             "initial_upload": True, "secure_aggregation": "none"}
+    args.defense = f"ldp-eps{args.epsilon:g}"  # names the run folder; the cell is the matrix's LDP cell
     out = run_and_attack(args, paper="fedcl", protocol="fedcl", cell="ldp-eps4", attack="fedcl-embedding-topk",
                          overrides=over, items_per_interaction=8)
     out["epsilon"] = args.epsilon

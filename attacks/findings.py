@@ -264,12 +264,15 @@ def ratings_finding(*, attack: str, role: str, guesses: Mapping[int, tuple[np.nd
     if not per_user_n:
         return Finding(attack, role, "ratings", "rmse", False, None, None, None, None, None, None, tuple(rounds),
                        f"{status}; no attacked user has ratings to score against")
-    if status.startswith(STATUS_PUBLIC):  # nothing usable in the view: the stronger baseline's errors
+    fallback = status.startswith(STATUS_PUBLIC)
+    if fallback:  # nothing usable in the view: the stronger baseline's errors
         per_user_sq = per_user_pub if sum(per_user_pub) <= sum(rand_sq) else rand_sq
     sq, n = np.asarray(per_user_sq), np.asarray(per_user_n, np.float64)
-    value = float(math.sqrt(sq.sum() / n.sum()))
     public = float(math.sqrt(sum(per_user_pub) / n.sum()))
     random = float(math.sqrt(sum(rand_sq) / n.sum()))
+    # the baseline's own figure when falling back: summed in another order, the RMSE could differ in
+    # its last bit and put the advantage a rounding error below 0
+    value = min(public, random) if fallback else float(math.sqrt(sq.sum() / n.sum()))
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(n), size=(BOOTSTRAP, len(n)))
     boot = np.sqrt(sq[idx].sum(1) / n[idx].sum(1))

@@ -24,6 +24,7 @@ to 1) finds nothing: the result is reported, scored against the same random base
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -177,7 +178,8 @@ def infer(view: list[Record], public: dict[str, Any]) -> AttackResult:
 
 def assess(result: AttackResult, truth: Any, public: dict[str, Any]) -> list[Any]:
     """Rated set (F1) and ratings (RMSE) of every user whose upload the server saw; masked uploads
-    yield the public guess (a fixed set of the public mean size, the public mean rating)."""
+    yield the public guess (a fixed set of the public mean size, the public mean rating). The ratings
+    finding's ``extra`` holds :func:`exact_up_to_reflection` (``None`` when nothing was inverted)."""
     from attacks.findings import STATUS_PUBLIC, public_items, ratings_finding, set_finding
 
     n_items = int(public["n_items"])
@@ -192,12 +194,15 @@ def assess(result: AttackResult, truth: Any, public: dict[str, Any]) -> list[Any
     ratings = {inf.user: (inf.rated, inf.ratings) for inf in result.users if usable and inf.ratings is not None}
     status = result.status if usable else f"{STATUS_PUBLIC} ({result.status})"
     rounds = (result.round,)
+    rmse = ratings_finding(attack=result.attack, role=SERVER, guesses=ratings, truth=truth, users=users,
+                           scale=scale, prior=prior, rounds=rounds, status=status)
+    refl = exact_up_to_reflection(result, [truth.items_of(u) for u in range(truth.n_users)],
+                                  [truth.ratings_of(u) for u in range(truth.n_users)], scale) if usable else None
     return [
         set_finding(attack=result.attack, role=SERVER, target="rated items", inferred=inferred,
                     truth={u: truth.items_of(u) for u in users}, n_candidates=n_items,
                     public_guess={u: guess_set for u in users}, rounds=rounds, status=status),
-        ratings_finding(attack=result.attack, role=SERVER, guesses=ratings, truth=truth, users=users, scale=scale,
-                        prior=prior, rounds=rounds, status=status),
+        replace(rmse, extra={**rmse.extra, "exact_match_up_to_reflection": refl}),
     ]
 
 

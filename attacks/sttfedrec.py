@@ -191,10 +191,12 @@ def _on_run_dir(name: str, attack: Any) -> tuple[Any, Any]:
         from attacks.findings import NotApplicable
 
         if not any(r.kind == "request" and r.payload is not None for r in view):
-            pir = {_user(r.sender) for r in view if r.kind == "request-pir" and r.sender.startswith("client:")}
-            if pir:  # two-server PIR queries: no item id to read, the attack infers nothing about these clients
-                return {u: np.zeros(0, np.int64) for u in sorted(pir)}
-            raise NotApplicable("the view holds no request payloads")
+            # two-server PIR queries, or download-all (no request at all): no item id to read, so the
+            # attack infers nothing about the clients RS saw take part, and scores the stronger baseline
+            seen = {_user(r.sender) for r in view if r.sender.startswith("client:")}
+            if seen:
+                return {u: np.zeros(0, np.int64) for u in sorted(seen)}
+            raise NotApplicable("the view holds no client message")
         return attack(view, public)
 
     def assess(inferred: dict[int, np.ndarray], truth: Any, public: dict[str, Any]) -> list[Any]:

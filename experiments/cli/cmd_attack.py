@@ -1,13 +1,24 @@
-"""``secagg attack fedmf``: train FedMF under a defense, attack the server's view, report both.
+"""``secagg attack fedmf``: a FedMF run under a defense, attacked from its directory; or a sweep.
 
 ``secagg attack fedmf --defense {none,paillier,ckks,secagg,ldp} [--variant full|part]
-[--epsilon E] [--data PATH] [--json] [--sweep OUT_DIR]``
+[--epsilon E] [--data PATH] [--out DIR] [--json] [--sweep OUT_DIR]``
 
-Default data: synthetic, 100 users x 200 items, 16 factors, variant full. ``--json`` prints one
-object (last line of stdout) with the model's held-out ``"rmse"`` and ``"mae"`` at the top level
-and ``"attack"``: ``f1``, ``precision``, ``recall``, ``rating_rmse``, ``exact_match``, ``random_f1``,
-``random_rating_rmse``, ``random_exact_match``, ``status``. ``--sweep OUT_DIR`` runs every defense
-(LDP at several epsilons) and writes ``sweep.csv``, ``sweep.md`` and ``sweep.png``.
+Single run: a thin wrapper (:mod:`experiments.studies.attack_wrap`): ``secagg run`` of FedMF under the
+attack matrix's cell for the defense (``ldp`` is its LDP cell with ``[fedmf] epsilon = E``), with
+``--variant``, ``--key-bits``, ``--ldp-clip`` -> their ``[fedmf]`` keys, ``--factors`` and
+``--user-update`` -> ``[fedmf.mf] dim`` and ``user_update``, ``--rounds`` -> ``[run] rounds`` and
+``--users``/``--items`` -> the synthetic size (default 100 x 200), views recorded; then ``secagg
+attack RUN_DIR``. ``--json`` prints one object (last line of stdout): the model's held-out ``rmse``
+and ``mae`` (the run's final evaluation, on its 80/20 split; ``null`` if it diverged, ``diverged``
+says why), ``findings`` in the common schema (rated items, F1; ratings, RMSE), ``attack`` = the rated-items
+finding of ``fedmf-one-round`` (``--user-update sequential``) or ``fedmf-two-round`` (``batch``),
+``privacy`` (LDP: the epsilon composed over the uploads). Secure defenses score exactly the
+stronger baseline (advantage 0).
+
+``--sweep OUT_DIR`` keeps its own training: it runs every defense (LDP at several epsilons) as rows of
+one table, a setting whose model fails before round 2 being a row rather than the end, which the
+run loop (one configuration, exit on divergence) does not express; it writes ``sweep.csv``,
+``sweep.md`` and ``sweep.png``.
 """
 
 from __future__ import annotations
@@ -21,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from experiments import jsonio
-from experiments.studies.attack_data import add_data_arguments, load_attack_data
+from experiments.studies.attack_data import load_attack_data
 from experiments.errors import UserError
+from experiments.studies.attack_wrap import add_run_arguments
 
 __all__ = ["TrainingFailed", "register", "run_attack"]
 
@@ -64,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--variant", choices=("full", "part"), default="full")
     p.add_argument("--epsilon", type=float, default=1.0, help="LDP epsilon per upload (--defense ldp; default 1)")
     p.add_argument("--ldp-clip", type=float, default=1.0, help="L1 clip of one upload before Laplace noise (default 1)")
-    add_data_arguments(p, users=100, items=200)
+    add_run_arguments(p, users=100, items=200)
     p.add_argument("--factors", type=int, default=16, help="latent factors (default 16)")
     p.add_argument("--rounds", type=int, default=8, help="training rounds (default 8)")
     p.add_argument("--user-update", choices=("sequential", "batch"), default="sequential",
@@ -162,20 +174,58 @@ def run_attack(args: argparse.Namespace, data: Any, defense: str, epsilon: float
     }
 
 
+#: --defense -> the attack matrix's FedMF cell (experiments.studies.attack_matrix.CELLS); ldp's epsilon
+#: and every HE key size come from the command's options.
+CELL = {"none": "none", "secagg": "secagg", "paillier": "paillier", "ckks": "ckks", "ldp": "ldp-eps1"}
+
+
+def run_wrapped(args: argparse.Namespace) -> dict[str, Any]:
+    """One FedMF run under ``args.defense`` (a cell of the attack matrix, the options as config keys),
+    views recorded, attacked from its directory; a JSON-ready dict (docs/attacks.md)."""
+    from experiments.studies.attack_wrap import run_and_attack
+    from secagg.he.errors import HEError
+
+    if args.rounds < 2:
+        raise UserError(f"--rounds must be >= 2 (the two-round attack needs rounds 0 and 1); found {args.rounds}.")
+    if args.factors < 1:
+        raise UserError(f"--factors is too small: {args.factors}.")
+    if args.data is not None and not args.data.exists():
+        raise UserError(f"--data {args.data}: no such file or folder")
+    over: dict[str, Any] = {"variant": args.variant, "key_bits": args.key_bits, "ldp_clip": args.ldp_clip,
+                            "mf": {"dim": args.factors, "user_update": args.user_update}}
+    if args.defense == "ldp":
+        over["epsilon"] = args.epsilon
+    name = "fedmf-one-round" if args.user_update == "sequential" else "fedmf-two-round"
+    try:
+        out = run_and_attack(args, paper="fedmf", protocol="fedmf", cell=CELL[args.defense], attack=name,
+                             overrides=over, dim=args.factors)
+    except HEError as exc:  # bad HE parameters (e.g. a Paillier key size) are the user's input
+        raise UserError(f"--defense {args.defense} --key-bits {args.key_bits}: {exc}") from None
+    m = out.get("metrics") or {}
+    out.update(variant=args.variant, epsilon=args.epsilon if args.defense == "ldp" else None,
+               rmse=None if out["diverged"] else m.get("RMSE"), mae=None if out["diverged"] else m.get("MAE"))
+    out["privacy"] = None
+    if args.defense == "ldp":
+        from dp.events import Laplace
+        from dp.ldp import ldp_repeated_uploads
+
+        rep = ldp_repeated_uploads(Laplace.from_epsilon(args.epsilon), args.rounds, delta=LDP_DELTA)
+        out["privacy"] = {"epsilon_per_upload": args.epsilon, "uploads": args.rounds, "delta": LDP_DELTA,
+                          "epsilon_total": rep.epsilon, "accountant": rep.accountant}
+    return out
+
+
 def _main(args: argparse.Namespace) -> int:
-    data = _load(args)
     if args.sweep is not None:
-        return _sweep(args, data)
-    out = run_attack(args, data, args.defense, args.epsilon)
-    a = out["attack"]
-    rr = "n/a" if a["rating_rmse"] is None else f"{a['rating_rmse']:.3f}"
+        return _sweep(args, _load(args))
+    from experiments.studies.attack_wrap import print_result
+
+    out = run_wrapped(args)
     if out["rmse"] is None:
         print(f"FedMF {out['variant']} / {out['defense']}: model diverged ({out['diverged']})")
     else:
         print(f"FedMF {out['variant']} / {out['defense']}: model RMSE {out['rmse']:.4f} MAE {out['mae']:.4f}")
-    print(f"attack {out['attack_name']}: {a['status']}")
-    print(f"  F1 {a['f1']:.3f} (random {a['random_f1']:.3f})  precision {a['precision']:.3f}  recall {a['recall']:.3f}")
-    print(f"  rating RMSE {rr} (random {a['random_rating_rmse']:.3f})")
+    print_result(out, f"FedMF {out['variant']} / {out['defense']}")
     if args.json:
         print(jsonio.dumps(out))
     return 0

@@ -1,19 +1,28 @@
-"""``secagg attack fedcl``: train FedCL at an LDP epsilon, attack the server's embedding uploads.
+"""``secagg attack fedcl``: a FedCL run at an LDP epsilon, attacked from its directory; or a sweep.
 
-``secagg attack fedcl --epsilon E [--uploads K] [--k 10] [--data PATH] [--rounds R] [--json]
-[--sweep OUT_DIR]``
+``secagg attack fedcl --epsilon E [--data PATH] [--rounds R] [--encoder gru|id] [--dim D] [--lr L]
+[--out DIR] [--json]`` / ``secagg attack fedcl --sweep OUT_DIR [--uploads K] [--k 10] ...``
 
-Every client takes part in every round (``clients_per_round`` = all users, ``upload_every`` 1), so
-after ``R >= K`` rounds each user has uploaded ``R`` noisy embeddings. The attack
-(:mod:`attacks.fedcl`) averages each user's last ``K`` uploads, ranks all items against the
-server's final item table and guesses the top ``k``; it is scored as precision@k against the
-user's training items, beside a random guess and beside the same ranking from the noise-free
-embedding of the final model. ``--json`` prints one object (last line of stdout) with
-``attack.{precision_at_k, precision, recall, f1, random_precision, random_f1, noise_free_precision,
-status}`` and ``privacy`` (the composed epsilon of the K uploads used and of all R uploads, basic
-and the tightest of pure/RDP/PLD at delta 1e-5). ``--sweep OUT_DIR`` runs epsilon in
-:data:`SWEEP_EPSILONS` (one training each, K in :data:`SWEEP_UPLOADS` from the same transcript)
-and writes ``sweep.csv``, ``sweep.md`` and ``sweep.png``.
+Single point: a thin wrapper (:mod:`experiments.studies.attack_wrap`). ``secagg run`` of the
+``fedcl`` preset under the attack matrix's LDP cell (``ldp-eps4``) with ``[fedcl] epsilon = E``, every
+client in every round (``clients_per_round`` = all users, ``upload_every`` 1, ``initial_upload``),
+``max_len`` 20, ``clusters`` ``min(25, max(2, users // 8))``, ``--encoder``/``--dim``/``--lr`` ->
+``encoder``/``dim``/``lr``, ``--rounds`` -> ``[run] rounds`` (default 16), ``--users``/``--items`` ->
+the synthetic size (default 150 x 200); views recorded, then ``secagg attack RUN_DIR``: the
+``fedcl-embedding-topk`` attack averages each user's uploads (one per round, so ``R``), ranks all
+items against the item table the server last sent and guesses the top 10, scored as precision@10
+against the user's training items beside a random and a public guess. ``--json`` prints one
+object (last line of stdout): ``findings`` (common schema), ``attack`` (that finding; ``extra``:
+``uploads_per_user``) and ``privacy`` (the composed epsilon of those uploads, basic and the
+tightest of pure/RDP/PLD at delta 1e-5). ``--uploads`` and ``--k`` have no configuration key: the
+attack on a run averages every upload and guesses 10 items, so in a single point they are ignored
+with a deprecation line (averaging ``K`` uploads is ``--rounds K``).
+
+``--sweep OUT_DIR`` keeps its own training (one per epsilon in :data:`SWEEP_EPSILONS`), because it
+measures what a run directory cannot express: the attack on the last ``K`` uploads for each ``K`` in
+:data:`SWEEP_UPLOADS` from one transcript, beside the same ranking from the model's noise-free
+user embeddings (private client state, never in a view). It writes ``sweep.csv``, ``sweep.md`` and
+``sweep.png``.
 """
 
 from __future__ import annotations
@@ -26,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from experiments import jsonio
-from experiments.studies.attack_data import add_data_arguments, load_attack_data
+from experiments.studies.attack_data import load_attack_data
 from experiments.errors import UserError
+from experiments.studies.attack_wrap import add_run_arguments, print_result, run_and_attack
 
 __all__ = ["SWEEP_EPSILONS", "SWEEP_UPLOADS", "register", "run_fedcl_attack"]
 
@@ -44,13 +54,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "embeddings; report precision@k beside random and the noise-free embedding, with the composed epsilon.",
     )
     p.add_argument("--epsilon", type=float, default=4.0, help="LDP epsilon per upload (default 4, the paper's)")
-    p.add_argument("--uploads", type=int, default=1, help="uploads per user the attack averages (default 1)")
-    p.add_argument("--k", type=int, default=10, help="items guessed per user (default 10)")
-    p.add_argument("--rounds", type=int, default=16, help="training rounds, every client in every round (default 16)")
-    p.add_argument("--encoder", choices=("gru", "id"), default="gru")
-    add_data_arguments(p, users=150, items=200)
-    p.add_argument("--dim", type=int, default=32, help="embedding size (default 32)")
-    p.add_argument("--lr", type=float, default=0.02, help="server Adam learning rate (default 0.02)")
+    p.add_argument("--uploads", type=int, default=None,
+                   help="--sweep only: uploads per user the attack averages (default 1; deprecated in a single "
+                   "point, where the attack averages all --rounds uploads)")
+    p.add_argument("--k", type=int, default=None,
+                   help="--sweep only: items guessed per user (default 10; deprecated in a single point: 10)")
+    p.add_argument("--rounds", type=int, default=16,
+                   help="[run] rounds, every client in every round, one upload each (default 16)")
+    p.add_argument("--encoder", choices=("gru", "id"), default="gru", help="[fedcl] encoder (default gru)")
+    add_run_arguments(p, users=150, items=200)
+    p.add_argument("--dim", type=int, default=32, help="[fedcl] dim: embedding size (default 32)")
+    p.add_argument("--lr", type=float, default=0.02, help="[fedcl] lr: server Adam learning rate (default 0.02)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--sweep", type=Path, default=None, metavar="OUT_DIR", help="epsilon x uploads sweep; CSV, Markdown, PNG")
     p.set_defaults(func=_main)
@@ -136,17 +150,36 @@ def run_fedcl_attack(args: argparse.Namespace, split: Any, epsilon: float, uploa
              "data": split.train.source} for u in uploads_list]
 
 
+def run_attack(args: argparse.Namespace) -> dict[str, Any]:
+    """One FedCL run at ``args.epsilon``, attacked from its run directory; a JSON-ready dict."""
+    users = args.users if args.data is None else 10**6  # every client in every round (capped at the users)
+    over = {"epsilon": args.epsilon, "encoder": args.encoder, "dim": args.dim, "lr": args.lr, "max_len": 20,
+            "clients_per_round": users, "clusters": min(25, max(2, users // 8)), "upload_every": 1,
+            "initial_upload": True, "secure_aggregation": "none"}
+    args.defense = f"ldp-eps{args.epsilon:g}"  # names the run folder; the cell is the matrix's LDP cell
+    out = run_and_attack(args, paper="fedcl", protocol="fedcl", cell="ldp-eps4", attack="fedcl-embedding-topk",
+                         overrides=over, items_per_interaction=8)
+    out["epsilon"] = args.epsilon
+    out["privacy"] = {"attacked_uploads": _privacy(args.epsilon, args.rounds), "delta": LDP_DELTA}
+    return out
+
+
 def _main(args: argparse.Namespace) -> int:
+    if args.sweep is None:
+        for name in ("uploads", "k"):
+            if getattr(args, name) is not None:
+                print(f"secagg attack fedcl: --{name} is deprecated without --sweep and ignored: the attack on a "
+                      "run averages every upload (one per round: --rounds) and guesses 10 items", file=sys.stderr)
+    args.uploads = 1 if args.uploads is None else args.uploads
+    args.k = 10 if args.k is None else args.k
     _check(args)
-    split = _split(args)
     if args.sweep is not None:
-        return _sweep(args, split)
-    (out,) = run_fedcl_attack(args, split, args.epsilon, (args.uploads,))
-    a, pv = out["attack"], out["privacy"]["attacked_uploads"]
-    print(f"FedCL ({args.encoder}) at epsilon {args.epsilon:g} per upload; model HR@10 (full ranking) {out['model_hr10_full']:.3f}")
-    print(f"attack fedcl-embedding-topk on {args.uploads} upload(s) per user: {a['status']}")
-    print(f"  composed epsilon of those uploads: {pv['epsilon']:.3f} ({pv['accountant']}, delta {LDP_DELTA:g}); "
-          f"basic {pv['epsilon_basic']:g}")
+        return _sweep(args, _split(args))
+    out = run_attack(args)
+    print_result(out, f"FedCL ({args.encoder}) at epsilon {args.epsilon:g} per upload")
+    pv = out["privacy"]["attacked_uploads"]
+    print(f"composed epsilon of the {args.rounds} upload(s) per user: {pv['epsilon']:.3f} ({pv['accountant']}, "
+          f"delta {LDP_DELTA:g}); basic {pv['epsilon_basic']:g}")
     if args.json:
         print(jsonio.dumps(out))
     return 0

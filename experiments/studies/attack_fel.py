@@ -19,6 +19,14 @@ one user's update; ``null`` without DP), ``epsilon_label`` (the same rounds for 
 replace-one-user's-data neighbours the test distinguishes), ``bound`` =
 ``(e^eps - 1 + 2 delta) / (e^eps + 1)`` at ``epsilon_label``, ``gdp_bound`` (the Gaussian
 mechanism's own tight bound) and ``respects_bound`` (the advantage's lower 95% limit <= bound).
+
+Not a wrapper over ``secagg run`` + ``secagg attack RUN_DIR`` (as ``secagg attack fedfast`` and
+``lightfr`` are, :mod:`experiments.studies.attack_wrap`), on purpose: the measurement is a
+distinguishing game over ``2N`` runs in two worlds (a planted canary target on ``S0`` or ``S1``) with a
+threshold calibrated on half of them, which one run cannot express; ``fel-label`` scores a decision
+over many runs, so it registers no per-run ``infer``/``assess`` and ``fel`` has no attack-matrix cell.
+A run directory of FEL can still be attacked, by the attacks that apply to it, with
+``secagg attack RUN_DIR``; the canary version on a run is issue 24's audit (item 4).
 """
 
 from __future__ import annotations

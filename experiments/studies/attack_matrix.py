@@ -26,7 +26,7 @@ from typing import Any
 from experiments import jsonio
 from experiments.errors import UserError
 
-__all__ = ["CELLS", "EXPECT", "HOLD_MAX", "LEAK_MIN", "check_cell", "register", "run_matrix"]
+__all__ = ["CELLS", "EXPECT", "HOLD_MAX", "LEAK_MIN", "cell_config", "check_cell", "register", "run_matrix"]
 
 #: protocol -> (base preset or None for the protocol's defaults, config section, defense -> overrides;
 #: an override ``"_preset"`` takes another preset as the cell's base, e.g. a two-server DPF preset).
@@ -103,19 +103,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_main)
 
 
-def _config(protocol: str, defense: str, args: argparse.Namespace) -> Any:
+def cell_config(protocol: str, defense: str, *, data: str | None, rounds: int, seed: int,
+                synthetic: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Any:
+    """The run configuration of one cell: the protocol's preset under ``defense`` (:data:`CELLS`), views
+    recorded every round, no evaluation. ``data``: a file or folder, or ``None`` for the embedded
+    synthetic data at ``synthetic``'s size (default :data:`SMALL_DATA`); ``overrides``: further keys of the
+    protocol's section (a per-paper command's options, :mod:`experiments.studies.attack_wrap`)."""
     from experiments.run import config as cfgmod
 
     preset, section, defenses = CELLS[protocol]
-    overrides = dict(defenses[defense])
-    preset = overrides.pop("_preset", preset)
+    cell = dict(defenses[defense])
+    preset = cell.pop("_preset", preset)
+    cell.update(overrides or {})
     base = cfgmod.load_preset(preset) if preset else cfgmod.merge(cfgmod.RunConfig(), {"run": {"protocol": protocol}})
-    data: dict[str, Any] = {"source": args.data} if args.data else {"source": "synthetic", **SMALL_DATA}
-    over = {"run": {"rounds": args.rounds, "seed": args.seed, "eval_every": 0, "record_views": True,
-                    "record_every": 1},
-            "data": data, "eval": {"negatives": 10 if not args.data else base.eval.negatives},
-            **({section: overrides} if overrides else {})}
+    source: dict[str, Any] = {"source": data} if data else {"source": "synthetic", **(synthetic or SMALL_DATA)}
+    over = {"run": {"rounds": rounds, "seed": seed, "eval_every": 0, "record_views": True, "record_every": 1},
+            "data": source, "eval": {"negatives": 10 if not data else base.eval.negatives},
+            **({section: cell} if cell else {})}
     return cfgmod.merge(base, over)
+
+
+def _config(protocol: str, defense: str, args: argparse.Namespace) -> Any:
+    return cell_config(protocol, defense, data=args.data, rounds=args.rounds, seed=args.seed)
 
 
 def expectation(protocol: str, defense: str) -> str | None:

@@ -1,4 +1,4 @@
-"""``secagg attack sttfedrec``: train STTFedRec, attack what RS saw, score against the truth.
+"""``secagg attack sttfedrec``: a STTFedRec run attacked from its directory; chain collusion and sweeps.
 
 ``secagg attack sttfedrec --attack request-intersection|item-gradient|chain-collusion --defense DEFENSE
 [--rounds R] [--rho P] [--clients K] [--data PATH] [--successors S] [--colluders C] [--json] [--sweep OUT_DIR]``
@@ -14,6 +14,26 @@ a client is scored against is its clicks among the items it trained on (its requ
 ``download-all`` the ``T`` items it picked on the device), in the rounds it took part in. ``--json`` prints one object on the last line:
 ``attack.{f1, precision, recall, random_f1, status}`` plus ``requested_f1`` (guessing every
 requested id) and the model's sampled HR@10 under the defense.
+
+``request-intersection`` and ``item-gradient`` (no ``--sweep``) are a thin wrapper
+(:mod:`experiments.studies.attack_wrap`): ``secagg run`` of the ``sttfedrec`` preset under the attack
+matrix's cell, ``secagg+`` (the preset's SecAgg+ item sum, fresh decoys) or ``dpf`` (the
+``sttfedrec-dpf`` preset), with ``--defense none`` for ``item-gradient`` -> ``[sttfedrec]
+item_aggregation = "none"``, ``fixed-pool``/``download-all`` -> ``decoys``, and ``--rounds`` -> ``[run]
+rounds``, ``--clients`` -> ``clients_per_round``, ``--rho`` -> ``rho``, ``--request-size`` ->
+``request_size``, ``--users``/``--items`` -> the synthetic size, and the earlier command's small towers
+(``hash_dim`` 256, ``dim`` 32; the preset's other keys as they are); views recorded, then ``secagg attack
+RUN_DIR``, which runs both registered RS attacks. ``--json`` prints ``findings`` in the common schema
+(precision of the inferred clicks against the client's training items, beside a random and a public
+guess), ``attack`` (the ``--attack`` finding, ``null`` when its view holds nothing it reads: it is then
+under ``skipped``) and ``bytes_per_client_per_round``. What the earlier command also printed and a
+run directory does not give: ``requested_f1`` (guessing every requested id), the model's HR@10 (the
+run does not evaluate) and ``attack_sas`` (no registered attack reads SAS's view); its truth was the
+clicks among the items a client trained on in its rounds, the run attack's is its training items.
+
+``chain-collusion`` keeps its own training: it needs the colluding clients' seeds, which no server
+receives, so no recorded view holds it. ``--sweep`` keeps its own training too: it attacks the first
+``r`` rounds of one training for several ``r`` and reports HR@10 beside each point.
 
 ``chain-collusion`` (SAS plus ring neighbours of a victim, on step 4's chain): trains ``R`` rounds
 with ``chain_successors = S`` and attacks the last round's user-tower gradients. The chain runner
@@ -42,6 +62,7 @@ from typing import Any
 
 from experiments import jsonio
 from experiments.errors import UserError
+from experiments.studies.attack_wrap import add_run_arguments, print_result, run_and_attack
 
 __all__ = ["register", "run", "run_chain_collusion"]
 
@@ -61,14 +82,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--defense", default="none",
                    help="request-intersection: none|fixed-pool|download-all|dpf; item-gradient: none|secagg|download-all|dpf; "
                         "chain-collusion: none (raise --successors instead)")
-    p.add_argument("--rounds", type=int, default=20, help="training rounds (default 20)")
-    p.add_argument("--rho", type=float, default=0.9, help="fraction of non-clicked ids per request (default 0.9)")
-    p.add_argument("--request-size", type=int, default=10, help="T, ids per request (default 10)")
-    p.add_argument("--clients", type=int, default=20, help="clients per round (default 20)")
-    p.add_argument("--data", type=Path, default=None, help="ratings file or folder (default: synthetic)")
-    p.add_argument("--users", type=int, default=100, help="synthetic users (default 100)")
-    p.add_argument("--items", type=int, default=400, help="synthetic items (default 400)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=20, help="[run] rounds (default 20)")
+    p.add_argument("--rho", type=float, default=0.9,
+                   help="[sttfedrec] rho: fraction of non-clicked ids per request (default 0.9)")
+    p.add_argument("--request-size", type=int, default=10,
+                   help="[sttfedrec] request_size: T, ids per request (default 10)")
+    p.add_argument("--clients", type=int, default=20,
+                   help="[sttfedrec] clients_per_round: clients per round (default 20)")
+    add_run_arguments(p, users=100, items=400)
     p.add_argument("--successors", type=int, default=1,
                    help="chain-collusion: s, ring successors each client shares with (default 1, the paper's chain)")
     p.add_argument("--colluders", type=int, default=None,
@@ -249,6 +270,25 @@ def run_chain_collusion(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def run_attack(args: argparse.Namespace) -> dict[str, Any]:
+    """``request-intersection``/``item-gradient`` on a run of the matrix's cell (module docstring)."""
+    if args.defense not in DEFENSES[args.attack]:
+        raise UserError(f"--defense {args.defense!r} does not apply to --attack {args.attack}; "
+                        f"use one of {DEFENSES[args.attack]}")
+    if args.users < 4 or args.items < 2 * args.request_size:
+        raise UserError(f"--users {args.users} / --items {args.items} too small for --request-size {args.request_size}")
+    cell = "dpf" if args.defense == "dpf" else "secagg+"
+    # hash_dim and dim: the earlier command's small towers (k = 32), which its figures were measured with
+    over: dict[str, Any] = {"clients_per_round": args.clients, "rho": args.rho, "request_size": args.request_size,
+                            "hash_dim": 256, "dim": 32}
+    if args.defense in ("fixed-pool", "download-all"):
+        over["decoys"] = args.defense
+    if args.attack == "item-gradient" and args.defense == "none":
+        over["item_aggregation"] = "none"  # each client's per-id rows in plaintext (the naive fix of notes G1)
+    return run_and_attack(args, paper="sttfedrec", protocol="sttfedrec", cell=cell, attack=args.attack,
+                          overrides=over, items_per_interaction=20, min_users=4)
+
+
 def _main(args: argparse.Namespace) -> int:
     if args.sweep is not None:
         return _sweep(args)
@@ -265,16 +305,9 @@ def _main(args: argparse.Namespace) -> int:
         if args.json:
             print(jsonio.dumps(out))
         return 0
-    out = run(args, defense=args.defense, rho=args.rho, rounds=args.rounds)
-    a = out["attack"]
-    print(f"STTFedRec {out['attack_name']} / defense {out['defense']} (rho {out['rho']}, {out['rounds']} rounds): "
-          f"{a['status']}")
-    print(f"  F1 {a['f1']:.3f} (random {a['random_f1']:.3f}, every requested id {a['requested_f1']:.3f})  "
-          f"precision {a['precision']:.3f}  recall {a['recall']:.3f}  model HR@10 {out['HR@10']:.3f}")
-    if "attack_sas" in out:
-        b = out["attack_sas"]
-        print(f"  on SAS's view: {b['status']}; F1 {b['f1']:.3f} (random {b['random_f1']:.3f})")
-    print(f"  {out['train_bytes_per_client_per_round']:,.0f} bytes per client per round")
+    out = run_attack(args)
+    print_result(out, f"STTFedRec {args.attack} / defense {args.defense} (rho {args.rho})")
+    print(f"  {out['bytes_per_client_per_round']:,.0f} bytes per client per round")
     if args.json:
         print(jsonio.dumps(out))
     return 0

@@ -66,20 +66,24 @@ def test_attack_rejects_an_empty_view_and_a_wrong_item_table():
         embedding_topk_attack([], {"n_items": N_ITEMS + 1}, item_table=items)
 
 
-def test_cli_json_shape_and_composed_epsilon(capsys):
+def test_cli_json_shape_and_composed_epsilon(tmp_path, capsys):
+    """The wrapper runs FedCL into --out (2 rounds: 2 uploads per user), attacks the directory and
+    composes the epsilon of the uploads the attack averaged; --uploads without --sweep is deprecated."""
     code = main(["attack", "fedcl", "--epsilon", "8", "--uploads", "2", "--rounds", "2", "--users", "30", "--items", "60",
-                 "--dim", "8", "--json"])
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert code == 0
+                 "--dim", "8", "--out", str(tmp_path / "r"), "--json"])
+    captured = capsys.readouterr()
+    out = json.loads(captured.out.strip().splitlines()[-1])
+    assert code == 0 and "--uploads is deprecated" in captured.err
     a = out["attack"]
-    assert 0 <= a["precision_at_k"] <= 1 and a["random_precision"] > 0 and "noise_free_precision" in a
-    assert a["uploads_used"] == 2
+    assert a["attack"] == "fedcl-embedding-topk" and a["metric"] == "precision" and 0 <= a["value"] <= 1
+    assert a["random"] > 0 and a["advantage"] is not None and a["extra"]["uploads_per_user"] == 2
     assert out["privacy"]["attacked_uploads"]["epsilon_basic"] == 16
     assert out["privacy"]["attacked_uploads"]["epsilon"] <= 16 + 1e-9
+    assert (tmp_path / "r" / "attacks.json").is_file()
 
 
-def test_cli_refuses_more_uploads_than_rounds(capsys):
-    code = main(["attack", "fedcl", "--uploads", "5", "--rounds", "2"])
+def test_cli_refuses_more_uploads_than_rounds(tmp_path, capsys):
+    code = main(["attack", "fedcl", "--uploads", "5", "--rounds", "2", "--sweep", str(tmp_path / "s")])
     err = capsys.readouterr().err
     assert code == 2 and "--rounds" in err and len(err.strip().splitlines()) == 1
 

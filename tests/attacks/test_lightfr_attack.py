@@ -45,21 +45,31 @@ def test_secure_upload_leaves_the_attack_at_or_below_random():
     assert "masked" in res.status and sc.f1 <= sc.random_f1 and refl is None and not codes
 
 
-def test_registered_and_cli_json(capsys):
+def test_registered_and_cli_json(tmp_path, capsys):
+    """The wrapper runs one round into --out, attacks the directory and adds the code agreement."""
     assert get_attack("lightfr", "lightfr-one-upload").view == "server"
-    assert main(["attack", "lightfr", "--defense", "none", "--users", "30", "--items", "60", "--bits", "16", "--json"]) == 0
+    assert main(["attack", "lightfr", "--defense", "none", "--users", "30", "--items", "60", "--bits", "16",
+                 "--out", str(tmp_path / "r"), "--json"]) == 0
     out = json.loads(capsys.readouterr()[0].splitlines()[-1])
     a = out["attack"]
-    assert a["f1"] == 1.0 and a["exact_match_up_to_reflection"] == 1.0 and a["code_agreement"] == 1.0
-    assert {"precision", "recall", "random_f1", "rating_rmse", "random_rating_rmse", "status"} <= set(a)
+    assert a["target"] == "rated items" and a["value"] == 1.0 and a["advantage"] == 1.0 > a["random"]
+    assert a["extra"]["code_agreement"] == 1.0 > a["extra"]["random_code_agreement"]
+    ratings = next(f for f in out["findings"] if f["target"] == "ratings")
+    assert ratings["metric"] == "rmse" and ratings["extra"]["exact_match_up_to_reflection"] == 1.0
+    assert {"random", "public", "interval", "status"} <= set(a) and (tmp_path / "r" / "attacks.json").is_file()
     assert main(["attack", "lightfr", "--bits", "0"]) == 2
 
 
-def test_the_dpf_defense_leaves_the_first_server_nothing_to_invert(capsys):
-    """`--defense dpf`: the first server holds only DPF key sets; the attack infers nothing."""
+def test_the_dpf_defense_leaves_the_first_server_nothing_to_invert(tmp_path, capsys):
+    """`--defense dpf`: the first server holds only DPF key sets; the attack infers nothing and scores
+    exactly at the stronger baseline."""
     m, res, codes, sc, refl = _attack("grad", "dpf", bits=8)
     assert "DPF" in res.status and sc.f1 == 0.0 <= sc.random_f1 and refl is None and not codes
     assert main(["attack", "lightfr", "--defense", "dpf", "--users", "30", "--items", "60", "--bits", "8",
-                 "--json"]) == 0
+                 "--out", str(tmp_path / "r"), "--json"]) == 0
     out = json.loads(capsys.readouterr()[0].splitlines()[-1])
-    assert out["secure_aggregation"] == "dpf" and out["attack"]["f1"] == 0.0 and out["attacked_users"] > 0
+    assert out["cell"] == "dpf" and out["attack"]["users"] > 0 and "DPF" in out["attack"]["status"]
+    for f in out["findings"]:
+        assert f["advantage"] == 0.0, f
+    assert out["attack"]["value"] == max(out["attack"]["random"], out["attack"]["public"])
+    assert out["attack"]["extra"]["code_agreement"] is None

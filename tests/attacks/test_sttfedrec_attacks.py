@@ -75,38 +75,48 @@ def test_request_intersection_finds_recurring_ids():
         get_attack("sttfedrec", "request-intersection").run([Record("client:0", RS, 0, "request", 40, None)], public)
 
 
-def test_cli_request_intersection_json_and_defense(capsys):
+def _cli(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_cli_request_intersection_json_and_defense(tmp_path, capsys):
+    """The wrapper: a run per defense (kept in --out), attacked from its directory in the common schema."""
     rows = {}
     for defense in ("none", "fixed-pool", "download-all"):
-        code = main(["attack", "sttfedrec", "--attack", "request-intersection", "--defense", defense, "--rounds", "6",
-                     "--users", "30", "--items", "300", "--clients", "10", "--json"])
-        out = capsys.readouterr().out
-        assert code == 0
-        rows[defense] = json.loads(out.strip().splitlines()[-1])
-    for d, r in rows.items():
-        a = r["attack"]
-        assert set(a) >= {"f1", "precision", "recall", "random_f1", "status", "requested_f1"}
-        if d != "download-all":
-            assert a["f1"] > a["random_f1"]
-    # download-all: RS's view has no item id of any client; the price is M embeddings per client
-    assert rows["download-all"]["attack"]["f1"] == 0 and "nothing to attack" in rows["download-all"]["attack"]["status"]
-    assert rows["download-all"]["train_bytes_per_client_per_round"] > rows["none"]["train_bytes_per_client_per_round"]
+        rows[defense] = _cli(capsys, ["attack", "sttfedrec", "--attack", "request-intersection", "--defense", defense,
+                                      "--rounds", "6", "--users", "30", "--items", "300", "--clients", "10",
+                                      "--out", str(tmp_path / defense), "--json"])
+    for d in ("none", "fixed-pool"):
+        a = rows[d]["attack"]
+        assert a["attack"] == "request-intersection" and a["metric"] == "precision"
+        assert {"value", "random", "public", "advantage", "interval", "status"} <= set(a)
+        assert a["value"] > a["random"], (d, a)
+    # download-all: RS's view has no item id of any client, so every attack scores the stronger
+    # baseline exactly; the price is M embeddings per client
+    assert {f["attack"] for f in rows["download-all"]["findings"]} == {"request-intersection", "item-gradient"}
+    for f in rows["download-all"]["findings"]:
+        assert f["advantage"] == 0.0 and f["value"] == max(f["random"], f["public"]), f
+    assert rows["download-all"]["bytes_per_client_per_round"] > rows["none"]["bytes_per_client_per_round"]
 
 
 @pytest.mark.parametrize("attack", ["request-intersection", "item-gradient"])
-def test_cli_dpf_defense_leaves_both_servers_views_at_random_guessing(capsys, attack):
-    """``--defense dpf``: PIR requests and DPF gradients; the attack on RS's and on SAS's view has no id."""
+def test_cli_dpf_defense_leaves_rs_at_the_stronger_baseline(tmp_path, capsys, attack):
+    """``--defense dpf``: PIR requests and DPF gradients; RS's view has no id, so every finding is the
+    stronger baseline exactly (advantage 0), while the plaintext run leaks."""
     rows = {}
     for defense in ("none", "dpf"):
-        code = main(["attack", "sttfedrec", "--attack", attack, "--defense", defense, "--rounds", "3",
-                     "--users", "30", "--items", "300", "--clients", "10", "--json"])
-        assert code == 0
-        rows[defense] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rows["none"]["attack"]["f1"] > rows["none"]["attack"]["random_f1"]
-    for view in ("attack", "attack_sas"):
-        a = rows["dpf"][view]
-        assert a["f1"] <= a["random_f1"] and "nothing to attack" in a["status"]
-    assert rows["dpf"]["train_bytes_per_client_per_round"] > 0
+        rows[defense] = _cli(capsys, ["attack", "sttfedrec", "--attack", attack, "--defense", defense, "--rounds", "3",
+                                      "--users", "30", "--items", "300", "--clients", "10",
+                                      "--out", str(tmp_path / defense), "--json"])
+    plain = rows["none"]["attack"]
+    assert plain["value"] > plain["random"]
+    if attack == "item-gradient":  # plaintext per-id rows: the clicks' signs
+        assert plain["advantage"] > 0.5
+    assert rows["dpf"]["findings"]
+    for f in rows["dpf"]["findings"]:
+        assert f["advantage"] == 0.0 and f["value"] == max(f["random"], f["public"]), f
+    assert rows["dpf"]["bytes_per_client_per_round"] > 0
 
 
 def test_cli_refuses_a_defense_that_does_not_apply(capsys):

@@ -12,17 +12,25 @@ def _json(capsys, argv):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-def test_json_contract_plaintext(capsys):
-    out = _json(capsys, [*TINY, "--json"])
+def test_json_contract_plaintext(tmp_path, capsys):
+    """The wrapper: a run kept in --out, its held-out RMSE, and the run-directory attack's findings."""
+    out = _json(capsys, [*TINY, "--out", str(tmp_path / "r"), "--json"])
     a = out["attack"]
-    assert isinstance(out["rmse"], float)
-    assert set(a) >= {"f1", "precision", "recall", "rating_rmse", "random_f1", "status"}
-    assert a["status"] == "ok" and a["f1"] == 1.0 and a["rating_rmse"] < 0.05
+    assert isinstance(out["rmse"], float) and out["diverged"] is None
+    assert set(a) >= {"attack", "target", "metric", "value", "random", "public", "advantage", "interval", "status"}
+    assert a["attack"] == "fedmf-one-round" and a["target"] == "rated items" and a["status"] == "ok"
+    assert a["value"] == 1.0 and a["advantage"] == 1.0
+    ratings = next(f for f in out["findings"] if f["target"] == "ratings")
+    assert ratings["value"] < 0.05 and (tmp_path / "r" / "attacks.json").is_file()
 
 
-def test_json_contract_ckks_full_has_numeric_f1(capsys):
-    out = _json(capsys, [*TINY, "--defense", "ckks", "--json"])
-    assert out["attack"]["f1"] == 0.0 and "no usable plaintext" in out["attack"]["status"]
+def test_json_contract_ckks_scores_exactly_the_stronger_baseline(tmp_path, capsys):
+    out = _json(capsys, [*TINY, "--defense", "ckks", "--out", str(tmp_path / "r"), "--json"])
+    assert out["cell"] == "ckks" and out["findings"]
+    for f in out["findings"]:
+        assert f["status"].startswith("nothing usable") and f["advantage"] == 0.0
+    a = out["attack"]
+    assert a["value"] == max(a["random"], a["public"])
 
 
 def test_sweep_writes_table_and_png(tmp_path, capsys):
@@ -39,18 +47,18 @@ def test_user_errors_exit_2_without_traceback(capsys):
     assert main(["attack", "fedmf", "--data", "/nonexistent/ratings.csv"]) == 2
 
 
-def test_ldp_reports_the_epsilon_composed_over_all_uploads(capsys):
-    out = _json(capsys, [*TINY, "--defense", "ldp", "--epsilon", "2", "--json"])
+def test_ldp_reports_the_epsilon_composed_over_all_uploads(tmp_path, capsys):
+    out = _json(capsys, [*TINY, "--defense", "ldp", "--epsilon", "2", "--out", str(tmp_path / "l"), "--json"])
     p = out["privacy"]
-    assert p["uploads"] == 2 and p["epsilon_per_upload"] == 2.0
+    assert p["uploads"] == 2 and p["epsilon_per_upload"] == 2.0 and out["cell"] == "ldp-eps1"
     # Two pure 2-DP uploads: never more than basic composition, never less than one upload.
     assert 2.0 <= p["epsilon_total"] <= 4.0 + 1e-9
-    assert _json(capsys, [*TINY, "--json"])["privacy"] is None
+    assert _json(capsys, [*TINY, "--out", str(tmp_path / "n"), "--json"])["privacy"] is None
 
 
-def test_bad_paillier_key_bits_is_a_user_error(capsys):
+def test_bad_paillier_key_bits_is_a_user_error(tmp_path, capsys):
     """An invalid --key-bits is the user's input: exit 2 with the backend's reason, no traceback."""
-    assert main([*TINY, "--defense", "paillier", "--key-bits", "16"]) == 2
+    assert main([*TINY, "--defense", "paillier", "--key-bits", "16", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "--key-bits" in err and "1024" in err and "Traceback" not in err
 
@@ -90,10 +98,17 @@ def test_sweep_reports_a_diverged_ldp_model_as_diverged_without_numpy_warnings(t
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in caught]
 
 
-def test_single_run_and_sweep_agree_on_divergence(capsys, monkeypatch):
+def test_single_run_and_sweep_agree_on_divergence(tmp_path, capsys, monkeypatch):
+    """A diverged single run says so (rmse null) and still attacks the rounds it recorded."""
+    import warnings
+
     _seeded_ldp(monkeypatch)
-    out = _json(capsys, [*TINY[:-2], *DIVERGING, "--defense", "ldp", "--json"])
-    assert out["rmse"] is None and out["diverged"].startswith("training stopped in round 4")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = _json(capsys, [*TINY[:-2], *DIVERGING, "--defense", "ldp", "--out", str(tmp_path / "r"), "--json"])
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in caught]
+    assert out["rmse"] is None and out["diverged"] and "round 4" in out["diverged"], out["diverged"]
+    assert out["findings"] and 0 in out["attack"]["rounds"]
 
 
 def test_a_sweep_row_that_fails_early_does_not_end_the_sweep(tmp_path, capsys, monkeypatch):

@@ -51,21 +51,29 @@ def test_resume_continues_to_the_same_result(tmp_path, capsys):
     assert resumed["metrics"] == whole["metrics"]
 
 
-def test_attack_json_contract_both_defenses(capsys):
+def test_attack_json_contract_both_defenses(tmp_path, capsys):
+    """The wrapper makes a run (kept in --out) and prints attack_run_dir's findings: plaintext leaks,
+    SecAgg+ scores exactly at the stronger baseline (advantage 0), never below it."""
     tiny = ["attack", "fedfast", "--users", "20", "--items", "40", "--rounds", "1", "--clients-per-round", "8",
             "--clusters", "3", "--json"]
-    plain = _json(capsys, tiny)["attack"]
-    assert set(plain) >= {"f1", "precision", "recall", "random_f1", "status", "changed_set_f1", "magnitude_f1"}
-    assert plain["status"] == "ok" and plain["f1"] > 0.9 > plain["random_f1"]
-    masked = _json(capsys, [*tiny, "--defense", "secagg"])["attack"]
-    assert "masked" in masked["status"] and masked["changed_set_f1"] is None
+    plain_out = _json(capsys, [*tiny, "--out", str(tmp_path / "p")])
+    plain = plain_out["attack"]
+    keys = {"attack", "role", "target", "metric", "value", "random", "public", "advantage", "interval", "extra"}
+    assert set(plain) >= keys and plain["attack"] == "fedfast-ik" and plain["metric"] == "f1"
+    assert plain["status"] == "ok" and plain["value"] > 0.9 > plain["random"] and plain["advantage"] > 0.5
+    assert 0 <= plain["extra"]["changed_set_f1"] < plain["value"]
+    assert (tmp_path / "p" / "attacks.json").is_file() and plain_out["findings"][0] == plain
+    masked = _json(capsys, [*tiny, "--defense", "secagg", "--out", str(tmp_path / "s")])["attack"]
+    assert masked["status"].startswith("nothing usable") and "changed_set_f1" not in masked["extra"]
+    assert masked["advantage"] == 0.0 and masked["value"] == max(masked["random"], masked["public"])
 
 
-def test_attack_user_errors_exit_2(capsys):
-    assert main(["attack", "fedfast", "--rounds", "0"]) == 2
+def test_attack_user_errors_exit_2(tmp_path, capsys):
+    assert main(["attack", "fedfast", "--rounds", "0", "--out", str(tmp_path / "a")]) == 2
     assert main(["attack", "fedfast", "--clients-per-round", "0", "--users", "10", "--items", "20"]) == 2
     err = capsys.readouterr().err
     assert "--rounds" in err and "--clients-per-round" in err and "Traceback" not in err
+    assert not (tmp_path / "a").exists()  # refused before a run directory is made
 
 
 def _fake_run(path, values):

@@ -171,7 +171,7 @@ def _builtins() -> None:
         ("fedavg.ClientUpdate", "protocols.fedavg", "ClientUpdate", update),
         ("fedfast.FedFastUpload", "protocols.fedfast", "FedFastUpload", {**update, "user_embedding": (nd, none)}),
         ("fedmf.Upload", "protocols.fedmf", "Upload", {"user": int, "round": int, "items": (nd, none), "body": object}),
-        ("lightfr.Upload", "protocols.lightfr", "Upload",
+        ("lightfr.Upload", "protocols.lightfr_config", "Upload",
          {"user": int, "round": int, "items": nd, "body": nd, "stats": (nd, none)}),
         ("fel.LeafModel", "protocols.fel_leaf", "LeafModel", {"leaf": int, "round": int, "before": nd, "after": nd}),
         ("ncf_fed.NCFUpdate", "protocols.ncf_fed", "NCFUpdate", {"user": int, "delta": object, "weight": float}),

@@ -82,6 +82,9 @@ def test_every_builtin_payload_type_matches_its_dataclass():
         cls = getattr(importlib.import_module(spec.module), spec.qualname)
         assert dataclasses.is_dataclass(cls)
         assert sorted(f.name for f in dataclasses.fields(cls)) == sorted(spec.fields), name
+        # the encoder finds a payload's type by the class's own module: a class moved to another module
+        # (re-exported from the old one) would otherwise be recorded as an unreadable Opaque
+        assert (cls.__module__, cls.__qualname__) == (spec.module, spec.qualname), name
 
 
 def test_a_payload_without_an_encoding_is_kept_as_opaque_not_pickled():

@@ -40,6 +40,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cmd_privacy",
     "cmd_attack",
     "cmd_compare",
+    "cmd_reproduce",
     "cmd_flower",  # imports flwr only when a `secagg flower` sub-command runs
 )
 

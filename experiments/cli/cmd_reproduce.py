@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reproduce",
         help="run a paper's comparison (paired seeds, floors, CIs) and judge each of its claims",
         description="Run every preset a paper's claims compare, and ItemPop and random, on the same seeds; print "
-        "the paper's published figures beside ours with a 95%% t interval over seeds on every number and a "
+        "the paper's published figures beside ours with a 95 percent t interval over seeds on every number and a "
         "one-line verdict per claim (holds / does not hold / not testable here, and why). Writes reproduce.md, "
         "reproduce.json, reproduce.png and every run directory (OUT/runs/<preset>-s<seed>) into --out; run again "
         "with the same --out to continue an interrupted reproduction. docs/reproduce.md.",

@@ -183,8 +183,10 @@ def write_authors_filmtrust(folder: Path, n_users=30, n_items=40, seed=0) -> Pat
     return folder
 
 
-def test_reproduce_lightfr_on_the_authors_filmtrust_folder(tmp_path, capsys):
-    data = write_authors_filmtrust(tmp_path / "filmtrust")
+def test_reproduce_lightfr_on_the_authors_filmtrust_folder(tmp_path, capsys, monkeypatch):
+    # each run's own learning-curve PNG is most of a tiny run's time (tested with the run loop); reproduce.png stays
+    monkeypatch.setattr("experiments.run.training._plot", lambda *a, **k: None)
+    data = write_authors_filmtrust(tmp_path / "filmtrust", n_users=20)
     out = tmp_path / "rep"
     code = main(["reproduce", "lightfr", "--data", str(data), "--seeds", "2", "--rounds-scale", "0.04",
                  "--out", str(out), "--json"])

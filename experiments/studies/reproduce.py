@@ -236,7 +236,7 @@ def judge(claim: Claim, a: list[float | None], b: list[float | None] | None, dat
         return done(HOLDS if ok else FAILS, f"{text}; {'within' if ok else 'not within'} +-{claim.margin:g}")
     if claim.kind == "no-worse":
         ok = sd["lo"] >= -claim.margin
-        return done(HOLDS if ok else FAILS, f"{text}; {'not' if ok else ''} worse by more than {claim.margin:g}")
+        return done(HOLDS if ok else FAILS, f"{text}; {'not worse' if ok else 'worse'} by more than {claim.margin:g}")
     raise ValueError(f"unknown claim kind {claim.kind!r}; known: {', '.join(KINDS)}")
 
 

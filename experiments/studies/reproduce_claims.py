@@ -195,7 +195,6 @@ LIGHTFR = Paper(
 FEL = Paper(
     name="fel",
     title="FEL (Hejazinia et al., 2022)",
-    extra=("fl-baseline",),
     metrics=("AUC", "HR@10", "NDCG@10"),
     claims=(
         Claim("T2-nn", "FEL (over-arch NN) beats vanilla FL trained on the same users (+2.31% AUC)", "Table 2 (Taobao)",

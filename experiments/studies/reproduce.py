@@ -273,8 +273,7 @@ def reproduce(paper_name: str, source: str, seeds: int, rounds_scale: float, out
         raise FileNotFoundError(f"--data {source}: no such file or folder")
     paper = PAPERS[paper_name]
     dataset = dataset_name(source)
-    available = [p for p in paper.presets() if p in cfgmod.PRESETS]
-    missing = [p for p in paper.presets() if p not in cfgmod.PRESETS]
+    available, missing = _presets(paper)
     configs = {(p, s): paper_config(paper, p, s, source, rounds_scale) for p in available for s in range(seeds)}
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict[int, dict[str, Any]]] = {p: {} for p in available}
@@ -290,6 +289,15 @@ def reproduce(paper_name: str, source: str, seeds: int, rounds_scale: float, out
                 f"({time.perf_counter() - t0:.0f} s, {summary.get('rounds', 0)} rounds) {run_dir}")
             runs[p][s] = {"summary": summary, "dir": run_dir}
     return _report(paper, source, dataset, seeds, rounds_scale, out, runs, missing)
+
+
+def _presets(paper: Paper) -> tuple[list[str], list[str]]:
+    """The presets to run (the floors, the extras, and the presets of every claim whose presets all exist) and
+    those missing here (looked up now: a baseline that lands later is picked up without an edit)."""
+    missing = [p for p in paper.presets() if p not in cfgmod.PRESETS]
+    live = {p for c in paper.claims if not c.needs and not set(c.presets()) & set(missing) for p in c.presets()}
+    run = [p for p in paper.presets() if p not in missing and (p in live or p in paper.extra or p in FLOORS)]
+    return run, missing
 
 
 def _values(runs: dict[str, dict[int, dict[str, Any]]], preset: str, metric: str, seeds: int) -> list[float | None]:

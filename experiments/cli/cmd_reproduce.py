@@ -34,6 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds-scale", type=float, default=1.0, metavar="F",
                    help="multiply every preset's rounds (and evaluation interval) by F (default 1: the paper's)")
     p.add_argument("--out", metavar="DIR", help="output folder (default runs/reproduce-<paper>-<UTC timestamp>)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: judge from the runs already finished in --out (an interrupted reproduction)")
     p.add_argument("--threads", type=int, default=1, metavar="N", help="torch intra-op threads (default 1)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
     p.set_defaults(func=_main)
@@ -48,7 +50,9 @@ def _main(args: argparse.Namespace) -> int:
     from experiments.studies.reproduce import reproduce
 
     torch.set_num_threads(args.threads)
-    result = reproduce(args.paper, args.data, args.seeds, args.rounds_scale, out)
+    if args.report_only and not (out / "runs").is_dir():
+        raise UserError(f"--report-only reads the runs in {out}/runs, which does not exist")
+    result = reproduce(args.paper, args.data, args.seeds, args.rounds_scale, out, report_only=args.report_only)
     sys.stdout.write(Path(result["files"]["markdown"]).read_text())
     if args.json:
         print(jsonio.dumps(result, sort_keys=True))

@@ -260,9 +260,10 @@ def _run(preset: str, config: cfgmod.RunConfig, run_dir: Path, say: Callable[[st
 
 
 def reproduce(paper_name: str, source: str, seeds: int, rounds_scale: float, out: Path,
-              say: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
+              say: Callable[[str], None] = lambda s: print(s, file=sys.stderr), report_only: bool = False) -> dict[str, Any]:
     """Run ``paper_name``'s comparison on ``source`` and judge its claims; writes the three reports into ``out``
-    and returns the JSON object."""
+    and returns the JSON object. ``report_only``: run nothing, judge from the runs already complete in ``out``
+    (a claim pairs only the seeds both its presets finished; a preset with no finished run is "not run")."""
     if paper_name not in PAPERS:
         raise UserError(f"unknown paper {paper_name!r}; known: {', '.join(PAPERS)}")
     if seeds < 1:
@@ -282,13 +283,17 @@ def reproduce(paper_name: str, source: str, seeds: int, rounds_scale: float, out
         for p in available:
             k += 1
             run_dir = out / "runs" / f"{p}-s{s}"
+            if report_only and not (run_dir / "summary.json").exists():
+                continue
             t0 = time.perf_counter()
             summary = _run(p, configs[(p, s)], run_dir, say)
             main = paper.metrics[0]
             say(f"[{k}/{total}] {p} seed {s}: {main} {_fmt(metric_value(summary, main, run_dir))} "
                 f"({time.perf_counter() - t0:.0f} s, {summary.get('rounds', 0)} rounds) {run_dir}")
             runs[p][s] = {"summary": summary, "dir": run_dir}
-    return _report(paper, source, dataset, seeds, rounds_scale, out, runs, missing)
+    unfinished = [p for p in available if not runs[p]]
+    runs = {p: r for p, r in runs.items() if r}
+    return _report(paper, source, dataset, seeds, rounds_scale, out, runs, missing, unfinished)
 
 
 def _presets(paper: Paper) -> tuple[list[str], list[str]]:
@@ -301,14 +306,17 @@ def _presets(paper: Paper) -> tuple[list[str], list[str]]:
 
 
 def _values(runs: dict[str, dict[int, dict[str, Any]]], preset: str, metric: str, seeds: int) -> list[float | None]:
-    return [metric_value(runs[preset][s]["summary"], metric, runs[preset][s]["dir"]) for s in range(seeds)]
+    by_seed = runs[preset]
+    return [metric_value(by_seed[s]["summary"], metric, by_seed[s]["dir"]) if s in by_seed else None
+            for s in range(seeds)]
 
 
 def _claim_values(claim: Claim, runs: dict, seeds: int) -> tuple[list[float | None], list[float | None] | None]:
     if claim.metric.startswith("rounds_ratio:"):
         key = claim.metric.split(":", 1)[1]
         hist = lambda p, s: _history(runs[p][s]["dir"])  # noqa: E731
-        return [rounds_ratio(hist(claim.a, s), hist(claim.b, s), key) for s in range(seeds)], None
+        return [rounds_ratio(hist(claim.a, s), hist(claim.b, s), key) if s in runs[claim.a] and s in runs[claim.b]
+                else None for s in range(seeds)], None
     a = _values(runs, claim.a, claim.metric, seeds)
     return a, (_values(runs, claim.b, claim.metric, seeds) if claim.b else None)
 
@@ -320,23 +328,28 @@ def _history(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _report(paper: Paper, source: str, dataset: str, seeds: int, rounds_scale: float, out: Path,
-            runs: dict, missing: list[str]) -> dict[str, Any]:
+            runs: dict, missing: list[str], unfinished: list[str] = ()) -> dict[str, Any]:
     presets: dict[str, Any] = {}
     for p, by_seed in runs.items():
         metrics = sorted({*paper.metrics, *(c.metric for c in paper.claims if c.metric.split(":")[0] != "rounds_ratio"
                                              and (p in c.presets() or p in FLOORS))})
         presets[p] = {
-            "available": True, "rounds": by_seed[0]["summary"].get("rounds", 0),
+            "available": True, "rounds": next(iter(by_seed.values()))["summary"].get("rounds", 0),
             "runs": {str(s): str(r["dir"]) for s, r in by_seed.items()},
             "metrics": {m: t_interval(_values(runs, p, m, seeds)) for m in metrics},
         }
     for p in missing:
         presets[p] = {"available": False}
+    for p in unfinished:
+        presets[p] = {"available": False, "unfinished": True}
     claims = []
     for c in paper.claims:
-        gone = tuple(p for p in c.presets() if p not in runs)
-        a, b = _claim_values(c, runs, seeds) if not gone and not c.needs else ([], None)
+        gone = tuple(p for p in c.presets() if p not in runs and p not in unfinished)
+        late = tuple(p for p in c.presets() if p in unfinished)
+        a, b = _claim_values(c, runs, seeds) if not gone and not late and not c.needs else ([], None)
         verdict = judge(c, a, b, dataset, gone)
+        if late and not gone and not c.needs:
+            verdict.update(verdict=UNTESTABLE, reason=f"no finished run of {', '.join(late)} (--report-only)")
         floors = {f: (presets[f]["metrics"].get(c.metric) if f in runs and c.metric in presets[f]["metrics"]
                       else None) for f in FLOORS}
         claims.append({
@@ -383,7 +396,10 @@ def render_markdown(result: dict[str, Any]) -> str:
               "|---|---|" + "---|" * len(metrics)]
     for p, v in avail.items():
         lines.append(f"| `{p}` | {v['rounds']} | " + " | ".join(_ci(v["metrics"].get(m)) for m in metrics) + " |")
-    gone = [p for p, v in result["presets"].items() if not v.get("available")]
+    gone = [p for p, v in result["presets"].items() if not v.get("available") and not v.get("unfinished")]
+    late = [p for p, v in result["presets"].items() if v.get("unfinished")]
+    if late:
+        lines += ["", "Not finished when this report was written (`--report-only`): " + ", ".join(f"`{p}`" for p in late) + "."]
     if gone:
         lines += ["", "Not available here (no such preset yet): " + ", ".join(f"`{p}`" for p in gone) + "."]
     lines += ["", "## Claims", "",

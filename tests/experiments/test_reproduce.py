@@ -217,6 +217,16 @@ def test_reproduce_lightfr_on_the_authors_filmtrust_folder(tmp_path, capsys, mon
                  "--out", str(out), "--json"]) == 0
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert again["claims"] == result["claims"]
+    # --report-only judges from the finished runs: one preset's runs removed, its claims say so, nothing re-runs
+    for d in result["presets"]["lightfr-paper-para"]["runs"].values():
+        (Path(d) / "summary.json").unlink()
+    assert main(["reproduce", "lightfr", "--data", str(data), "--seeds", "2", "--rounds-scale", "0.04",
+                 "--out", str(out), "--json", "--report-only"]) == 0
+    partial = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    para = {c["id"]: c for c in partial["claims"]}["T6-para"]
+    assert para["verdict"] == "not testable here" and "lightfr-paper-para" in para["reason"]
+    assert partial["presets"]["lightfr-paper-para"] == {"available": False, "unfinished": True}
+    assert {c["id"]: c for c in partial["claims"]}["T4-floor"] == claims["T4-floor"]
 
 
 def test_reproduce_refuses_bad_arguments(tmp_path, capsys):
@@ -224,3 +234,5 @@ def test_reproduce_refuses_bad_arguments(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert main(["reproduce", "lightfr", "--data", "synthetic", "--seeds", "0", "--out", str(tmp_path / "o")]) == 2
     assert "--seeds" in capsys.readouterr().err
+    assert main(["reproduce", "fel", "--data", "synthetic", "--report-only", "--out", str(tmp_path / "none")]) == 2
+    assert "--report-only" in capsys.readouterr().err

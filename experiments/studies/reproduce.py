@@ -224,6 +224,9 @@ def judge(claim: Claim, a: list[float | None], b: list[float | None] | None, dat
     if sd["lo"] is None:
         return done(UNTESTABLE, f"difference {_fmt(sd['mean'])} from {sd['n']} paired seed(s); an interval needs "
                                 "--seeds >= 2")
+    if abs(sd["hi"] - sd["lo"]) < 1e-12 and sd["n"] < 5:  # identical paired differences (discrete metrics, few seeds)
+        return done(UNTESTABLE, f"difference {_fmt(sd['mean'])} identical in all {sd['n']} paired seeds: a "
+                                "zero-width interval is no evidence with so few seeds; run more --seeds")
     better = "higher" if claim.higher else "lower"
     text = f"{claim.a} - {claim.b} ({better} is better, signed so + favours {claim.a}) = {_ci(sd)}"
     if claim.kind == "better":
@@ -344,7 +347,7 @@ def _report(paper: Paper, source: str, dataset: str, seeds: int, rounds_scale: f
         presets[p] = {"available": False, "unfinished": True}
     claims = []
     for c in paper.claims:
-        gone = tuple(p for p in c.presets() if p not in runs and p not in unfinished)
+        gone = tuple(p for p in c.presets() if p in missing)
         late = tuple(p for p in c.presets() if p in unfinished)
         a, b = _claim_values(c, runs, seeds) if not gone and not late and not c.needs else ([], None)
         verdict = judge(c, a, b, dataset, gone)

@@ -108,6 +108,11 @@ def test_better_does_not_hold_when_reversed_or_not_significant():
     assert ns["verdict"] == "does not hold" and "includes 0" in ns["reason"]
 
 
+def test_identical_paired_differences_are_no_evidence():
+    v = judge(BETTER, [0.0082, 0.0115], [0.0049, 0.0082], "d")
+    assert v["verdict"] == "not testable here" and "identical" in v["reason"]
+
+
 def test_pairing_matters():
     # a is above b in every seed by 0.01 but the seeds vary a lot: paired, it holds; unpaired it would not
     a, b = [0.30, 0.60, 0.90], [0.29, 0.59, 0.89]

@@ -41,6 +41,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cmd_attack",
     "cmd_audit",
     "cmd_compare",
+    "cmd_reproduce",
     "cmd_flower",  # imports flwr only when a `secagg flower` sub-command runs
 )
 

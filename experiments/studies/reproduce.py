@@ -282,21 +282,27 @@ def reproduce(paper_name: str, source: str, seeds: int, rounds_scale: float, out
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict[int, dict[str, Any]]] = {p: {} for p in available}
     total, k = len(configs), 0
+    refused: dict[str, str] = {}  # presets that cannot run on this data (e.g. a rating baseline on ranking splits)
     for s in range(seeds):  # seed-major: one complete seed first
         for p in available:
             k += 1
             run_dir = out / "runs" / f"{p}-s{s}"
-            if report_only and not (run_dir / "summary.json").exists():
+            if p in refused or (report_only and not (run_dir / "summary.json").exists()):
                 continue
             t0 = time.perf_counter()
-            summary = _run(p, configs[(p, s)], run_dir, say)
+            try:
+                summary = _run(p, configs[(p, s)], run_dir, say)
+            except (UserError, ValueError) as exc:  # this preset on this data; the other claims still run
+                refused[p] = str(exc)
+                say(f"[{k}/{total}] {p} seed {s}: cannot run on this data: {exc}")
+                continue
             main = paper.metrics[0]
             say(f"[{k}/{total}] {p} seed {s}: {main} {_fmt(metric_value(summary, main, run_dir))} "
                 f"({time.perf_counter() - t0:.0f} s, {summary.get('rounds', 0)} rounds) {run_dir}")
             runs[p][s] = {"summary": summary, "dir": run_dir}
-    unfinished = [p for p in available if not runs[p]]
+    unfinished = [p for p in available if not runs[p] and p not in refused]
     runs = {p: r for p, r in runs.items() if r}
-    return _report(paper, source, dataset, seeds, rounds_scale, out, runs, missing, unfinished)
+    return _report(paper, source, dataset, seeds, rounds_scale, out, runs, missing, unfinished, refused)
 
 
 def _presets(paper: Paper) -> tuple[list[str], list[str]]:
@@ -331,7 +337,9 @@ def _history(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _report(paper: Paper, source: str, dataset: str, seeds: int, rounds_scale: float, out: Path,
-            runs: dict, missing: list[str], unfinished: list[str] = ()) -> dict[str, Any]:
+            runs: dict, missing: list[str], unfinished: list[str] = (),
+            refused: dict[str, str] | None = None) -> dict[str, Any]:
+    refused = dict(refused or {})
     presets: dict[str, Any] = {}
     for p, by_seed in runs.items():
         metrics = sorted({*paper.metrics, *(c.metric for c in paper.claims if c.metric.split(":")[0] != "rounds_ratio"
@@ -345,13 +353,19 @@ def _report(paper: Paper, source: str, dataset: str, seeds: int, rounds_scale: f
         presets[p] = {"available": False}
     for p in unfinished:
         presets[p] = {"available": False, "unfinished": True}
+    for p, why in refused.items():
+        presets[p] = {"available": False, "refused": why}
     claims = []
     for c in paper.claims:
         gone = tuple(p for p in c.presets() if p in missing)
         late = tuple(p for p in c.presets() if p in unfinished)
-        a, b = _claim_values(c, runs, seeds) if not gone and not late and not c.needs else ([], None)
+        cannot = tuple(p for p in c.presets() if p in refused)
+        a, b = _claim_values(c, runs, seeds) if not gone and not late and not cannot and not c.needs else ([], None)
         verdict = judge(c, a, b, dataset, gone)
-        if late and not gone and not c.needs:
+        if cannot and not gone and not c.needs:
+            verdict.update(verdict=UNTESTABLE, reason="; ".join(f"{p} cannot run on this data: {refused[p]}"
+                                                                for p in cannot))
+        elif late and not gone and not c.needs:
             verdict.update(verdict=UNTESTABLE, reason=f"no finished run of {', '.join(late)} (--report-only)")
         floors = {f: (presets[f]["metrics"].get(c.metric) if f in runs and c.metric in presets[f]["metrics"]
                       else None) for f in FLOORS}
@@ -399,7 +413,11 @@ def render_markdown(result: dict[str, Any]) -> str:
               "|---|---|" + "---|" * len(metrics)]
     for p, v in avail.items():
         lines.append(f"| `{p}` | {v['rounds']} | " + " | ".join(_ci(v["metrics"].get(m)) for m in metrics) + " |")
-    gone = [p for p, v in result["presets"].items() if not v.get("available") and not v.get("unfinished")]
+    gone = [p for p, v in result["presets"].items()
+            if not v.get("available") and not v.get("unfinished") and not v.get("refused")]
+    cannot = {p: v["refused"] for p, v in result["presets"].items() if v.get("refused")}
+    if cannot:
+        lines += ["", "Cannot run on this data: " + "; ".join(f"`{p}` ({why})" for p, why in cannot.items()) + "."]
     late = [p for p, v in result["presets"].items() if v.get("unfinished")]
     if late:
         lines += ["", "Not finished when this report was written (`--report-only`): " + ", ".join(f"`{p}`" for p in late) + "."]

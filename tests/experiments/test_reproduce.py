@@ -217,6 +217,11 @@ def test_reproduce_lightfr_on_the_authors_filmtrust_folder(tmp_path, capsys, mon
         assert c["verdict"] in ("holds", "does not hold", "not testable here") and c["reason"]
         if c["b"] in COMING and c["b"] not in cfgmod.PRESETS:
             assert c["reason"] == f"preset {c['b']} not available"
+    # a rating baseline cannot run on the authors' ranking split: its claims say so, the others still run
+    assert "ratio split" in result["presets"]["pmf"]["refused"]
+    pmf_claims = [c for c in result["claims"] if "pmf" in (c["a"], c["b"])]
+    assert pmf_claims and all(c["verdict"] == "not testable here" and "pmf cannot run on this data" in c["reason"]
+                              for c in pmf_claims)
     # the same command again reads every run back (nothing re-trained) and gives the same result
     assert main(["reproduce", "lightfr", "--data", str(data), "--seeds", "2", "--rounds-scale", "0.04",
                  "--out", str(out), "--json"]) == 0

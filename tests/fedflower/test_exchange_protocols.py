@@ -72,9 +72,11 @@ ATOL = {"sttfedrec": 1e-4, "fl-dssm": 1e-4}
 #: checkpoint keys that hold the clients' own state: on Flower it stays on the nodes, and the
 #: server's checkpoint keeps only its initial placeholder (the metrics, computed on the nodes, compare)
 CLIENT_HELD = {"lightfr": ("b",), "lightfr-grad": ("b",), "fedfast-secagg": ("user",),
-               # (STTFedRec's device_seconds: the clients' own timings, measured on the devices; its
-               # train_bytes: the chain's bytes as Flower's records carry them, ~0.06% above its wire form)
-               "sttfedrec": ("device_seconds", "train_bytes"), "fl-dssm": ("device_seconds", "train_bytes"),
+               # (STTFedRec's device_seconds and secure_seconds: the clients' own timings, measured on the
+               # devices; its train_bytes: the chain's bytes as Flower's records carry them, ~0.06% above its
+               # wire form)
+               "sttfedrec": ("device_seconds", "secure_seconds", "train_bytes"),
+               "fl-dssm": ("device_seconds", "secure_seconds", "train_bytes"),
                "fedmf": ("p",), "fedmf-secagg": ("p",),
                # (FedCL's checkpoint in process carries every simulated client's guard record; on Flower each
                # node keeps its own, in its context and state directory)

@@ -51,20 +51,19 @@ import numpy as np
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
 from protocols.registry import ProtocolSpec, register
+from protocols.sampled_secure import SampledSecureConfig
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
 from secagg.encoding import check_budget
-from secagg.params import check_fraction
 
 __all__ = ["FCF", "FCFConfig", "FCFUpdate", "client_gradient", "solve_user"]
 
-_SECURE = ("none", "secagg", "secagg+")
 _OPTIMIZERS = ("adam", "sgd")
 
 
 @dataclass(frozen=True)
-class FCFConfig:
+class FCFConfig(SampledSecureConfig):
     """Hyper-parameters of FCF.
 
     Attributes:
@@ -103,22 +102,7 @@ class FCFConfig:
             raise ValueError(f"fcf.lr and fcf.reg must be positive; found {self.lr!r}, {self.reg!r}")
         if self.optimizer not in _OPTIMIZERS:
             raise ValueError(f"fcf.optimizer must be one of {_OPTIMIZERS}; found {self.optimizer!r}")
-        if isinstance(self.client_fraction, bool) or not 0 < self.client_fraction <= 1:
-            raise ValueError(f"fcf.client_fraction must be in (0, 1]; found {self.client_fraction!r}")
-        if type(self.clients_per_round) is not int or self.clients_per_round < 0:
-            raise ValueError(f"fcf.clients_per_round must be an int >= 0; found {self.clients_per_round!r}")
-        if self.secure_aggregation not in _SECURE:
-            raise ValueError(f"fcf.secure_aggregation must be one of {_SECURE}; found {self.secure_aggregation!r}")
-        if not (0 < self.frac_bits < 62) or not (self.value_clip > 0 and math.isfinite(self.value_clip)):
-            raise ValueError(f"fcf.frac_bits must be in 1..61 and value_clip positive; found {self.frac_bits}, "
-                             f"{self.value_clip}")
-        check_fraction("fcf.secagg_dropout", self.secagg_dropout)
-        check_fraction("fcf.secagg_corrupt", self.secagg_corrupt, upper=0.5)
-
-    def clients_in_round(self, n: int) -> int:
-        if self.clients_per_round:
-            return min(self.clients_per_round, n)
-        return max(1, min(n, math.ceil(self.client_fraction * n - 1e-9)))
+        self.check_sampled_secure("fcf")
 
 
 @dataclass(frozen=True)

@@ -66,21 +66,20 @@ from dp.events import NonPrivate
 from dp.rng import RandomSource, resolve_source, uint64s
 from protocols.base import Release, RoundStats
 from protocols.registry import ProtocolSpec, register
+from protocols.sampled_secure import SampledSecureConfig
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
 from recmodels.mf import mae, rmse
 from secagg.encoding import check_budget
-from secagg.params import check_fraction
 
 __all__ = ["FILLINGS", "FedRec", "FedRecConfig", "FedRecUpload", "draw_filled"]
 
 FILLINGS = ("average", "hybrid")
-_SECURE = ("none", "secagg", "secagg+")
 
 
 @dataclass(frozen=True)
-class FedRecConfig:
+class FedRecConfig(SampledSecureConfig):
     """Hyper-parameters of FedRec.
 
     Attributes:
@@ -128,22 +127,7 @@ class FedRecConfig:
             raise ValueError(f"fedrec.filling must be one of {FILLINGS}; found {self.filling!r}")
         if type(self.hybrid_rounds) is not int or self.hybrid_rounds < 0:
             raise ValueError(f"fedrec.hybrid_rounds must be an int >= 0; found {self.hybrid_rounds!r}")
-        if isinstance(self.client_fraction, bool) or not 0 < self.client_fraction <= 1:
-            raise ValueError(f"fedrec.client_fraction must be in (0, 1]; found {self.client_fraction!r}")
-        if type(self.clients_per_round) is not int or self.clients_per_round < 0:
-            raise ValueError(f"fedrec.clients_per_round must be an int >= 0; found {self.clients_per_round!r}")
-        if self.secure_aggregation not in _SECURE:
-            raise ValueError(f"fedrec.secure_aggregation must be one of {_SECURE}; found {self.secure_aggregation!r}")
-        if not (0 < self.frac_bits < 62) or not (self.value_clip > 0 and math.isfinite(self.value_clip)):
-            raise ValueError(f"fedrec.frac_bits must be in 1..61 and value_clip positive; found {self.frac_bits}, "
-                             f"{self.value_clip}")
-        check_fraction("fedrec.secagg_dropout", self.secagg_dropout)
-        check_fraction("fedrec.secagg_corrupt", self.secagg_corrupt, upper=0.5)
-
-    def clients_in_round(self, n: int) -> int:
-        if self.clients_per_round:
-            return min(self.clients_per_round, n)
-        return max(1, min(n, math.ceil(self.client_fraction * n - 1e-9)))
+        self.check_sampled_secure("fedrec")
 
 
 @dataclass(frozen=True)

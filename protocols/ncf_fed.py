@@ -40,7 +40,6 @@ not refused (docs/limitations.md). It is a comparison point, run in process only
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -51,20 +50,19 @@ import torch
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
 from protocols.registry import ProtocolSpec, register
+from protocols.sampled_secure import SampledSecureConfig
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions, pair_keys
 from recmodels.neumf import USER_PARAMS, NCFConfig, draw_examples, init_neumf, neumf_logits, train_examples
 from secagg.encoding import check_budget
-from secagg.params import check_fraction
 
 __all__ = ["NCFCentral", "NCFFed", "NCFFedConfig", "NCFUpdate", "forbidden_keys"]
 
-_SECURE = ("none", "secagg", "secagg+")
 
 
 @dataclass(frozen=True)
-class NCFFedConfig(NCFConfig):
+class NCFFedConfig(NCFConfig, SampledSecureConfig):
     """:class:`recmodels.neumf.NCFConfig` plus FedAvg's settings.
 
     Attributes:
@@ -89,26 +87,7 @@ class NCFFedConfig(NCFConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.client_fraction, bool) or not 0 < self.client_fraction <= 1:
-            raise ValueError(f"ncffed.client_fraction must be in (0, 1]; found {self.client_fraction!r}")
-        if type(self.clients_per_round) is not int or self.clients_per_round < 0:
-            raise ValueError(f"ncffed.clients_per_round must be an int >= 0; found {self.clients_per_round!r}")
-        if type(self.local_epochs) is not int or self.local_epochs < 1:
-            raise ValueError(f"ncffed.local_epochs must be an int >= 1; found {self.local_epochs!r}")
-        if not (isinstance(self.server_lr, (int, float)) and math.isfinite(self.server_lr) and self.server_lr > 0):
-            raise ValueError(f"ncffed.server_lr must be a positive number; found {self.server_lr!r}")
-        if self.secure_aggregation not in _SECURE:
-            raise ValueError(f"ncffed.secure_aggregation must be one of {_SECURE}; found {self.secure_aggregation!r}")
-        if not (0 < self.frac_bits < 62) or not (self.value_clip > 0 and math.isfinite(self.value_clip)):
-            raise ValueError(f"ncffed.frac_bits must be in 1..61 and value_clip positive; found {self.frac_bits}, "
-                             f"{self.value_clip}")
-        check_fraction("ncffed.secagg_dropout", self.secagg_dropout)
-        check_fraction("ncffed.secagg_corrupt", self.secagg_corrupt, upper=0.5)
-
-    def clients_in_round(self, n: int) -> int:
-        if self.clients_per_round:
-            return min(self.clients_per_round, n)
-        return max(1, min(n, math.ceil(self.client_fraction * n - 1e-9)))
+        self.check_sampled_secure("ncffed")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,43 @@
+"""Configuration checks shared by the federated baselines (``fcf``, ``fedrec``, ``ncf-fed``).
+
+Each of their ``[section]`` configurations samples a fraction (or a count) of the clients per round
+and optionally sums the uploads through SecAgg or SecAgg+; :class:`SampledSecureConfig` checks those
+fields once for all of them, naming the offending key, and says how many clients a round samples.
+"""
+
+from __future__ import annotations
+
+import math
+
+from secagg.params import check_fraction
+
+__all__ = ["SECURE_CHOICES", "SampledSecureConfig"]
+
+#: The secure-aggregation choices of the baselines (no chain, no DPF: they sum dense vectors).
+SECURE_CHOICES = ("none", "secagg", "secagg+")
+
+
+class SampledSecureConfig:
+    """Mixin for a dataclass with ``client_fraction``, ``clients_per_round``, ``secure_aggregation``,
+    ``frac_bits``, ``value_clip``, ``secagg_dropout`` and ``secagg_corrupt`` (no fields of its own)."""
+
+    def check_sampled_secure(self, section: str) -> None:
+        """Raise ``ValueError`` naming ``section.key`` for the first field out of range."""
+        if isinstance(self.client_fraction, bool) or not 0 < self.client_fraction <= 1:
+            raise ValueError(f"{section}.client_fraction must be in (0, 1]; found {self.client_fraction!r}")
+        if type(self.clients_per_round) is not int or self.clients_per_round < 0:
+            raise ValueError(f"{section}.clients_per_round must be an int >= 0; found {self.clients_per_round!r}")
+        if self.secure_aggregation not in SECURE_CHOICES:
+            raise ValueError(f"{section}.secure_aggregation must be one of {SECURE_CHOICES}; "
+                             f"found {self.secure_aggregation!r}")
+        if not (0 < self.frac_bits < 62) or not (self.value_clip > 0 and math.isfinite(self.value_clip)):
+            raise ValueError(f"{section}.frac_bits must be in 1..61 and value_clip positive; found {self.frac_bits}, "
+                             f"{self.value_clip}")
+        check_fraction(f"{section}.secagg_dropout", self.secagg_dropout)
+        check_fraction(f"{section}.secagg_corrupt", self.secagg_corrupt, upper=0.5)
+
+    def clients_in_round(self, n: int) -> int:
+        """Clients sampled in a round out of ``n``: ``clients_per_round`` when set, else the fraction (at least 1)."""
+        if self.clients_per_round:
+            return min(self.clients_per_round, n)
+        return max(1, min(n, math.ceil(self.client_fraction * n - 1e-9)))

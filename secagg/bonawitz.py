@@ -92,6 +92,7 @@ from secagg import bonawitz_common as _common
 from secagg import prg, shamir
 from secagg.bonawitz_common import (  # noqa: F401 (re-exported here)
     ClientPolicy, MaskingConfig, SigningKey, _advert_digest, _check_distinct_keys, _commit_seed, _input_digest,
+    check_survivors,
     _verify, make_pki,
 )
 from secagg.bonawitz_wire import (  # noqa: F401 (the wire format, re-exported here)
@@ -344,28 +345,8 @@ class MaskingClient:
         msg = SurvivorList.from_bytes(blob)
         self._check_header(msg, "CONSISTENCY")
         st: _Masked = self._state  # type: ignore[assignment]
-        u3 = frozenset(msg.survivors)
-        if len(u3) != len(msg.survivors) or list(msg.survivors) != sorted(u3):
-            raise MessageError("stage CONSISTENCY: survivor list must be sorted without duplicates")
-        if self.id not in u3:
-            raise MessageError(f"stage CONSISTENCY: survivor list omits this client ({self.id})")
-        if any(not 0 <= v < self.cfg.n for v in u3):
-            raise MessageError("stage CONSISTENCY: survivor id out of range")
-        ghosts = (u3 & self._nbrs) - st.u2
-        if ghosts:
-            raise MessageError(f"stage CONSISTENCY: the survivor list names neighbours {sorted(ghosts)[:8]} whose shares "
-                               "never reached this client (U3 must lie within U2); it does not sign")
-        if len(u3) < self.policy.min_survivors:
-            raise AbortError(f"stage CONSISTENCY: {len(u3)} survivors, below this client's min_survivors = "
-                             f"{self.policy.min_survivors}; it does not sign (the sum is never unmasked)")
-        missing, allowed = self.cfg.n - len(u3), self.policy.max_dropped(self.cfg.n)
-        if missing > allowed:
-            raise AbortError(f"stage CONSISTENCY: {missing} of the n = {self.cfg.n} announced clients are missing "
-                             f"from the survivor set, more than the {allowed} this client's max_dropout = "
-                             f"{self.policy.max_dropout:g} allows; it does not sign (the sum is never unmasked)")
-        live = len(u3 & (st.u2 | {self.id}) & (self._nbrs | {self.id}))
-        if live < self.cfg.t:
-            raise AbortError(f"stage CONSISTENCY: {live} of this client's holders survived, fewer than t = {self.cfg.t}")
+        u3 = check_survivors(msg.survivors, me=self.id, n=self.cfg.n, nbrs=self._nbrs, u2=st.u2,
+                             policy=self.policy, t=self.cfg.t)
         sig = self._identity.sign(self.cfg.survivors_digest(msg.survivors))
         self._leave("sign_survivors", _Signed(st.received, st.u2, u3, st.own_b_share))
         return ConsistencySignature(**self._head(), sig=sig)

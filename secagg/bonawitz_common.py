@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from secagg import params, simshare
-from secagg.errors import MessageError
+from secagg.errors import AbortError, MessageError
 from secagg.graph import Graph, complete_graph, random_regular_graph
 from secagg.messages import INSTANCE_BYTES
 from secagg.params import min_safe_threshold
@@ -274,3 +274,51 @@ def _check_distinct_keys(keys: Sequence[tuple[int, bytes]], where: str) -> None:
                 "must differ); refusing to go on with this key set"
             )
         seen[key] = who
+
+
+def check_survivors(survivors: Sequence[int], *, me: int, n: int, nbrs: frozenset[int], u2: frozenset[int],
+                    policy: ClientPolicy, t: int, scope: str = "") -> frozenset[int]:
+    """A client's consistency check of the server's survivor list ``U3`` before it signs (SecAgg and the
+    reused setup's instances alike); returns ``U3``.
+
+    Refuses (``MessageError``) a list that is unsorted or repeats an id, omits this client, names an id
+    out of range, or names a neighbour whose shares never reached this client (``U3`` must lie within
+    ``U2``); aborts (``AbortError``) below the client's ``min_survivors``, beyond its ``max_dropout``, or
+    with fewer than ``t`` of its holders alive. ``scope`` (e.g. ``" in this instance"``) is added to the
+    words of the ``U2`` refusal.
+    """
+    u3 = frozenset(survivors)
+    if len(u3) != len(survivors) or list(survivors) != sorted(u3):
+        raise MessageError("stage CONSISTENCY: survivor list must be sorted without duplicates")
+    if me not in u3:
+        raise MessageError(f"stage CONSISTENCY: survivor list omits this client ({me})")
+    if any(not 0 <= v < n for v in u3):
+        raise MessageError("stage CONSISTENCY: survivor id out of range")
+    ghosts = (u3 & nbrs) - u2
+    if ghosts:
+        raise MessageError(f"stage CONSISTENCY: the survivor list names neighbours {sorted(ghosts)[:8]} whose shares "
+                           f"never reached this client{scope} (U3 must lie within U2); it does not sign")
+    if len(u3) < policy.min_survivors:
+        raise AbortError(f"stage CONSISTENCY: {len(u3)} survivors, below this client's min_survivors = "
+                         f"{policy.min_survivors}; it does not sign (the sum is never unmasked)")
+    missing, allowed = n - len(u3), policy.max_dropped(n)
+    if missing > allowed:
+        raise AbortError(f"stage CONSISTENCY: {missing} of the n = {n} announced clients are missing "
+                         f"from the survivor set, more than the {allowed} this client's max_dropout = "
+                         f"{policy.max_dropout:g} allows; it does not sign (the sum is never unmasked)")
+    live = len(u3 & (u2 | {me}) & (nbrs | {me}))
+    if live < t:
+        raise AbortError(f"stage CONSISTENCY: {live} of this client's holders survived, fewer than t = {t}")
+    return u3
+
+
+def route_shares(shares: Mapping[int, Sequence[tuple[int, bytes]]], u2: frozenset[int]) -> dict[int, list[tuple[int, bytes]]]:
+    """The server's forwarding at the close of the share stage: for each client in ``U2``, the
+    ``(sender, ciphertext)`` pairs addressed to it, senders in increasing order (a ciphertext for a
+    client outside ``U2`` is dropped with its addressee)."""
+    inbox: dict[int, list[tuple[int, bytes]]] = {u: [] for u in u2}
+    for sender in sorted(u2):
+        for receiver, ct in shares[sender]:
+            if receiver in inbox:
+                inbox[receiver].append((sender, ct))
+    return inbox

@@ -160,11 +160,7 @@ class MaskingServer:
         self._advance("forward_shares")
         self.u2 = frozenset(self.shares)
         self._need(len(self.u2), "SHARE_KEYS", "clients sent shares")
-        inbox: dict[int, list[tuple[int, bytes]]] = {u: [] for u in self.u2}
-        for sender in sorted(self.u2):
-            for receiver, ct in self.shares[sender]:
-                if receiver in inbox:
-                    inbox[receiver].append((sender, ct))
+        inbox = _bw.route_shares(self.shares, self.u2)
         return {u: ForwardedShares(**self._head(u), shares=tuple(inbox[u])).to_bytes() for u in sorted(self.u2)}
 
     def request_consistency(self) -> dict[int, bytes]:

@@ -59,7 +59,9 @@ import numpy as np
 
 from secagg import prg, shamir
 from secagg import bonawitz_common as _common
-from secagg.bonawitz_common import ClientPolicy, MaskingConfig, SigningKey, _check_distinct_keys
+from secagg.bonawitz_common import (
+    ClientPolicy, MaskingConfig, SigningKey, _check_distinct_keys, check_survivors, route_shares,
+)
 from secagg.bonawitz_wire import (
     SEED_BYTES, SHARE_BYTES, AdvertiseKeys, ConsistencySignature, KeyBroadcast, MaskedInput,
     SurvivorList, UnmaskRequest,
@@ -300,28 +302,8 @@ class ReuseClient:
         assert st is not None
         msg = SurvivorList.from_bytes(blob)
         self._check_header(msg, st.inst, "CONSISTENCY")
-        u3 = frozenset(msg.survivors)
-        if len(u3) != len(msg.survivors) or list(msg.survivors) != sorted(u3):
-            raise MessageError("stage CONSISTENCY: survivor list must be sorted without duplicates")
-        if self.id not in u3:
-            raise MessageError(f"stage CONSISTENCY: survivor list omits this client ({self.id})")
-        if any(not 0 <= v < self.cfg.n for v in u3):
-            raise MessageError("stage CONSISTENCY: survivor id out of range")
-        ghosts = (u3 & self._nbrs) - st.u2
-        if ghosts:
-            raise MessageError(f"stage CONSISTENCY: the survivor list names neighbours {sorted(ghosts)[:8]} whose shares "
-                               "never reached this client in this instance (U3 must lie within U2); it does not sign")
-        if len(u3) < self.policy.min_survivors:
-            raise AbortError(f"stage CONSISTENCY: {len(u3)} survivors, below this client's min_survivors = "
-                             f"{self.policy.min_survivors}; it does not sign")
-        allowed = self.policy.max_dropped(self.cfg.n)
-        if self.cfg.n - len(u3) > allowed:
-            raise AbortError(f"stage CONSISTENCY: {self.cfg.n - len(u3)} of the {self.cfg.n} clients of this setup are "
-                             f"missing, more than the {allowed} this client's max_dropout = {self.policy.max_dropout:g} "
-                             "allows; it does not sign (the sum is never unmasked)")
-        live = len(u3 & st.u2)
-        if live < self.cfg.t:
-            raise AbortError(f"stage CONSISTENCY: {live} of this client's holders survived, fewer than t = {self.cfg.t}")
+        u3 = check_survivors(msg.survivors, me=self.id, n=self.cfg.n, nbrs=self._nbrs, u2=st.u2,
+                             policy=self.policy, t=self.cfg.t, scope=" in this instance")
         st.u3 = u3
         self._leave("sign_survivors")
         return ConsistencySignature(**self._head(st.inst), sig=self._identity.sign(
@@ -509,11 +491,7 @@ class ReuseServer:
         self._advance("forward_shares")
         self.u2 = frozenset(self.shares)
         self._need(len(self.u2), "SHARE", "clients sent shares")
-        inbox: dict[int, list[tuple[int, bytes]]] = {u: [] for u in self.u2}
-        for sender in sorted(self.u2):
-            for receiver, ct in self.shares[sender]:
-                if receiver in inbox:
-                    inbox[receiver].append((sender, ct))
+        inbox = route_shares(self.shares, self.u2)
         return {u: ForwardedInstanceShares(**self._head(u), shares=tuple(inbox[u])).to_bytes() for u in sorted(self.u2)}
 
     def request_consistency(self) -> dict[int, bytes]:

@@ -73,9 +73,11 @@ def test_secure_run_device_time_exceeds_plaintext_by_the_secure_steps(tmp_path, 
     measured = np.mean([r["seconds"]["client_secure"] for r in secure])
     compute = np.mean([r["seconds"]["client_compute"] for r in secure])
     # the same local work in both runs (same seed, same sample): what the secure run adds is its
-    # secure steps, up to the run-to-run spread of the local work (a quarter of it allowed)
-    assert measured > 0
-    assert total_secure - total_plain >= measured - 0.25 * max(compute, total_plain)
+    # secure steps, up to the run-to-run spread of the local work. That work is well under a
+    # millisecond here and its timing varies by tens of percent on a loaded machine, so the whole of
+    # it is allowed as spread; the secure steps (milliseconds) must still show in the difference.
+    assert measured > 2 * max(compute, total_plain), "the secure steps must dominate for this test to mean anything"
+    assert total_secure - total_plain >= measured - max(compute, total_plain)
 
 
 def test_secure_steps_are_added_for_a_protocol_that_reports_no_client_time(tmp_path, capsys):

@@ -111,9 +111,11 @@ class _SizesOnly(list):
 
 @contextlib.contextmanager
 def observe(callback: Callable[[dict], None]) -> Iterator[None]:
-    """Call ``callback(instance)`` after every masking or chain instance :func:`secure_sum` runs inside
-    the block (``secagg bench secure`` uses it to price each instance against its cryptographic
-    bound). ``instance`` holds public parameters and costs only: ``protocol``, ``n``, ``dim``, ``k``
+    """Call ``callback(instance)`` after every masking, chain or two-server DPF instance :func:`secure_sum`
+    or :func:`secure_row_sum` runs inside the block (``secagg bench secure`` uses it to price each
+    masking instance against its cryptographic bound; the run loop adds each client's seconds to its
+    device time). A ``"dpf"`` instance has ``k`` and ``t`` ``None`` and no masks, agreements or
+    signatures; its ``client_seconds`` are each client's key generation. ``instance`` holds public parameters and costs only: ``protocol``, ``n``, ``dim``, ``k``
     (neighbours; the chain's successors), ``t``, ``survivors``, ``senders`` (party names),
     ``client_seconds`` (list), ``server_seconds``, ``masks_expanded``, ``key_agreements`` and
     ``signatures_verified`` (the server's), ``aborted``, ``reuse`` (the instance ran in a setup reused
@@ -450,6 +452,11 @@ def _run_rows(updates, codec: FixedPoint, *, rows: int, row_width: int, points: 
         src = senders[sender] if isinstance(sender, int) else names[str(sender)]
         transport.send(src, names[str(to)], round, kind if stage == "upload" else f"dpf:{stage}",
                        blob if keep else None, len(blob))
+    for callback in list(_OBSERVERS):  # the clients' key generation is their secure work (no masks, no agreements)
+        callback({"reuse": False, "setup": True, "protocol": "dpf", "n": len(senders), "dim": int(rows * row_width),
+                  "k": None, "t": None, "survivors": len(res.survivors), "senders": list(senders),
+                  "client_seconds": [float(x) for x in res.client_s], "server_seconds": float(sum(res.server_s)),
+                  "masks_expanded": 0, "key_agreements": 0, "signatures_verified": 0, "aborted": res.total is None})
     if res.total is None:
         raise SecureSumAborted(f"dpf aborted in round {round}: {res.abort}")
     return SecureSumResult(

@@ -148,6 +148,10 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
         parts: dict[str, float] = defaultdict(float)
         shapes: dict[str, int] = defaultdict(int)
         for inst in seen:
+            if inst["protocol"] == "dpf":  # no masks to price: `secagg bench dpf` measures it against its PRG bound
+                shapes[f"dpf n={inst['n']} d={inst['dim']}"] += 1
+                measured += sum(inst["client_seconds"]) + inst["server_seconds"]
+                continue
             cost = instance_cost(inst["protocol"], n=inst["n"], dim=inst["dim"], k=inst["k"], t=inst["t"],
                                  survivors=inst["survivors"], masks_expanded=inst["masks_expanded"],
                                  key_agreements=inst["key_agreements"],

@@ -660,8 +660,8 @@ def device_seconds(seconds: dict[str, float], secure: dict[str, float], trainer:
     own training work and ``client`` their sum. A protocol whose ``client`` already includes its
     secure work says so with ``client_seconds_include_secure = True`` (FedAvg, LightFR; FedFast, a
     FedAvg subclass whose ``client`` is its local training alone, sets it back to ``False``); one that
-    reports ``client_secure`` itself (STTFedRec) is left as it is. Not yet measured: the two-server
-    DPF sums (``secure_sum`` does not notify observers of them).
+    reports ``client_secure`` itself (STTFedRec) is left as it is. The two-server DPF sums count too:
+    a client's secure work there is its key generation.
     """
     if not secure or "client_secure" in seconds:
         return dict(seconds)

@@ -26,9 +26,8 @@ releases its share.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -278,7 +277,7 @@ def secure_sum(
                                          corrupt=spec.corrupt, k=k, t=t)
     runner = PROTOCOLS[protocol]
     if protocol == "chain":  # Z_2^32 when the public budget proves the sum fits (half the bytes), else Z_2^64
-        spec = dataclasses.replace(spec, ring_bits=choose_ring_bits(
+        spec = replace(spec, ring_bits=choose_ring_bits(
             n_summands=max(vals.shape[0], 1), clip=value_clip, frac_bits=frac_bits))
     if protocol not in ("secagg", "secagg+"):
         session = None

@@ -322,3 +322,9 @@ def route_shares(shares: Mapping[int, Sequence[tuple[int, bytes]]], u2: frozense
             if receiver in inbox:
                 inbox[receiver].append((sender, ct))
     return inbox
+
+
+def holder_signatures(cfg: MaskingConfig, signatures: Mapping[int, bytes]) -> dict[int, tuple[tuple[int, bytes], ...]]:
+    """The server's UNMASK request contents: for each client that signed the survivor set, the
+    signatures of its holders (``cfg.holders(u)``) that signed too, in holder order."""
+    return {u: tuple((v, signatures[v]) for v in cfg.holders(u) if v in signatures) for u in sorted(signatures)}

@@ -176,11 +176,8 @@ class MaskingServer:
         """Close CONSISTENCY: send each signer the signatures of its holders."""
         self._advance("request_unmask")
         self._need(len(self.signatures), "CONSISTENCY", "clients signed the survivor set")
-        out = {}
-        for u in sorted(self.signatures):
-            sigs = tuple((v, self.signatures[v]) for v in self.cfg.holders(u) if v in self.signatures)
-            out[u] = UnmaskRequest(**self._head(u), signatures=sigs).to_bytes()
-        return out
+        return {u: UnmaskRequest(**self._head(u), signatures=sigs).to_bytes()
+                for u, sigs in _bw.holder_signatures(self.cfg, self.signatures).items()}
 
     def finish(self) -> np.ndarray:
         """Close UNMASK: reconstruct the needed secrets, strip the masks, return the sum of U3."""

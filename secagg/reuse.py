@@ -60,7 +60,7 @@ import numpy as np
 from secagg import prg, shamir
 from secagg import bonawitz_common as _common
 from secagg.bonawitz_common import (
-    ClientPolicy, MaskingConfig, SigningKey, _check_distinct_keys, check_survivors, route_shares,
+    ClientPolicy, MaskingConfig, SigningKey, _check_distinct_keys, check_survivors, holder_signatures, route_shares,
 )
 from secagg.bonawitz_wire import (
     SEED_BYTES, SHARE_BYTES, AdvertiseKeys, ConsistencySignature, KeyBroadcast, MaskedInput,
@@ -507,11 +507,8 @@ class ReuseServer:
         """Close CONSISTENCY: send each signer the signatures of its holders."""
         self._advance("request_unmask")
         self._need(len(self.signatures), "CONSISTENCY", "clients signed the survivor set")
-        out = {}
-        for u in sorted(self.signatures):
-            sigs = tuple((v, self.signatures[v]) for v in self.cfg.holders(u) if v in self.signatures)
-            out[u] = UnmaskRequest(**self._head(u), signatures=sigs).to_bytes()
-        return out
+        return {u: UnmaskRequest(**self._head(u), signatures=sigs).to_bytes()
+                for u, sigs in holder_signatures(self.cfg, self.signatures).items()}
 
     def finish(self) -> np.ndarray:
         """Close UNMASK: rebuild the survivors' self-mask seeds, strip them and the masks between

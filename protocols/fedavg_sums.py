@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from protocols.secure_sum import secure_row_sum, secure_sum
+from protocols.secure_sum import RowStack, secure_row_sum, secure_sum
 from protocols.transport import SERVER, client
 
 __all__ = ["SERVER2", "FedAvgSums"]
@@ -45,35 +45,54 @@ class FedAvgSums:
         return item_num, touched, h_num, (dB * weight).sum(), weight.sum()
 
     def _client_vectors(self, sampled, pair_slot, pair_item, dQ, dH, dB, weight) -> np.ndarray:
-        """Each client's update as one dense float vector whose column sums are the round's sums.
+        """Each client's update as one dense float vector whose column sums are the round's sums
+        (:meth:`_client_rows`, stacked)."""
+        return self._client_rows(sampled, pair_slot, pair_item, dQ, dH, dB, weight).stacked()
+
+    def _extra_columns(self, weight: np.ndarray) -> np.ndarray | None:
+        """Columns a subclass appends to every client's row (``[m, k]``), or ``None``."""
+        return None
+
+    def _client_rows(self, sampled, pair_slot, pair_item, dQ, dH, dB, weight) -> RowStack:
+        """Each client's update as one dense float vector whose column sums are the round's sums, built
+        when it is asked for (a client masks its own; the cohort's dense matrix never exists).
 
         Layout: ``item change (n_items x dim) | [n_k per touched item (n_items), "touched" only]
-        | n_k * dh (dim) | n_k * db | n_k``, so that summing the vectors gives exactly what
-        :meth:`_plain_sums` computes.
+        | n_k * dh (dim) | n_k * db | n_k | extra columns``, so that summing the vectors gives exactly
+        what :meth:`_plain_sums` computes. ``pair_slot`` is grouped by client, as the round builds it.
         """
         n_items, d, m = self.train.n_items, self.config.dim, len(sampled)
         touched = self.config.item_aggregation == "touched"
-        width = n_items * d + (n_items if touched else 0) + d + 2
-        out = np.zeros((m, width))
         w = weight.numpy().astype(np.float64)
-        rows = dQ.numpy().astype(np.float64)
+        slot = np.asarray(pair_slot, dtype=np.int64)
+        item = np.asarray(pair_item, dtype=np.int64)
+        vals = dQ.numpy().astype(np.float64)
         if self.config.item_aggregation != "sum":
-            rows = rows * w[pair_slot][:, None]
-        items = out[:, : n_items * d].reshape(m, n_items, d)
-        items[pair_slot, pair_item] = rows
-        off = n_items * d
-        if touched:
-            out[pair_slot, off + pair_item] = w[pair_slot]
-            off += n_items
-        out[:, off : off + d] = dH.numpy() * w[:, None]
-        out[:, off + d] = dB.numpy() * w
-        out[:, off + d + 1] = w
-        return out
+            vals = vals * w[slot][:, None]
+        order = np.argsort(slot, kind="stable")  # (already grouped in a round; stable keeps the last write)
+        slot, item, vals = slot[order], item[order], vals[order]
+        bounds = np.searchsorted(slot, np.arange(m + 1))
+        tail = np.concatenate([dH.numpy() * w[:, None], (dB.numpy() * w)[:, None], w[:, None]], axis=1)
+        extra = self._extra_columns(w)
+        if extra is not None:
+            tail = np.concatenate([tail, np.asarray(extra, dtype=np.float64).reshape(m, -1)], axis=1)
+        width = n_items * d + (n_items if touched else 0) + tail.shape[1]
+
+        def row(c: int) -> np.ndarray:
+            out = np.zeros(width)
+            lo, hi = bounds[c], bounds[c + 1]
+            out[: n_items * d].reshape(n_items, d)[item[lo:hi]] = vals[lo:hi]
+            if touched:
+                out[n_items * d + item[lo:hi]] = w[c]
+            out[width - tail.shape[1]:] = tail[c]
+            return out
+
+        return RowStack.lazy(m, width, row)
 
     def _secure_sums(self, t, sampled, pair_slot, pair_item, dQ, dH, dB, weight):
         """The same sums through secure aggregation; the transcript records the masked uploads."""
         cfg = self.config
-        vectors = self._client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB, weight)
+        vectors = self._client_rows(sampled, pair_slot, pair_item, dQ, dH, dB, weight)
         res = secure_sum(
             vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
             round=t, transport=self.transport, senders=[client(u) for u in sampled], where="fedavg.value_clip",

@@ -118,13 +118,12 @@ class NcfLeaf(FelLeaf):
         self.W = self.W + change[:nw]
         self.c = self.c + change[nw:]
 
-    def _client_vectors(self, sampled, pair_slot, pair_item, dQ, dH, dB, weight) -> np.ndarray:  # noqa: ANN001
-        """Each client's FedAvg row: GMF's layout (:meth:`FedAvgGMF._client_vectors`), then
-        ``n_k dW | n_k dc``; the column sums are the round's sums (plaintext, or the secure sum)."""
+    def _extra_columns(self, weight: np.ndarray) -> np.ndarray:
+        """After GMF's layout (:meth:`FedAvgGMF._client_rows`), each client's ``n_k dW | n_k dc``; the
+        column sums are the round's sums (plaintext, or the secure sum)."""
         dW, dC = self._deltas
-        w = weight.numpy().astype(np.float64)[:, None]
-        return np.concatenate([super()._client_vectors(sampled, pair_slot, pair_item, dQ, dH, dB, weight),
-                               dW.numpy() * w, dC.numpy() * w], axis=1)
+        w = np.asarray(weight, dtype=np.float64)[:, None]
+        return np.concatenate([dW.numpy() * w, dC.numpy() * w], axis=1)
 
     def client_vector_width(self) -> int:
         return super().client_vector_width() + self.extra_width(self.config.dim)

@@ -27,6 +27,10 @@ class CentralConfig:
         batch_size: mini-batch size (positives and negatives mixed).
         train_negatives: negatives per positive, re-sampled every epoch.
         weight_decay: L2 penalty (Adam's ``weight_decay``).
+        loss: ``"bce"`` (NCF's pointwise log loss over positives and sampled negatives) or ``"bpr"``
+            (Rendle et al. 2009: ``-log sigmoid(s_ui - s_uj)`` for each positive ``(u, i)`` and each of
+            its ``train_negatives`` sampled items ``j``; the model is plain MF then: GMF's output layer
+            stays at ones and its bias cancels, so neither is trained).
     """
 
     dim: int = 32
@@ -34,6 +38,7 @@ class CentralConfig:
     batch_size: int = 256
     train_negatives: int = 4
     weight_decay: float = 0.0
+    loss: str = "bce"
 
     def __post_init__(self) -> None:
         if self.dim < 1 or self.batch_size < 1 or self.train_negatives < 0:
@@ -43,6 +48,10 @@ class CentralConfig:
             )
         if not (self.lr > 0 and math.isfinite(self.lr)) or self.weight_decay < 0:
             raise ValueError(f"centralized: lr must be positive and weight_decay >= 0; found {self.lr}, {self.weight_decay}")
+        if self.loss not in ("bce", "bpr"):
+            raise ValueError(f"centralized: loss must be 'bce' or 'bpr'; found {self.loss!r}")
+        if self.loss == "bpr" and self.train_negatives < 1:
+            raise ValueError("centralized: loss = 'bpr' needs train_negatives >= 1 (one pair per sampled negative)")
 
 
 class CentralTrainer:
@@ -61,11 +70,17 @@ class CentralTrainer:
         self.train, self.config, self.exclude = train, config, exclude
         self.rng = np.random.default_rng(seed)
         self.model = GMF(train.n_users, train.n_items, config.dim, generator=torch.Generator().manual_seed(int(seed)))
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        if config.loss == "bpr":  # plain MF: the dot product ranks, h = 1 and b (which cancels) stay fixed
+            self.model.h.requires_grad_(False)
+            self.model.b.requires_grad_(False)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
         self.round = 0
 
     def run_round(self, progress: Callable[[int], None] | None = None) -> dict[str, float]:
         """One epoch over the positives and freshly sampled negatives; returns the mean loss."""
+        if self.config.loss == "bpr":
+            return self._bpr_round()
         cfg, tr = self.config, self.train
         users, items = tr.users, tr.items
         labels = np.ones(len(users), np.float32)
@@ -88,6 +103,26 @@ class CentralTrainer:
             loss.backward()
             self.optimizer.step()
             total += float(loss.detach()) * len(logits)
+        self.round += 1
+        return {"loss": total / max(len(perm), 1), "examples": len(perm)}
+
+    def _bpr_round(self) -> dict[str, float]:
+        """One BPR epoch: every (positive, sampled negative) pair of the user once, shuffled."""
+        cfg, tr = self.config, self.train
+        neg_u, neg_i = sample_train_negatives(tr, n_neg=cfg.train_negatives, rng=self.rng, exclude=self.exclude)
+        pos_i = np.repeat(tr.items, cfg.train_negatives)  # pair k: (neg_u[k], pos_i[k]) over (neg_u[k], neg_i[k])
+        perm = self.rng.permutation(len(neg_u))
+        u_all, p_all, n_all = (torch.as_tensor(a[perm]) for a in (neg_u, pos_i, neg_i))
+        total = 0.0
+        self.model.train()
+        for start in range(0, len(perm), cfg.batch_size):
+            sl = slice(start, start + cfg.batch_size)
+            diff = self.model(u_all[sl], p_all[sl]) - self.model(u_all[sl], n_all[sl])
+            loss = -torch.nn.functional.logsigmoid(diff).mean()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            total += float(loss.detach()) * len(diff)
         self.round += 1
         return {"loss": total / max(len(perm), 1), "examples": len(perm)}
 

@@ -351,7 +351,11 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
             nbytes += res.bytes_per_client
             client_s += float(np.mean(res.client_seconds))
             server_s += res.server_seconds
-            survivors = res.survivors if survivors is None else np.intersect1d(survivors, res.survivors)
+            if survivors is not None and not np.array_equal(survivors, res.survivors):
+                # e.g. a client silent at one chunk's unmask: summed in that chunk, gone from the setup's next
+                raise SecureSumAborted(f"the chunks of one sum ended with different survivors ({len(survivors)} "
+                                       f"then {len(res.survivors)}): their totals are not one cohort's sum")
+            survivors = res.survivors
     except SecureSumAborted as exc:
         return Replies(aborted=str(exc), dropped={u: "secure aggregation aborted" for u in users})
     kept = np.asarray(users, np.int64)[survivors]

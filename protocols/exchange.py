@@ -143,7 +143,10 @@ class SecureSum:
         setup: ``"secagg"``/``"secagg+"`` in process: the round's secure exchanges with the same
             ``setup`` name (and group) share one key setup, each sum (and each chunk of one) running
             as the next instance of it (:mod:`secagg.reuse`, docs/secagg.md "One setup per round");
-            the first fixes the clients, ``k`` and ``t``. ``None``: every sum pays its own setup.
+            the first fixes the clients, ``k`` and ``t``; a later one whose clients did not all survive
+            the previous instance, or that leaves out more of the setup's clients than their
+            ``max_dropout``, is refused (:class:`secagg.reuse_sim.SetupCohortError`, a ``ValueError``)
+            instead of being run. ``None``: every sum pays its own setup.
     """
 
     protocol: str
@@ -322,6 +325,8 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
     assert spec is not None
     session = _setup_session(server, round_, spec, group)
     users = [u for u in users if u in vectors]
+    if session is not None:  # a later instance must nest in the previous one's survivors: refused in words
+        session.check_cohort([client(u) for u in users])
     if len(users) < min_survivors:  # no client takes part in a sum this small (a sum of one is its vector)
         return Replies(dropped={u: "secure aggregation aborted" for u in users},
                        aborted=f"secure aggregation needs at least {min_survivors} clients (the clients' "
@@ -346,7 +351,11 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
             nbytes += res.bytes_per_client
             client_s += float(np.mean(res.client_seconds))
             server_s += res.server_seconds
-            survivors = res.survivors if survivors is None else np.intersect1d(survivors, res.survivors)
+            if survivors is not None and not np.array_equal(survivors, res.survivors):
+                # e.g. a client silent at one chunk's unmask: summed in that chunk, gone from the setup's next
+                raise SecureSumAborted(f"the chunks of one sum ended with different survivors ({len(survivors)} "
+                                       f"then {len(res.survivors)}): their totals are not one cohort's sum")
+            survivors = res.survivors
     except SecureSumAborted as exc:
         return Replies(aborted=str(exc), dropped={u: "secure aggregation aborted" for u in users})
     kept = np.asarray(users, np.int64)[survivors]

@@ -141,7 +141,9 @@ def observe(callback: Callable[[dict], None]) -> Iterator[None]:
     ``client_seconds`` (list), ``server_seconds``, ``masks_expanded``, ``key_agreements`` and
     ``signatures_verified`` (the server's), ``aborted``, ``reuse`` (the instance ran in a setup reused
     across the round's sums, :mod:`secagg.reuse`) and ``setup`` (it paid that setup: the first of them,
-    or any instance outside such a setup)."""
+    or any instance outside such a setup); masking instances also ``survivor_senders`` (the names of
+    ``survivors``) and ``dropout`` (the planned dropout its clients accept), what decides whether a later
+    sum could run in its setup (:meth:`secagg.reuse_sim.ReuseSession.check_cohort`)."""
     _OBSERVERS.append(callback)
     try:
         yield
@@ -149,12 +151,14 @@ def observe(callback: Callable[[dict], None]) -> Iterator[None]:
         _OBSERVERS.remove(callback)
 
 
-def _notify(protocol: str, senders: Sequence[str], dim: int, res, session=None) -> None:  # noqa: ANN001
+def _notify(protocol: str, senders: Sequence[str], dim: int, res, session=None,  # noqa: ANN001
+            dropout: float | None = None) -> None:
     if not _OBSERVERS:
         return
     reuse = {"reuse": session is not None, "setup": session is None or session.last_ran_setup}
     info = {**reuse, "protocol": protocol, "n": len(senders), "dim": int(dim), "k": res.k, "t": res.t,
             "survivors": len(res.survivors), "senders": list(senders),
+            "survivor_senders": [senders[j] for j in sorted(res.survivors)], "dropout": dropout,
             "client_seconds": [float(x) for x in res.client_s], "server_seconds": float(res.server_s),
             "masks_expanded": int(res.masks_expanded), "key_agreements": int(res.key_agreements),
             "signatures_verified": int(res.signatures_verified), "aborted": res.total is None}
@@ -316,7 +320,7 @@ def secure_sum(
         res = runner(encoded, spec, record=record)
     else:
         res = runner(codec.encode(vals, rounding="nearest"), spec)
-    _notify(protocol, senders, vals.shape[1], res, session)
+    _notify(protocol, senders, vals.shape[1], res, session, dropout=spec.planned_dropout(vals.shape[0]))
     if record:
         for stage, sender, blob in record:
             nbytes = blob if isinstance(blob, int) else len(blob)

@@ -42,6 +42,7 @@ priced (a re-run after dropouts costs more: the bound stays a floor).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -49,7 +50,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["InstanceCost", "UnitCosts", "best_of", "instance_cost"]
+__all__ = ["InstanceCost", "UnitCosts", "best_of", "instance_cost", "nesting_setups", "reusable_setup_s",
+           "setup_client_s"]
 
 
 def best_of(fn: Callable[[], object], repeats: int, clock: Callable[[], float] = time.perf_counter) -> float:
@@ -239,3 +241,40 @@ def instance_cost(protocol: str, *, n: int, dim: int, k: int | None, t: int | No
     else:
         raise ValueError(f"no cost model for protocol {protocol!r}")
     return InstanceCost(sum(c.values()), sum(s.values()), c, s)
+
+
+def setup_client_s(k: int, units: UnitCosts) -> float:
+    """One client's key setup over ``k`` neighbours: 2 key generations, ``2k`` agreements, 1 signature and
+    ``k + 1`` verifications. A reused setup pays it once (:func:`instance_cost` with ``reuse=True``:
+    exactly its ``setup=True`` instance minus a ``setup=False`` one); a SecAgg/SecAgg+ instance with its
+    own setup pays it again every sum."""
+    return 2 * units.keygen_s + 2 * k * units.agree_s + units.sign_s + (k + 1) * units.verify_s
+
+
+def reusable_setup_s(setups: dict[str, list[float]]) -> float:
+    """What one setup per client per round could save at most: given each client's setup costs in a
+    round (``client -> [setup_client_s of every instance that ran its own setup]``), the sum over
+    clients of every setup but the client's dearest (the one a round-wide setup would have to cover).
+    A reused setup also needs the instances' cohorts to nest (:meth:`secagg.reuse_sim.ReuseSession.check_cohort`),
+    so this is a ceiling, not a promise."""
+    return float(sum(sum(c) - max(c) for c in setups.values() if c))
+
+
+def nesting_setups(instances: list[dict]) -> list[int]:
+    """Indices of the masking instances (``secure_sum`` observer records, in the round's order) that ran
+    their own setup although their senders nest in an earlier instance's survivors and leave out at most
+    that instance's planned ``dropout``: the setups one setup per round could spare under the nesting
+    rule (:meth:`secagg.reuse_sim.ReuseSession.check_cohort`). A ceiling: it ignores that a setup's
+    instances form one chain."""
+    out = []
+    done: list[tuple[frozenset, int, float]] = []  # (survivors, n, dropout) of the earlier completed instances
+    for j, inst in enumerate(instances):
+        if inst["protocol"] not in ("secagg", "secagg+"):
+            continue
+        senders = set(inst["senders"])
+        if inst.get("setup", True) and any(
+                senders <= surv and n - len(senders) <= math.ceil((d or 0.0) * n - 1e-9) for surv, n, d in done):
+            out.append(j)
+        if not inst["aborted"]:
+            done.append((frozenset(inst.get("survivor_senders", inst["senders"])), inst["n"], inst.get("dropout")))
+    return out

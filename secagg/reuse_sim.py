@@ -11,6 +11,12 @@ Dropouts (``spec.dropouts``, indices into the call's rows): ``"advertise"`` (fir
 client takes no part in the setup), ``"share_keys"`` (before the instance's shares), and
 ``"masked_input"``, ``"consistency"``, ``"unmask"`` as in :mod:`secagg.runner`. A client that drops
 in an instance takes no part in the setup's later ones.
+
+:meth:`ReuseSession.check_cohort` is the check a protocol makes before it runs a sum as the next
+instance: the cohorts of one setup must nest (every client of a later instance survived the previous
+one) and stay within the dropout budget the clients signed up for; a cohort that does not is refused in
+words (:class:`SetupCohortError`) instead of being run, where its outsiders would be counted as dropped
+and a cohort shrunk beyond the budget would abort at the clients' consistency check.
 """
 
 from __future__ import annotations
@@ -26,9 +32,15 @@ from secagg.errors import AbortError
 from secagg.reuse import ReuseClient, ReuseServer
 from secagg.runspec import RunResult, RunSpec
 
-__all__ = ["ReuseSession"]
+__all__ = ["ReuseSession", "SetupCohortError"]
 
 _STAGES = ("advertise", "share_keys", "masked_input", "consistency", "unmask")
+
+
+class SetupCohortError(ValueError):
+    """A sum asked to run as the next instance of a key setup over a cohort that does not nest in the
+    previous instance's survivors, or that drops more of the setup's clients than they accept: run it
+    with its own setup (docs/secagg.md, "One setup per round")."""
 
 
 class ReuseSession:
@@ -48,6 +60,9 @@ class ReuseSession:
         self.names: list[str] | None = None
         self.instances = 0  #: instances run (or attempted) so far
         self.last_ran_setup = False  #: whether the last :meth:`run` paid the setup
+        #: names of the last instance's survivors (U3; empty once an instance aborted)
+        self.survivors: frozenset[str] = frozenset()
+        self.policy: ClientPolicy | None = None
         self._clients: list[ReuseClient] = []
         self._server: ReuseServer | None = None
 
@@ -61,9 +76,37 @@ class ReuseSession:
         identities, pki = make_pki(n)
         policy = ClientPolicy(min_survivors=spec.min_survivors, unsafe_threshold=spec.unsafe_threshold,
                               max_dropout=min(spec.planned_dropout(n), (n - 1) / n))
-        self.cfg = cfg
+        self.cfg, self.policy = cfg, policy
         self._clients = [ReuseClient(cfg, i, identities[i], pki, policy) for i in range(n)]
         self._server = ReuseServer(cfg, pki)
+
+    def check_cohort(self, names: Sequence[str]) -> None:
+        """Refuse (:class:`SetupCohortError`) to run the next instance over ``names`` unless they nest:
+        every one survived the previous instance (a client outside it would take no part and count as
+        dropped: its input silently left out), and at most the clients' ``max_dropout`` of the setup's
+        ``n`` clients are missing (more and every client refuses to sign the survivor set). Nothing to
+        check before the first instance, which fixes the clients."""
+        if self.names is None:
+            return
+        given = list(names)
+        prev = self.instances - 1
+        if not self.survivors:
+            raise SetupCohortError(f"instance {prev} of this key setup did not complete (it aborted): no later "
+                                   "instance can run on it; run this sum with its own setup")
+        outside = [g for g in given if g not in self.survivors]
+        if outside:
+            raise SetupCohortError(
+                f"{len(outside)} of the {len(given)} clients of this sum ({outside[:5]}) are not among the "
+                f"{len(self.survivors)} survivors of instance {prev} of its key setup: the cohorts of one setup "
+                "must nest (docs/secagg.md, 'One setup per round'); run this sum with its own setup")
+        assert self.policy is not None
+        n = len(self.names)
+        missing, allowed = n - len(set(given)), self.policy.max_dropped(n)
+        if missing > allowed:
+            raise SetupCohortError(
+                f"this sum's {len(set(given))} clients leave out {missing} of the key setup's n = {n}, more than the "
+                f"{allowed} its clients accept (max_dropout {self.policy.max_dropout:g}): they would refuse to sign "
+                "its survivor set; run this sum with its own setup")
 
     def run(self, inputs, spec: RunSpec, *, names: Sequence[str] | None = None,  # noqa: ANN001 (array or EncodedRows)
             record: list | None = None) -> RunResult:
@@ -148,6 +191,7 @@ class ReuseSession:
         self.last_ran_setup = first
         index = self.instances
         self.instances += 1
+        self.survivors = frozenset()  # set again below only if this instance completes
         try:
             if first:
                 deliver("advertise", lambda i: clients[i].advertise(), list(range(rows)))
@@ -169,5 +213,6 @@ class ReuseSession:
         except AbortError as exc:
             abort = str(exc)
         survivors = frozenset(pos[c] for c in server.u3) if total is not None else frozenset()
+        self.survivors = frozenset(self.names[c] for c in server.u3) if total is not None else frozenset()
         return RunResult(self.protocol, total, survivors, abort, client_s, acct["server_s"], sent, acct["recv"],
                          acct["sent"], server.masks_expanded, self.cfg.k, self.cfg.t, 0, server.signatures_verified)

@@ -22,6 +22,13 @@ machine; equal to wall-clock on a quiet one). Per round it reports:
   ``secure_aggregation = "none"`` (``plain_round_s``): ``round_over_bound`` = round / (plaintext
   round + simulation bound), the figure issue 27's 1.5x target is about;
 * ``peak_rss_mb``: the process's peak resident memory after the round;
+* ``setups``: the instances that ran a key setup of their own; ``setup_bound_s``: their clients' setups
+  (:func:`secagg.costmodel.setup_client_s`, part of ``simulation_bound_s``); ``reusable_setup_bound_s``:
+  the most one setup per client per round could save (every client's setups but its dearest,
+  :func:`secagg.costmodel.reusable_setup_s`), the ceiling of any reuse before the cohorts are checked;
+  ``nesting_setups``/``nesting_setup_bound_s``: the setups paid by sums whose clients nest in an earlier
+  sum's survivors within its planned dropout (:func:`secagg.costmodel.nesting_setups`), all a reuse that
+  respects the nesting rule could spare;
 * with ``--no-setup-reuse``, ``noreuse``: the same round with every secure sum paying its own key setup
   (:func:`protocols.exchange.setup_reuse` off; LightFR's two sums then set up twice), with its bound;
 * with ``--no-shared-work``, ``unshared_round_s``: the same round with every simulated client doing
@@ -133,7 +140,7 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
     from protocols.exchange import setup_reuse
     from protocols.secure_sum import observe
     from secagg import simshare
-    from secagg.costmodel import instance_cost
+    from secagg.costmodel import instance_cost, nesting_setups, reusable_setup_s, setup_client_s
 
     trainer = _build(cfg)
     rows = []
@@ -147,6 +154,7 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
         server_bound = measured = 0.0
         parts: dict[str, float] = defaultdict(float)
         shapes: dict[str, int] = defaultdict(int)
+        setups: dict[str, list[float]] = defaultdict(list)  # client -> its setups' bound in this round
         for inst in seen:
             if inst["protocol"] == "dpf":  # no masks to price: `secagg bench dpf` measures it against its PRG bound
                 shapes[f"dpf n={inst['n']} d={inst['dim']}"] += 1
@@ -159,6 +167,10 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
                                  reuse=inst.get("reuse", False), setup=inst.get("setup", True))
             for name in inst["senders"]:
                 per_client[name] += cost.client_s
+            if inst["protocol"] in ("secagg", "secagg+") and inst.get("setup", True):
+                own = setup_client_s(inst["n"] - 1 if inst["k"] is None else inst["k"], units)
+                for name in inst["senders"]:
+                    setups[name].append(own)
             server_bound += cost.server_s
             for part, sec in cost.client_parts.items():
                 parts[f"clients_{part}"] += sec * inst["n"]
@@ -175,10 +187,20 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
             "secure_measured_s": measured,
             "secure_over_bound": measured / sim_bound if sim_bound > 0 else None,
             "bound_parts_s": dict(parts), "peak_rss_mb": _peak_rss_mb(),
+            "setups": sum(1 for i in seen if i["protocol"] in ("secagg", "secagg+") and i.get("setup", True)),
+            "setup_bound_s": float(sum(sum(c) for c in setups.values())),
+            "reusable_setup_bound_s": reusable_setup_s(setups),
         }
+        nesting = nesting_setups(seen)
+        row["nesting_setups"] = len(nesting)
+        row["nesting_setup_bound_s"] = float(sum(
+            seen[j]["n"] * setup_client_s(seen[j]["n"] - 1 if seen[j]["k"] is None else seen[j]["k"], units)
+            for j in nesting))
         rows.append(row)
         print(f"{label} round {r + 1}/{rounds}: {wall:.2f} s ({cpu:.2f} s CPU), {len(seen)} secure sums, bound "
-              f"{sim_bound:.2f} s (device {row['device_bound_s']:.3f} s), measured {measured:.2f} s",
+              f"{sim_bound:.2f} s (device {row['device_bound_s']:.3f} s), measured {measured:.2f} s; {row['setups']} key "
+              f"setups ({row['setup_bound_s']:.2f} s of the bound; nesting sums could spare "
+              f"{row['nesting_setup_bound_s']:.2f} s, one setup per client at most {row['reusable_setup_bound_s']:.2f} s)",
               file=sys.stderr)
     return rows
 
@@ -207,7 +229,8 @@ def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users:
         res: dict[str, Any] = {"rounds": rows}
         last = rows[-1]
         res.update({k: last[k] for k in ("round_s", "round_cpu_s", "simulation_bound_s", "device_bound_s", "secure_measured_s",
-                                          "secure_over_bound", "peak_rss_mb", "instances")})
+                                          "secure_over_bound", "peak_rss_mb", "instances", "setups", "setup_bound_s",
+                                          "reusable_setup_bound_s", "nesting_setups", "nesting_setup_bound_s")})
         if plaintext:
             try:
                 twin = _config(name, data, rounds, True, shape)
@@ -230,7 +253,9 @@ def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users:
         if no_reuse:
             alone = _time_rounds(configs[name], rounds, units, f"{name} (no setup reuse)", reuse=False)
             res["noreuse"] = {k: alone[-1][k] for k in ("round_s", "round_cpu_s", "simulation_bound_s", "device_bound_s",
-                                                        "secure_measured_s", "instances", "peak_rss_mb")}
+                                                        "secure_measured_s", "instances", "peak_rss_mb", "setups",
+                                                        "setup_bound_s", "reusable_setup_bound_s", "nesting_setups",
+                                                        "nesting_setup_bound_s")}
             if "plain_round_cpu_s" in res:
                 denom = res["plain_round_cpu_s"] + alone[-1]["simulation_bound_s"]
                 res["noreuse"]["round_cpu_over_bound"] = alone[-1]["round_cpu_s"] / denom if denom > 0 else None

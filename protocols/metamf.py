@@ -212,7 +212,9 @@ class MetaMF:
         self.rng = np.random.default_rng(seed)
         gen = torch.Generator().manual_seed(int(seed))
         self.params = init_params(config.shapes(train.n_items), init_bias=config.init_bias, generator=gen)
-        self.e = torch.randn((train.n_users, config.user_dim), generator=gen, dtype=torch.float64) / math.sqrt(config.user_dim)
+        # each client's own draw in a real run; N(0, 1 / user_dim), so e_u . k starts at unit variance
+        self.e = torch.randn((train.n_users, config.user_dim), generator=gen, dtype=torch.float64)
+        self.e /= math.sqrt(config.user_dim)
         self.e_m, self.e_v = torch.zeros_like(self.e), torch.zeros_like(self.e)
         self.e_steps = np.zeros(train.n_users, np.int64)
         self.m = {k: torch.zeros_like(v) for k, v in self.params.items()}
@@ -258,51 +260,20 @@ class MetaMF:
         sampled = np.sort(self.rng.choice(self._clients, size=m, replace=False))
         for u in sampled:
             self.transport.send(SERVER, client(u), t, "model", None, self.model_bytes)
-        keep = self.transport.transcript.keep_payloads
-        total = {k: torch.zeros_like(v) for k, v in self.params.items()}
-        vectors = np.zeros((m, sum(int(v.numel()) for v in self.params.values()) + 2)) \
-            if cfg.secure_aggregation != "none" else None
-        e_grads, loss_sum, loss_n, upload = [], 0.0, 0.0, 0.0
-        if vectors is None and not keep:  # nobody looks at the uploads' values: one pass computes their sum
-            total, loss_sum, loss_n, upload = self._batched_round(t, sampled, e_grads)
-        for c, u in enumerate(sampled.tolist() if vectors is not None or keep else []):
-            items, ratings = self.rated(u)
-            dense, lw, lb, ge, sse = client_gradient(self.params, self.e[u], items, ratings)
-            e_grads.append(ge)
-            if vectors is None:
-                for k, g in dense.items():
-                    total[k] += g
-                total[SPARSE[0]].index_add_(0, torch.as_tensor(items), lw)
-                total[SPARSE[1]].index_add_(0, torch.as_tensor(items), lb)
-                loss_sum, loss_n = loss_sum + sse, loss_n + len(items)
-                up = MetaMFUpload(u, items.copy(), torch.cat([lw.reshape(len(items), -1), lb], 1).numpy()
-                                  .astype(np.float32), torch.cat([g.reshape(-1) for g in dense.values()]).numpy()
-                                  .astype(np.float32), sse)
-                upload += up.nbytes
-                self.transport.send(client(u), SERVER, t, "update", up if keep else None, up.nbytes)
-            else:
-                vectors[c, :-2] = self._flat(dense, lw, lb, items)
-                vectors[c, -2:] = sse, len(items)
-        secagg_s = 0.0
-        if vectors is not None:
-            res = secure_sum(vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits,
-                             value_clip=cfg.value_clip, round=t, transport=self.transport,
-                             senders=[client(u) for u in sampled], where="metamf.value_clip",
-                             dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
-            secagg_s = float(np.mean(res.client_seconds))
-            off = 0
-            for k, v in self.params.items():
-                total[k] = torch.as_tensor(res.total[off:off + v.numel()]).reshape(v.shape).clone()
-                off += v.numel()
-            loss_sum, loss_n = float(res.total[-2]), float(round(res.total[-1]))
-            upload = float(res.bytes_per_client) * m
+        if cfg.secure_aggregation != "none":
+            part = self._secure_round(t, sampled)
+        elif self.transport.transcript.keep_payloads:
+            part = self._plaintext_round(t, sampled)
+        else:  # nobody keeps the uploads' values: one pass computes their sum
+            part = self._batched_round(t, sampled)
+        total, e_grads, loss_sum, loss_n, upload, secagg_s = part
         t_local = time.perf_counter()
-        self._client_steps(sampled, torch.stack(e_grads))  # on the clients
+        self._client_steps(sampled, e_grads)  # on the clients
         self._server_step({k: g / m for k, g in total.items()})
         self.round += 1
         t_end = time.perf_counter()
         what = ("MetaMF meta-network gradients, each in plaintext with the rated items' ids"
-                if vectors is None else
+                if cfg.secure_aggregation == "none" else
                 f"the sum of MetaMF meta-network gradients through {cfg.secure_aggregation} (no DP noise)")
         return RoundStats(
             round=t, loss=loss_sum / max(loss_n, 1.0), clients=m, bytes_per_client=self.model_bytes + upload / m,
@@ -312,16 +283,36 @@ class MetaMF:
             releases=(Release(NonPrivate(), who="clients", what=what, params={"clients": m}),),
         )
 
-    def _batched_round(self, t: int, sampled: np.ndarray, e_grads: list[torch.Tensor]
-                       ) -> tuple[dict[str, torch.Tensor], float, float, float]:
-        """Plaintext round without kept payloads: the summed gradient by :func:`summed_gradients`, each
+    # Each of the three returns (summed gradients by name, the clients' e_u gradients [m, user_dim],
+    # loss sum, rating count, upload bytes of all clients, mean secure-sum seconds per client).
+
+    def _plaintext_round(self, t: int, sampled: np.ndarray) -> tuple:
+        """Every client computes and sends its :class:`MetaMFUpload` alone; the server adds them."""
+        total = {k: torch.zeros_like(v) for k, v in self.params.items()}
+        e_grads, loss_sum, loss_n, upload = [], 0.0, 0.0, 0.0
+        for u in sampled.tolist():
+            items, ratings = self.rated(u)
+            dense, lw, lb, ge, sse = client_gradient(self.params, self.e[u], items, ratings)
+            e_grads.append(ge)
+            rows = torch.cat([lw.reshape(len(items), -1), lb], 1).numpy().astype(np.float32)
+            flat = torch.cat([g.reshape(-1) for g in dense.values()]).numpy().astype(np.float32)
+            up = MetaMFUpload(u, items.copy(), rows, flat, sse)
+            self.transport.send(client(u), SERVER, t, "update", up, up.nbytes)
+            for k, g in dense.items():  # the server's side
+                total[k] += g
+            total[SPARSE[0]].index_add_(0, torch.as_tensor(items), lw)
+            total[SPARSE[1]].index_add_(0, torch.as_tensor(items), lb)
+            loss_sum, loss_n, upload = loss_sum + sse, loss_n + len(items), upload + up.nbytes
+        return total, torch.stack(e_grads), loss_sum, loss_n, upload, 0.0
+
+    def _batched_round(self, t: int, sampled: np.ndarray) -> tuple:
+        """The plaintext round without kept payloads: the summed gradient by :func:`summed_gradients`, each
         upload sent with its exact size (its values are the per-client terms of that sum)."""
         lo, hi = self._start[sampled], self._start[sampled + 1]
         rows = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi)])
         owner = np.repeat(np.arange(len(sampled)), hi - lo)
-        total, ge, sse = summed_gradients(self.params, self.e[torch.as_tensor(sampled)], self.ri[rows],
-                                          self.rr[rows], owner)
-        e_grads.extend(ge)
+        total, e_grads, sse = summed_gradients(self.params, self.e[torch.as_tensor(sampled)], self.ri[rows],
+                                               self.rr[rows], owner)
         dense = sum(int(v.numel()) for k, v in self.params.items() if k not in SPARSE)
         width = self.config.item_rank * (self.config.gen_hidden + 1)
         upload = 0.0
@@ -329,7 +320,28 @@ class MetaMF:
             nbytes = 4 * (n + n * width + dense + 1)  # MetaMFUpload.nbytes
             upload += nbytes
             self.transport.send(client(u), SERVER, t, "update", None, nbytes)
-        return total, sse, float(len(rows)), upload
+        return total, e_grads, sse, float(len(rows)), upload, 0.0
+
+    def _secure_round(self, t: int, sampled: np.ndarray) -> tuple:
+        """Every client's dense gradient (and loss terms) through the secure sum; the server gets the sums."""
+        cfg = self.config
+        vectors = np.zeros((len(sampled), sum(int(v.numel()) for v in self.params.values()) + 2))
+        e_grads = []
+        for c, u in enumerate(sampled.tolist()):
+            items, ratings = self.rated(u)
+            dense, lw, lb, ge, sse = client_gradient(self.params, self.e[u], items, ratings)
+            e_grads.append(ge)
+            vectors[c, :-2] = self._flat(dense, lw, lb, items)
+            vectors[c, -2:] = sse, len(items)
+        res = secure_sum(vectors, protocol=cfg.secure_aggregation, frac_bits=cfg.frac_bits, value_clip=cfg.value_clip,
+                         round=t, transport=self.transport, senders=[client(u) for u in sampled],
+                         where="metamf.value_clip", dropout=cfg.secagg_dropout, corrupt=cfg.secagg_corrupt)
+        total, off = {}, 0
+        for k, v in self.params.items():
+            total[k] = torch.as_tensor(res.total[off:off + v.numel()]).reshape(v.shape).clone()
+            off += v.numel()
+        return (total, torch.stack(e_grads), float(res.total[-2]), float(round(res.total[-1])),
+                float(res.bytes_per_client) * len(sampled), float(np.mean(res.client_seconds)))
 
     def _client_steps(self, users: np.ndarray, grads: torch.Tensor) -> None:
         """Each listed client's Adam step on its own ``e_u`` (its moments and step count stay on it)."""

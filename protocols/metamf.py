@@ -106,9 +106,9 @@ class MetaMFConfig(SampledSecureConfig):
     item_rank: int = 8
     rp_hidden: int = 8
     rp_layers: int = 2
-    lr: float = 0.003
+    lr: float = 0.005
     user_lr: float = 0.01
-    reg: float = 0.0
+    reg: float = 0.01
     init_bias: float = 3.5
     client_fraction: float = 1.0
     clients_per_round: int = 0

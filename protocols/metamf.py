@@ -42,8 +42,11 @@ the items the client scores (identical numbers, tested); the last layer's output
 ``metamf-rank`` is the same protocol evaluated as LightFR evaluates it: leave-one-out, each client
 ranking the held-out item among the sampled candidates by its predicted rating.
 
-Simulation: the sampled clients are computed one after another in this process (torch, float64), each
-exactly as it would alone. Client sampling and initialisation are seeded simulation randomness.
+Simulation (torch, float64, in this process): when the transcript keeps payloads, or under secure
+aggregation, the sampled clients are computed one after another, each exactly as it would alone; otherwise
+one pass computes the sum of their gradients (:func:`summed_gradients`, the same numbers, tested) and each
+upload is recorded with its exact size. Client sampling and initialisation are seeded simulation randomness
+(a real client would draw its ``e_u`` itself).
 
 Not guarded against a deviating server: with no device split, this baseline's clients have no step guard
 (:mod:`protocols.guard`), so a server that asks a secure step twice in a round is not refused

@@ -57,11 +57,12 @@ def param_shapes(n_items: int, *, user_dim: int, memory_slots: int, memory_dim: 
 
 def init_params(shapes: dict[str, tuple[int, ...]], *, init_bias: float, generator: torch.Generator
                 ) -> dict[str, torch.Tensor]:
-    """Normal draws scaled so that every generated quantity starts at unit-variance-preserving size.
+    """Normal draws scaled so that every generated layer starts as a usual layer plus a user-dependent part.
 
     Keys ``N(0, 1)``; memory and the generators' hidden layers ``N(0, 1 / fan_in)``, their biases 0; a
     generated layer's weight generator ``N(0, 1 / (gen_hidden n_in))`` and constant ``N(0, 1 / n_in)``
-    (so the generated ``W_l`` has entries of variance about ``2 / n_in``); its bias generator
+    (the constant is a usual ``1 / fan_in`` layer; the user-dependent part ``B_l h`` adds less, as ``h``
+    is small at the start); its bias generator
     ``N(0, 0.01 / gen_hidden)`` and constant 0, except the output's constant ``init_bias``; the item
     generators ``L``, ``R`` ``N(0, 1 / (gen_hidden item_rank))`` and ``l``, ``r`` ``N(0, 1 / item_rank)``.
     """

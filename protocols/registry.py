@@ -71,6 +71,7 @@ PROTOCOL_MODULES: tuple[str, ...] = (
     "protocols.ncf_fed",
     "protocols.fcf",
     "protocols.fedrec",
+    "protocols.metamf",
 )
 
 #: The names the modules of :data:`PROTOCOL_MODULES` register, in registration order, for help texts
@@ -79,6 +80,7 @@ BUILTIN_PROTOCOLS: tuple[str, ...] = (
     "itempop", "random", "centralized", "fedavg", "fedmf", "lightfr", "fedcl", "fedcl-central", "fel",
     "sttfedrec", "fl-twotower", "centralized-twotower", "fedfast",
     "pmf", "svdpp", "pmf-rank", "svdpp-rank", "ncf-central", "ncf-fed", "fcf", "fedrec", "fedrec-rank",
+    "metamf", "metamf-rank",
 )
 
 #: Entry-point group of installed plugins that register protocols (each entry point names a module).

@@ -1,4 +1,5 @@
-"""Configuration checks shared by the federated baselines (``fcf``, ``fedrec``, ``ncf-fed``).
+"""Configuration checks shared by the federated baselines (``fcf``, ``fedrec``, ``ncf-fed``,
+``metamf``).
 
 Each of their ``[section]`` configurations samples a fraction (or a count) of the clients per round
 and optionally sums the uploads through SecAgg or SecAgg+; :class:`SampledSecureConfig` checks those

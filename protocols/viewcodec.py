@@ -177,6 +177,8 @@ def _builtins() -> None:
         ("ncf_fed.NCFUpdate", "protocols.ncf_fed", "NCFUpdate", {"user": int, "delta": object, "weight": float}),
         ("fcf.FCFUpdate", "protocols.fcf", "FCFUpdate", {"user": int, "gradient": nd, "cost": float}),
         ("fedrec.FedRecUpload", "protocols.fedrec", "FedRecUpload", {"user": int, "items": nd, "gradients": nd}),
+        ("metamf.MetaMFUpload", "protocols.metamf", "MetaMFUpload",
+         {"user": int, "items": nd, "item_rows": nd, "dense": nd, "loss": float}),
     ):
         spec = PayloadType(name, 1, module, qualname, fields)
         _BY_NAME.setdefault(name, spec)
@@ -185,7 +187,8 @@ def _builtins() -> None:
 
 #: The built-in payload types (name -> module, class), for tests and documentation.
 BUILTIN_PAYLOAD_TYPES = ("fedavg.ClientUpdate", "fedfast.FedFastUpload", "fedmf.Upload", "lightfr.Upload",
-                         "fel.LeafModel", "ncf_fed.NCFUpdate", "fcf.FCFUpdate", "fedrec.FedRecUpload")
+                         "fel.LeafModel", "ncf_fed.NCFUpdate", "fcf.FCFUpdate", "fedrec.FedRecUpload",
+                         "metamf.MetaMFUpload")
 
 
 # -- encoding ---------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ def _run(capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("preset", ["pmf", "svdpp", "ncf-central", "ncf-fed", "fcf"])
+@pytest.mark.parametrize("preset", ["pmf", "svdpp", "ncf-central", "ncf-fed", "fcf", "metamf"])
 def test_resume_equals_the_uninterrupted_run(preset: str, tmp_path: Path, capsys) -> None:
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY)

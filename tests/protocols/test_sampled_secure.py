@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 
 from protocols.fcf import FCFConfig
 from protocols.fedrec import FedRecConfig
+from protocols.metamf import MetaMFConfig
 from protocols.ncf_fed import NCFFedConfig
 
-CONFIGS = [(FCFConfig, "fcf"), (FedRecConfig, "fedrec"), (NCFFedConfig, "ncffed")]
+CONFIGS = [(FCFConfig, "fcf"), (FedRecConfig, "fedrec"), (NCFFedConfig, "ncffed"), (MetaMFConfig, "metamf")]
 
 
 @pytest.mark.parametrize("cls, section", CONFIGS)

@@ -250,6 +250,7 @@ class LightFR:
         t0 = time.perf_counter()
         if self.early.stopped:  # early_stop = "authors": nothing trains after the stop
             self.round += 1
+            self.dropped = {}
             return RoundStats(round=t, loss=self.early.last_loss, clients=0,
                               seconds={"round": time.perf_counter() - t0, "client": 0.0, "server": 0.0},
                               extra={"trained": False, "early_stopped": self.early.stopped})
@@ -325,7 +326,7 @@ class LightFR:
                 answered = len(got.survivors)
             sampled = answered  # (no repeats: with-replacement sampling is plaintext only)
             up_bytes = sec["bytes"]
-        before = self.d
+        before, self._item_sweeps = self.d, None
         if aborted is None:
             self.d = self.server_update(total, cnt, sampled=sampled)
         flipped = int((self.d != before).sum())

@@ -23,6 +23,13 @@ Round ``t`` (notes §2.7, Algorithm 1):
        Gauss-Seidel item DCD to convergence (``item_sweeps``). ``"none"``: no training (the
        ``lightfr-init`` and ``lightfr-random`` ablations).
 
+The authors' public code differs from the paper in five places, each a ``[lightfr]`` option that is
+off by default (:class:`LightFRConfig`, docs/lightfr.md "The authors' code as options"): the
+user update's stickiness (``user_stickiness``; 0.5 is the paper's DCD), the item update's add-back
+per sampled client (``item_add_back = "sampled"``), sweeps to a fixed point (``sweeps``), client
+sampling with replacement (``client_sampling``; plaintext only) and the code's early stop
+(``early_stop``). The ``lightfr-authors`` preset sets them all.
+
 Every server update needs only sums. With ``secure_aggregation`` set, each client's upload is a
 dense, zero-padded vector (the report, the values over the round's rated union or ALL items, the
 rated indicator) summed through secure aggregation (SecAgg+ by default). Uploads are put on the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -350,3 +351,13 @@ def test_a_bag_does_not_run_on_devices() -> None:
 
     with pytest.raises(ValueError, match="run the bag in process"):
         check_device_split(FelConfig(**{**BASE, "leaves": "bag"}))
+
+
+@pytest.mark.parametrize("bag, ensemble", [("fel-paper-bag", "fel-paper-mean"), ("fel-paper-bag-nn", "fel-paper")])
+def test_the_bag_presets_are_their_ensembles_but_for_the_pools(bag, ensemble) -> None:
+    from experiments.run import config as cfgmod
+
+    a, b = cfgmod.load_preset(bag), cfgmod.load_preset(ensemble)
+    assert a.section("fel").leaves == "bag" and b.section("fel").leaves == "clusters"
+    assert dataclasses.replace(a.section("fel"), leaves="clusters") == b.section("fel")
+    assert a.run.rounds == b.run.rounds

@@ -252,3 +252,15 @@ def test_item_add_back_sampled_needs_the_client_count():
     m = _tiny([1.0, 1.0], item_add_back="sampled")
     with pytest.raises(ValueError, match="number of clients"):
         m.server_update(np.zeros((2, 2)), np.ones(2))
+
+
+def test_the_lightfr_authors_preset_sets_every_option_and_raw_scores():
+    from experiments.run import config as cfgmod
+
+    cfg = cfgmod.load_preset("lightfr-authors").section("lightfr")
+    assert (cfg.user_stickiness, cfg.item_add_back, cfg.sweeps, cfg.client_sampling, cfg.early_stop, cfg.ties) == (
+        0.6, "sampled", "fixed-point", "with-replacement", "authors", "pessimistic")
+    raw = cfgmod.load_preset("lightfr-paper-raw").section("lightfr")
+    paper = cfgmod.load_preset("lightfr-paper").section("lightfr")
+    assert raw.ties == "pessimistic" and paper.ties == "random"
+    assert {k: v for k, v in vars(raw).items() if k != "ties"} == {k: v for k, v in vars(paper).items() if k != "ties"}

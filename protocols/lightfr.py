@@ -355,7 +355,8 @@ class LightFR:
         loss = big_m * float(stats[0]) / raters if raters else math.nan
         if cfg.early_stop == "authors" and aborted is None and sampled:
             # no bit changed anywhere: every client's DCD converged in its first sweep, no item bit flipped
-            still = flipped == 0 and abs(big_s * float(stats[1]) - sampled) < 0.5 and abs(float(stats[2]) - sampled) < 0.5
+            still = (flipped == 0 and abs(big_s * float(stats[1]) - sampled) < 0.5
+                     and abs(float(stats[2]) - sampled) < 0.5)
             if self.early.observe(t, loss, still):
                 extra["early_stopped"] = self.early.stopped
         return RoundStats(
@@ -590,7 +591,8 @@ class LightFR:
             self.validate(up, seen, allowed)
             seen.add(up.user)
 
-    def aggregate(self, uploads: list[Upload], weight: Mapping[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def aggregate(self, uploads: list[Upload],
+                  weight: Mapping[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Validate EVERY upload, then return ``(sum [m, width], raters [m])``; ``weight[user]`` (default
         1) is how often the client was drawn (``client_sampling = "with-replacement"``): its upload
         counts that often, as in the authors' code's sums over the drawn multiset."""

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BROADCAST", "INITS", "SERVERS", "STATS", "EarlyStop", "LightFRConfig", "Upload", "UpdateError", "rank_metrics",
-           "rated_weights", "tie_jitter"]
+__all__ = ["BROADCAST", "INITS", "SERVERS", "STATS", "EarlyStop", "LightFRConfig", "Upload", "UpdateError",
+           "rank_metrics", "rated_weights", "tie_jitter"]
 
 SERVERS = ("grad", "para", "dcd", "none")
 INITS = ("random", "mf")

@@ -61,6 +61,11 @@ class FelConfig(FedAvgConfig):
         clustering: ``"hash"`` (sha256 of the raw user id), ``"attribute"`` (one demographic
             attribute) or ``"kmeans"`` (over one-hot demographics); public inputs only.
         n_clusters: number of leaves (1: the FL baseline).
+        leaves: ``"clusters"`` (FEL: leaf ``c`` trains on cluster ``c`` only) or ``"bag"`` (the control
+            of issue 25: ``n_clusters`` unclustered models, each leaf trained on every non-opt-in
+            user, differing only by their seeds (initialisation and cohorts), combined exactly as
+            FEL's leaves; no DP, in process only: a user in every leaf composes its leaves'
+            releases sequentially, which the per-leaf accounting does not do).
         attribute: for ``"attribute"``: ``age_band``, ``gender``, ``occupation`` or ``zip_region``.
         hash_salt: salt of the hash clustering.
         min_clients: a cluster with fewer training clients is refused before training.
@@ -102,6 +107,7 @@ class FelConfig(FedAvgConfig):
 
     clustering: str = "hash"
     n_clusters: int = 4
+    leaves: str = "clusters"
     attribute: str = "age_band"
     hash_salt: str = "fel"
     min_clients: int = 5
@@ -143,7 +149,8 @@ class FelConfig(FedAvgConfig):
                              ("sampling", ("fixed", "poisson")), ("on_excess_dropout", ("refuse", "reaccount")),
                              ("combiner", ("over-arch",) + COMBINERS), ("attribute", clmod.ATTRIBUTES),
                              ("over_arch_training", ("opt-in", "fl")),
-                             ("over_arch_composition", ("sequential", "parallel")), ("leaf_model", ("gmf", "ncf"))):
+                             ("over_arch_composition", ("sequential", "parallel")), ("leaf_model", ("gmf", "ncf")),
+                             ("leaves", ("clusters", "bag"))):
             if getattr(self, key) not in allowed:
                 raise bad(key, f"one of {allowed}")
         for key in ("n_clusters", "min_clients", "over_arch_hidden", "over_arch_epochs", "dp_rounds",
@@ -180,6 +187,11 @@ class FelConfig(FedAvgConfig):
         if self.over_arch_holdout > 0 and self.over_arch_composition != "parallel":
             raise ValueError(f"fel.over_arch_holdout={self.over_arch_holdout:g} holds users out for the parallel "
                              "over-arch: set fel.over_arch_composition = \"parallel\" or fel.over_arch_holdout = 0")
+        if self.leaves == "bag" and self.dp != "none":
+            raise ValueError(f"fel.leaves = \"bag\" trains every leaf on every user, so a user's releases in the "
+                             f"{self.n_clusters} leaves compose sequentially, not in parallel as FEL's disjoint "
+                             f"leaves do; the per-leaf DP accounting does not cover it: set fel.dp = \"none\" (the "
+                             "bag is an accuracy control) or fel.leaves = \"clusters\"")
         if self.dp == "distributed" and self.secure_aggregation == "none":
             raise ValueError("fel.dp = \"distributed\" needs fel.secure_aggregation = \"secagg\" or \"secagg+\": "
                              "without it every client's lightly-noised update is in the clear")
@@ -263,12 +275,17 @@ class FelTrainer(FelOverArchFL):
             held = np.random.default_rng([self.seed, 13, 4]).choice(fl_clients, size=n_held, replace=False)
             self.held_out = np.sort(held)
             fl_clients = np.setdiff1d(fl_clients, self.held_out)
-        clmod.check_sizes(self.assignment, config.n_clusters, fl_clients, config.min_clients, "fel.min_clients")
+        if config.leaves == "bag":  # every leaf on every user (the unclustered control)
+            if len(fl_clients) < config.min_clients:
+                raise ValueError(f"fel.leaves = \"bag\" has {len(fl_clients)} training clients, below "
+                                 f"fel.min_clients={config.min_clients}")
+        else:
+            clmod.check_sizes(self.assignment, config.n_clusters, fl_clients, config.min_clients, "fel.min_clients")
         leaf_cfg = config.leaf_config()
         self.leaves: list[FelLeaf] = []
         self.noise_multipliers: list[float] = []
         for c in range(config.n_clusters):
-            members = fl_clients[self.assignment[fl_clients] == c]
+            members = fl_clients if config.leaves == "bag" else fl_clients[self.assignment[fl_clients] == c]
             dp = None
             if config.dp != "none":
                 dp = _leaf_dp(config, len(members))
@@ -560,6 +577,9 @@ def check_device_split(config: FelConfig) -> None:
     dropouts: on devices dropouts are real).
     """
     why = []
+    if config.leaves == "bag":
+        why.append("fel.leaves = \"bag\" (every client trains every leaf; the device split runs each client in "
+                   "the one leaf of its public cluster): run the bag in process")
     if config.combiner == "over-arch" and config.over_arch_training != "fl":
         why.append("fel.combiner = \"over-arch\" with fel.over_arch_training = \"opt-in\" (the over-arch is refitted "
                    "by the server on the opt-in users' labels, which the server holds only in-process): use "

@@ -23,6 +23,13 @@ Round ``t`` (notes §2.7, Algorithm 1):
        Gauss-Seidel item DCD to convergence (``item_sweeps``). ``"none"``: no training (the
        ``lightfr-init`` and ``lightfr-random`` ablations).
 
+The authors' public code differs from the paper in five places, each a ``[lightfr]`` option that is
+off by default (:class:`LightFRConfig`, docs/lightfr.md "The authors' code as options"): the
+user update's stickiness (``user_stickiness``; 0.5 is the paper's DCD), the item update's add-back
+per sampled client (``item_add_back = "sampled"``), sweeps to a fixed point (``sweeps``), client
+sampling with replacement (``client_sampling``; plaintext only) and the code's early stop
+(``early_stop``). The ``lightfr-authors`` preset sets them all.
+
 Every server update needs only sums. With ``secure_aggregation`` set, each client's upload is a
 dense, zero-padded vector (the report, the values over the round's rated union or ALL items, the
 rated indicator) summed through secure aggregation (SecAgg+ by default). Uploads are put on the
@@ -68,7 +75,8 @@ from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
 from protocols.exchange import Exchange, Replies, SecureSum, run_exchanges
 from protocols.lightfr_config import (  # split out; re-exported here
-    BROADCAST, INITS, SERVERS, STATS, LightFRConfig, Upload, UpdateError, _grid, rank_metrics, rated_weights, tie_jitter,
+    BROADCAST, INITS, SERVERS, STATS, EarlyStop, LightFRConfig, Upload, UpdateError, _grid, rank_metrics, rated_weights,
+    tie_jitter,
 )
 from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.secure_sum import SERVER2
@@ -129,6 +137,8 @@ class LightFR:
         self.round = 0
         self._pending: dict[int, Upload] = {}  # client side: a secure upload between its two phases
         self.dropped: dict[int, str] = {}  # server side: the last round's clients left out, and why
+        self.early = EarlyStop(config.early_stop_threshold)  # server side (early_stop = "authors")
+        self._item_sweeps: np.ndarray | None = None  # server = "dcd": the last item DCD's sweeps per moved item
         if config.init == "mf":
             self.b, self.d = self._mf_codes()
         else:
@@ -167,7 +177,12 @@ class LightFR:
         return base * c / self.f**2 if self.config.lambda_scale == "count" else np.full(c.shape, float(base))
 
     def sample_clients(self) -> np.ndarray:
-        """This round's clients: ``max(1, round(p n))`` without replacement (seeded)."""
+        """This round's clients: ``max(1, round(p n))`` without replacement (seeded), or under
+        ``client_sampling = "with-replacement"`` the authors' code's ``max(1, int(p n))`` draws with
+        replacement (sorted; a client drawn twice is listed twice)."""
+        if self.config.client_sampling == "with-replacement":
+            n = max(1, int(self.config.client_fraction * self.n_users))
+            return np.sort(self.rng.choice(self.n_users, size=n, replace=True))
         n = max(1, int(round(self.config.client_fraction * self.n_users)))
         return np.sort(self.rng.choice(self.n_users, size=n, replace=False))
 
@@ -240,7 +255,15 @@ class LightFR:
         if cfg.server == "none":
             raise ValueError("lightfr.server = 'none' has no exchanges (device_check refuses it on devices)")
         t0 = time.perf_counter()
-        sel = self.sample_clients()
+        if self.early.stopped:  # early_stop = "authors": nothing trains after the stop
+            self.round += 1
+            self.dropped = {}
+            return RoundStats(round=t, loss=self.early.last_loss, clients=0,
+                              seconds={"round": time.perf_counter() - t0, "client": 0.0, "server": 0.0},
+                              extra={"trained": False, "early_stopped": self.early.stopped})
+        # with replacement a client drawn c times takes part once and its upload counts c times
+        sel, mult = np.unique(self.sample_clients(), return_counts=True)
+        weight = dict(zip(sel.tolist(), mult.tolist()))
         model = self.packed_items
         for u in sel:
             self.transport.send(SERVER, client(int(u)), t, "model", model, int(model.nbytes))
@@ -266,9 +289,10 @@ class LightFR:
             uploads: list[Upload] = list(got.values.values())
             for up in uploads:
                 self.transport.send(client(up.user), SERVER, t, "update", up, up.nbytes)
-            total, cnt = self.aggregate(uploads)
-            stats = np.sum([up.stats for up in uploads], axis=0) if uploads else np.zeros(k)
+            total, cnt = self.aggregate(uploads, weight)
+            stats = np.sum([weight[up.user] * up.stats for up in uploads], axis=0) if uploads else np.zeros(k)
             answered = len(uploads)
+            sampled = sum(weight[up.user] for up in uploads)  # |U_s| (with its repeats)
             up_bytes = float(np.mean([up.nbytes for up in uploads])) if uploads else 0.0
         else:
             rows = None
@@ -307,9 +331,12 @@ class LightFR:
                     total[at] = got.total[k: k + nr * w].reshape(nr, w)
                     cnt[at] = np.round(got.total[k + nr * w:])
                 answered = len(got.survivors)
+            sampled = answered  # (no repeats: with-replacement sampling is plaintext only)
             up_bytes = sec["bytes"]
+        before, self._item_sweeps = self.d, None
         if aborted is None:
-            self.d = self.server_update(total, cnt)
+            self.d = self.server_update(total, cnt, sampled=sampled)
+        flipped = int((self.d != before).sum())
         self.round += 1
         self.dropped = dict(dropped)
         busy += time.perf_counter() - ts
@@ -317,13 +344,23 @@ class LightFR:
         big_m, big_s = self.report_scales()
         extra: dict[str, Any] = {
             "bytes_up_per_client": up_bytes, "bytes_down_per_client": float(model.nbytes),
-            "user_sweeps_mean": big_s * float(stats[1]) / answered if answered else math.nan,
-            "users_converged": float(stats[2]) / answered if answered else math.nan,
-            "items_moved": int((cnt > 0).sum()), "clients_answered": answered, "clients_dropped": len(dropped)}
+            "user_sweeps_mean": big_s * float(stats[1]) / sampled if sampled else math.nan,
+            "users_converged": float(stats[2]) / sampled if sampled else math.nan,
+            "items_moved": int((cnt > 0).sum()), "item_bits_flipped": flipped, "clients_answered": answered,
+            "clients_dropped": len(dropped), "clients_repeated": int((mult > 1).sum())}
+        if cfg.server == "dcd" and self._item_sweeps is not None and len(self._item_sweeps):
+            extra["item_sweeps_max"] = int(self._item_sweeps.max())
         if aborted is not None:
             extra["aborted"] = aborted
+        loss = big_m * float(stats[0]) / raters if raters else math.nan
+        if cfg.early_stop == "authors" and aborted is None and sampled:
+            # no bit changed anywhere: every client's DCD converged in its first sweep, no item bit flipped
+            still = (flipped == 0 and abs(big_s * float(stats[1]) - sampled) < 0.5
+                     and abs(float(stats[2]) - sampled) < 0.5)
+            if self.early.observe(t, loss, still):
+                extra["early_stopped"] = self.early.stopped
         return RoundStats(
-            round=t, loss=big_m * float(stats[0]) / raters if raters else math.nan, clients=len(sel),
+            round=t, loss=loss, clients=int(mult.sum()),
             bytes_per_client=up_bytes + float(model.nbytes),
             seconds={"round": time.perf_counter() - t0, "client": sec["client"], "server": busy + sec["server"]},
             extra=extra, releases=(self._release(),),
@@ -331,7 +368,7 @@ class LightFR:
 
     def report_scales(self) -> tuple[int, int]:
         """``(M, S)``: the powers of two the first two :data:`STATS` are divided by (public)."""
-        return 1 << (self.n_items - 1).bit_length(), 1 << (self.config.user_sweeps - 1).bit_length()
+        return 1 << (self.n_items - 1).bit_length(), 1 << (self.config.user_sweep_cap - 1).bit_length()
 
     def _plain_upload(self, user: int, reply: dict[str, np.ndarray], allowed: set[int]) -> Upload:
         """A plaintext reply as an :class:`Upload`, checked by :meth:`validate` (``UpdateError`` drops it)."""
@@ -388,7 +425,7 @@ class LightFR:
         active = np.zeros(self.n_users, dtype=bool)
         active[users] = True
         res = bc.dcd_users(self.b, d, us, it, r, lam=self._lam(cfg.lambda_user, self.counts),
-                           max_sweeps=cfg.user_sweeps, active=active)
+                           max_sweeps=cfg.user_sweep_cap, active=active, stickiness=cfg.user_stickiness)
         self.b[users] = res.codes[users]
         body = self._client_bodies(self.b, us, it, r, d)
         err = r - 0.5 - bc._pair_inner(self.b, d, us, it) / (2 * f)
@@ -554,32 +591,51 @@ class LightFR:
             self.validate(up, seen, allowed)
             seen.add(up.user)
 
-    def aggregate(self, uploads: list[Upload]) -> tuple[np.ndarray, np.ndarray]:
-        """Validate EVERY upload, then return ``(sum [m, width], raters [m])``."""
+    def aggregate(self, uploads: list[Upload],
+                  weight: Mapping[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Validate EVERY upload, then return ``(sum [m, width], raters [m])``; ``weight[user]`` (default
+        1) is how often the client was drawn (``client_sampling = "with-replacement"``): its upload
+        counts that often, as in the authors' code's sums over the drawn multiset."""
         self.validate_all(uploads)
         total = np.zeros((self.n_items, self._width()))
         cnt = np.zeros(self.n_items)
         for up in uploads:
-            total[up.items] += up.body
-            cnt[up.items] += 1
+            c = 1 if weight is None else weight[up.user]
+            total[up.items] += up.body if c == 1 else c * up.body
+            cnt[up.items] += c
         return total, cnt
 
-    def server_update(self, total: np.ndarray, cnt: np.ndarray) -> np.ndarray:
-        """New item codes from the round's sums (the same for the plaintext and the secure form)."""
+    def server_update(self, total: np.ndarray, cnt: np.ndarray, *, sampled: float | None = None) -> np.ndarray:
+        """New item codes from the round's sums (the same for the plaintext and the secure form).
+
+        ``sampled`` is ``|U_s|``, the number of clients the sums came from (needed by
+        ``item_add_back = "sampled"``, which adds bit k's own term back ``|U_s|`` times instead of once
+        per rater: ``+ (|U_s| - n_i) d_ik / (2f^2)`` on Agg_grad's step, the DCD's add-back for ``"dcd"``).
+        """
         cfg, f, d = self.config, self.f, self.d
         moved = cnt > 0
         lam = self._lam(cfg.lambda_item, cnt)
+        extra_back = None
+        if cfg.item_add_back == "sampled":
+            if sampled is None:
+                raise ValueError("lightfr.item_add_back = 'sampled' needs the round's number of clients (sampled=)")
+            extra_back = float(sampled) - cnt  # beyond the raters' own add-back
         if cfg.server == "grad":
             df = d.astype(np.float64)
             star = total / f - 2 * lam[:, None] * (df.sum(1, keepdims=True) - df)
+            if extra_back is not None:
+                star = star + extra_back[:, None] * df / (2 * f * f)
         elif cfg.server == "para":
             star = total
         else:
             idx = np.flatnonzero(moved)
             new = d.copy()
+            self._item_sweeps = np.zeros(0, np.int64)
             if len(idx):
                 a, g = total[idx, :f], total[idx, f:].reshape(len(idx), f, f)
-                new[idx] = bc.item_dcd(d[idx], a, g, cnt[idx], lam=lam[idx], max_sweeps=cfg.item_sweeps).codes
+                res = bc.item_dcd(d[idx], a, g, cnt[idx], lam=lam[idx], max_sweeps=cfg.item_sweep_cap,
+                                  add_back=None if extra_back is None else float(sampled))
+                new[idx], self._item_sweeps = res.codes, res.sweeps
             return new
         new = np.where(star > 0, 1, np.where(star < 0, -1, d)).astype(np.int8)
         return np.where(moved[:, None], new, d).astype(np.int8)
@@ -624,7 +680,7 @@ class LightFR:
 
     # -- state -------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "b": self.b.copy(), "d": self.d.copy(),
+        return {"round": self.round, "b": self.b.copy(), "d": self.d.copy(), "early_stop": self.early.state(),
                 "rng": self.rng.bit_generator.state, "config": {"bits": self.f, "server": self.config.server}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -635,6 +691,7 @@ class LightFR:
         rng = np.random.default_rng()
         rng.bit_generator.state = state["rng"]
         self.round, self.b, self.d, self.rng = int(state["round"]), b, d, rng
+        self.early = EarlyStop(self.config.early_stop_threshold, **state.get("early_stop", {}))
 
     def public_info(self) -> dict[str, Any]:
         """What the server knows besides the transcript."""
@@ -644,7 +701,9 @@ class LightFR:
                 "rating_scale": sorted({float(x) for x in np.unique(self.raw)}),
                 "rating_mean": float(self.raw.mean()),  # a published statistic: the attack's sign prior
                 "lambda_item": c.lambda_item, "lambda_user": c.lambda_user, "lambda_scale": c.lambda_scale,
-                "frac_bits": c.frac_bits, "client_fraction": c.client_fraction, "secure_rows": c.secure_rows}
+                "frac_bits": c.frac_bits, "client_fraction": c.client_fraction, "secure_rows": c.secure_rows,
+                "user_stickiness": c.user_stickiness, "item_add_back": c.item_add_back, "sweeps": c.sweeps,
+                "client_sampling": c.client_sampling, "early_stop": c.early_stop}
 
     def cost_report(self) -> dict[str, Any]:
         """Storage of the model as the client holds it: packed, and one byte per bit (notes §9.12)."""

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BROADCAST", "INITS", "SERVERS", "STATS", "LightFRConfig", "Upload", "UpdateError", "rank_metrics",
-           "rated_weights", "tie_jitter"]
+__all__ = ["BROADCAST", "INITS", "SERVERS", "STATS", "EarlyStop", "LightFRConfig", "Upload", "UpdateError",
+           "rank_metrics", "rated_weights", "tie_jitter"]
 
 SERVERS = ("grad", "para", "dcd", "none")
 INITS = ("random", "mf")
@@ -26,6 +26,10 @@ BROADCAST = "clients"
 #: and 1 if its DCD converged, else 0 (:meth:`LightFR.report_scales`).
 STATS = ("loss_sum_over_M", "sweeps_over_S", "converged")
 SECURE_ROWS = ("union", "all")
+ITEM_ADD_BACK = ("raters", "sampled")
+SWEEPS = ("capped", "fixed-point")
+SAMPLING = ("without-replacement", "with-replacement")
+EARLY_STOP = ("none", "authors")
 
 
 class UpdateError(ValueError):
@@ -69,6 +73,40 @@ class LightFRConfig:
             rating outside it is clipped to it). Both ``nan`` (the default): the training data's
             smallest and largest rating, which only a party holding every rating can compute, so
             on separate devices both must be set (:func:`device_check`).
+
+    The LightFR authors' code's choices (notes §2.11; every default is the paper's behaviour, and
+    the ``lightfr-authors`` preset sets them all; docs/lightfr.md "The authors' code as options"):
+
+    Attributes:
+        user_stickiness: the weight of bit ``k``'s own term in the user update. The code computes
+            ``b^_uk = sum_i (r'_ui - d_i.b_u) d_ik + 2 lambda |I_u| b_uk`` (``r' = 2f r - f``):
+            the residual over the full inner product plus a self term. At 0.5 that is exactly the
+            paper's DCD (Eq. 9 adds back bit k's own contribution with this weight), so 0.5, the
+            default, is both "the paper" and "the add-back form"; the code's config has 0.6 (a
+            bit flips only if that lowers the user's loss by more than ``0.2 |I_u| / f^2``).
+            ``|I_u|`` is the user's training ratings (the code also counts its held-out rows).
+        item_add_back: ``"raters"`` (the exact item update: bit k's own term added back once per
+            rater of the item, ``n_i``) or ``"sampled"`` (the code: ``|U_s| d_ik``, once per
+            client the round's sums came from, which the server knows under secure aggregation
+            too). With ``server = "grad"`` this is the Jacobi step ``total/f + (|U_s| - n_i)
+            d_ik / (2f^2)``; with ``"dcd"`` the Gauss-Seidel item DCD; ``"para"`` has no add-back.
+        sweeps: ``"capped"`` (at most ``user_sweeps``/``item_sweeps`` Gauss-Seidel sweeps, stopping
+            earlier when no bit changes) or ``"fixed-point"`` (the code: sweep until no bit changes,
+            with ``sweep_cap`` as the safety cap; the round reports the sweeps and who converged).
+            The item side sweeps only with ``server = "dcd"`` (a Gauss-Seidel pass over an item's
+            bits needs ``G_i = sum_u b_u b_u^T``); ``"grad"`` and ``"para"`` take one step a round.
+        sweep_cap: the safety cap of ``"fixed-point"``.
+        client_sampling: ``"without-replacement"`` (``round(p n)`` distinct clients) or
+            ``"with-replacement"`` (the code's ``np.random.choice(users, int(n p))``: a client drawn
+            twice runs its local update once and its upload counts twice in the sums, ``|U_s|``
+            included). Plaintext only: refused with secure aggregation (a client would have to
+            scale its masked input by a multiplicity the server chose).
+        early_stop: ``"none"`` or ``"authors"``: after a round whose ``|delta loss|`` is below
+            ``early_stop_threshold``, or equals the previous round's ``|delta loss|``, or in which
+            no bit changed (every client converged in its first sweep and no item bit moved), the
+            later rounds train nothing (they report the stop; the loss is the clients' reports,
+            so the rule needs nothing the sums do not reveal).
+        early_stop_threshold: the code's ``threshold`` (1e-4).
     """
 
     bits: int = 64
@@ -92,14 +130,23 @@ class LightFRConfig:
     dpf_points: int = 256
     dpf_max_parts: int = 64
     dpf_pad_parts: bool = False
+    user_stickiness: float = 0.5
+    item_add_back: str = "raters"
+    sweeps: str = "capped"
+    sweep_cap: int = 1000
+    client_sampling: str = "without-replacement"
+    early_stop: str = "none"
+    early_stop_threshold: float = 1e-4
 
     def __post_init__(self) -> None:
         for name, allowed in (("server", SERVERS), ("init", INITS), ("secure_aggregation", SECURE),
                               ("ties", TIES), ("lambda_scale", LAMBDA_SCALES),
-                              ("secure_rows", SECURE_ROWS)):
+                              ("secure_rows", SECURE_ROWS), ("item_add_back", ITEM_ADD_BACK), ("sweeps", SWEEPS),
+                              ("client_sampling", SAMPLING), ("early_stop", EARLY_STOP)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"lightfr.{name} must be one of {allowed}; found {getattr(self, name)!r}")
-        for name, lo in (("bits", 1), ("user_sweeps", 1), ("item_sweeps", 1), ("mf_epochs", 0), ("frac_bits", 1)):
+        for name, lo in (("bits", 1), ("user_sweeps", 1), ("item_sweeps", 1), ("mf_epochs", 0), ("frac_bits", 1),
+                         ("sweep_cap", 1)):
             v = getattr(self, name)
             if type(v) is not int or v < lo:
                 raise ValueError(f"lightfr.{name} must be an int >= {lo}; found {v!r}")
@@ -115,6 +162,7 @@ class LightFRConfig:
             raise ValueError(f"lightfr.frac_bits must be <= 40 (the fixed-point budget); found {self.frac_bits}")
         if not (isinstance(self.client_fraction, (int, float)) and 0 < self.client_fraction <= 1):
             raise ValueError(f"lightfr.client_fraction must be in (0, 1]; found {self.client_fraction!r}")
+        self._check_authors_options()
         for name in ("lambda_user", "lambda_item"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -129,6 +177,34 @@ class LightFRConfig:
                              f"found {lo!r}, {hi!r}")
         if self.has_rating_scale and not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"lightfr.rating_min must be below lightfr.rating_max (finite); found {lo!r}, {hi!r}")
+
+    def _check_authors_options(self) -> None:
+        for name in ("user_stickiness", "early_stop_threshold"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"lightfr.{name} must be a finite number >= 0; found {v!r}")
+        if self.sweep_cap > 1_000_000:
+            raise ValueError(f"lightfr.sweep_cap must be <= 1000000; found {self.sweep_cap}")
+        if self.item_add_back == "sampled" and self.server not in ("grad", "dcd"):
+            raise ValueError(f"lightfr.item_add_back = 'sampled' weights the item update's add-back term, which only "
+                             f"server = 'grad' or 'dcd' has; found server = {self.server!r} (Agg_para's sign votes "
+                             "have none): use item_add_back = 'raters'")
+        if self.client_sampling == "with-replacement" and self.secure_aggregation != "none":
+            raise ValueError(
+                f"lightfr.client_sampling = 'with-replacement' cannot run with secure_aggregation = "
+                f"{self.secure_aggregation!r}: a client drawn twice counts twice in the sums, so it would have to "
+                "scale its masked input by a multiplicity the server chose (and one client cannot hold two seats in "
+                "one secure sum); use client_sampling = 'without-replacement' with secure aggregation")
+
+    @property
+    def user_sweep_cap(self) -> int:
+        """The most DCD sweeps a client runs per round (``sweep_cap`` under ``sweeps = "fixed-point"``)."""
+        return self.sweep_cap if self.sweeps == "fixed-point" else self.user_sweeps
+
+    @property
+    def item_sweep_cap(self) -> int:
+        """The most item DCD sweeps of ``server = "dcd"`` per round."""
+        return self.sweep_cap if self.sweeps == "fixed-point" else self.item_sweeps
 
     @property
     def has_rating_scale(self) -> bool:
@@ -164,6 +240,37 @@ class Upload:
     @property
     def nbytes(self) -> int:
         return 4 * len(self.items) + int(self.body.nbytes) + (0 if self.stats is None else int(self.stats.nbytes))
+
+
+class EarlyStop:
+    """The authors' code's early stop (``early_stop = "authors"``, notes §2.11), on the server.
+
+    After each trained round :meth:`observe` gets its loss (from the clients' reports) and whether no
+    bit changed; it stops when ``|delta loss| < threshold``, when ``|delta loss|`` equals the previous
+    round's ``|delta loss|`` (the code's test, exact), or when no bit changed. ``stopped`` then holds
+    the reason (every later round trains nothing); ``last_loss`` is the last trained round's loss.
+    """
+
+    def __init__(self, threshold: float, *, last_loss: float = math.nan, last_delta: float = math.nan,
+                 stopped: str = "") -> None:
+        self.threshold, self.last_loss, self.last_delta, self.stopped = float(threshold), float(last_loss), \
+            float(last_delta), str(stopped)
+
+    def observe(self, round_: int, loss: float, unchanged: bool) -> bool:
+        """Record round ``round_`` (0-based); return whether training stops after it."""
+        delta = abs(loss - self.last_loss)  # nan in the first round (no previous loss)
+        if unchanged:
+            self.stopped = f"round {round_ + 1}: no bit changed"
+        elif delta < self.threshold:
+            self.stopped = f"round {round_ + 1}: |delta loss| = {delta:.3g} < {self.threshold:g}"
+        elif delta == self.last_delta:
+            self.stopped = f"round {round_ + 1}: |delta loss| = {delta:.3g} equals the previous round's"
+        self.last_loss, self.last_delta = float(loss), float(delta)
+        return bool(self.stopped)
+
+    def state(self) -> dict[str, float | str]:
+        """What a checkpoint keeps (the constructor's keyword arguments)."""
+        return {"last_loss": self.last_loss, "last_delta": self.last_delta, "stopped": self.stopped}
 
 
 def tie_jitter(users: np.ndarray, items: np.ndarray, seed: int) -> np.ndarray:

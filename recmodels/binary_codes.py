@@ -186,9 +186,17 @@ def _check_pairs(users: np.ndarray, items: np.ndarray, r: np.ndarray, n: int, m:
 
 def dcd_users(
     b: np.ndarray, d: np.ndarray, users: np.ndarray, items: np.ndarray, r: np.ndarray, *,
-    lam: float | np.ndarray, max_sweeps: int, active: np.ndarray | None = None,
+    lam: float | np.ndarray, max_sweeps: int, active: np.ndarray | None = None, stickiness: float = 0.5,
 ) -> DcdResult:
     """Bit-wise DCD of every user code at once (Eqs. 9-10), to convergence or ``max_sweeps``.
+
+    ``stickiness`` (the LightFR authors' code's ``lambdaa``, notes §2.11) is the weight of bit
+    ``k``'s own term: the code computes ``b^_k = sum_i (r'_i - d_i.b) d_ik + 2 stickiness |I_u| b_k``
+    with ``r' = 2f r - f``, which is ``2f^2`` times ``b*_k + (2 stickiness - 1) |I_u| b_k / (2f^2)``.
+    At 0.5 (the default) that is the exact DCD above (the "add back bit k" form); above 0.5 a bit
+    flips only when the flip lowers ``L_u`` by more than ``(2 stickiness - 1) |I_u| / f^2`` (so the
+    sweep still terminates, at a code no single flip improves by more than that); below 0.5 a flip
+    may raise the loss and the sweep may cycle until ``max_sweeps``.
 
     Args:
         b: ``{-1,+1}`` ``[n, f]`` current user codes.
@@ -205,6 +213,8 @@ def dcd_users(
     dp = dd[items].astype(np.float64)  # [P, f]
     s = _pair_inner(bb, dd, users, items)
     lam_u = np.broadcast_to(np.asarray(lam, dtype=np.float64), (n,))
+    # the self term beyond the exact DCD's add-back (none at stickiness 0.5: the DCD unchanged)
+    sticky = None if stickiness == 0.5 else (2 * float(stickiness) - 1) * np.bincount(users, minlength=n) / (2 * f * f)
     act = np.ones(n, dtype=bool) if active is None else np.asarray(active, dtype=bool).copy()
     sweeps = np.zeros(n, dtype=np.int64)
     for _ in range(int(max_sweeps)):
@@ -217,6 +227,8 @@ def dcd_users(
             dk, bk = dp[:, k], bb[:, k]
             resid = r - 0.5 - (s - bk[users] * dk) / (2 * f)
             star = np.bincount(users, weights=resid * dk, minlength=n) / f - 2 * lam_u * (total - bk)
+            if sticky is not None:
+                star = star + sticky * bk
             new = np.where(star > 0, 1.0, np.where(star < 0, -1.0, bk))
             flip = act & (new != bk)
             if flip.any():
@@ -263,18 +275,24 @@ def pair_stats(b: np.ndarray, users: np.ndarray, r: np.ndarray) -> tuple[np.ndar
 
 
 def item_dcd(
-    d: np.ndarray, a: np.ndarray, g: np.ndarray, cnt: np.ndarray, *, lam: float | np.ndarray, max_sweeps: int
+    d: np.ndarray, a: np.ndarray, g: np.ndarray, cnt: np.ndarray, *, lam: float | np.ndarray, max_sweeps: int,
+    add_back: float | np.ndarray | None = None,
 ) -> DcdResult:
     """Exact item DCD from sufficient statistics, every item at once (notes §9.4 option B).
 
     Minimises ``sum_{u in U_i} (r_ui - sim(b_u, d_i))^2 + lam_i (1^T d_i)^2`` bit by bit:
     ``d*_ik = a_ik/f - ((G_i d_i)_k - n_i d_ik)/(2 f^2) - 2 lam_i sum_{k' != k} d_ik'``.
-    Items with ``n_i = 0`` do not move.
+    Items with ``n_i = 0`` do not move. ``add_back`` (default ``n_i``, the exact DCD) replaces
+    ``n_i`` in the add-back term: the LightFR authors' code adds back ``|U_s| d_ik``, the number of
+    the round's sampled clients (notes §2.11), which makes an item's bit flip only when the flip
+    lowers its loss by more than ``(|U_s| - n_i) / f^2``.
     """
     dd = check_codes(d, what="item codes").astype(np.float64).copy()
     m, f = dd.shape
     lam_i = np.broadcast_to(np.asarray(lam, dtype=np.float64), (m,))
     gd = np.einsum("mkj,mj->mk", g, dd)
+    back = np.asarray(cnt, dtype=np.float64) if add_back is None else np.broadcast_to(
+        np.asarray(add_back, dtype=np.float64), (m,))
     act = np.asarray(cnt) > 0
     sweeps = np.zeros(m, dtype=np.int64)
     for _ in range(int(max_sweeps)):
@@ -285,7 +303,7 @@ def item_dcd(
         total = dd.sum(axis=1)
         for k in range(f):
             dk = dd[:, k]
-            star = a[:, k] / f - (gd[:, k] - cnt * dk) / (2 * f * f) - 2 * lam_i * (total - dk)
+            star = a[:, k] / f - (gd[:, k] - back * dk) / (2 * f * f) - 2 * lam_i * (total - dk)
             new = np.where(star > 0, 1.0, np.where(star < 0, -1.0, dk))
             flip = act & (new != dk)
             if flip.any():

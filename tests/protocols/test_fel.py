@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -305,3 +306,58 @@ def test_fl_over_arch_resume_equals_uninterrupted_run(tmp_path, capsys) -> None:
 def test_fl_over_arch_bad_config_refused(kw, match) -> None:
     with pytest.raises(ValueError, match=match):
         FelConfig(**{**BASE, **kw})
+
+
+def test_a_bag_trains_every_leaf_on_every_user_and_combines_them_as_fel() -> None:
+    """fel.leaves = "bag" (issue 25's unclustered control): every leaf's pool is every training user, each leaf
+    samples its own cohort from all of them, and the ensemble is the same mean of the leaves' probabilities."""
+    fel = build(leaves="bag", opt_in_fraction=0.25, combiner="mean")
+    everyone = np.setdiff1d(np.arange(48), fel.opt_in)
+    for leaf in fel.leaves:
+        np.testing.assert_array_equal(leaf._clients, everyone)
+    cohorts: list[np.ndarray] = []
+    for leaf in fel.leaves:  # record each leaf's cohort
+        leaf._sample_clients = (lambda draw: lambda: cohorts.append(draw()) or cohorts[-1])(leaf._sample_clients)
+    stats_ = fel.run_round()
+    assert stats_.extra["leaf_clients"] == [6, 6, 6] and stats_.clients == 18 and len(cohorts) == 3
+    # each leaf's cohort is drawn from all users, not from one cluster: it holds users of several hash clusters
+    for cohort in cohorts:
+        assert len(np.unique(fel.assignment[cohort])) > 1 and not set(cohort.tolist()) & set(fel.opt_in.tolist())
+    # different seeds: the leaves differ; the score is the mean of their probabilities
+    assert not torch.equal(fel.leaves[0].item, fel.leaves[1].item)
+    users, items = np.array([0, 1, 2]), np.array([3, 4, 5])
+    want = np.mean([torch.sigmoid(leaf.forward_hidden(leaf.user[torch.as_tensor(users)], torch.as_tensor(items))[1])
+                    .numpy() for leaf in fel.leaves], axis=0)
+    np.testing.assert_allclose(fel.score(users, items), want, rtol=1e-6)
+
+
+def test_a_cluster_leaf_and_a_bag_differ_only_in_the_pools() -> None:
+    clustered, bag = build(), build(leaves="bag")
+    assert sum(len(leaf._clients) for leaf in clustered.leaves) == 48
+    assert [len(leaf._clients) for leaf in bag.leaves] == [48, 48, 48]
+    for a, b in zip(clustered.leaves, bag.leaves):  # same seeds: the same initial models
+        assert torch.equal(a.item, b.item)
+
+
+@pytest.mark.parametrize("kw, words", [({"dp": "central"}, "compose sequentially"),
+                                       ({"leaves": "forest"}, "fel.leaves must be one of")])
+def test_bag_configuration_errors(kw, words) -> None:
+    with pytest.raises(ValueError, match=words):
+        FelConfig(**{**BASE, "leaves": "bag", **kw})
+
+
+def test_a_bag_does_not_run_on_devices() -> None:
+    from protocols.fel import check_device_split
+
+    with pytest.raises(ValueError, match="run the bag in process"):
+        check_device_split(FelConfig(**{**BASE, "leaves": "bag"}))
+
+
+@pytest.mark.parametrize("bag, ensemble", [("fel-paper-bag", "fel-paper-mean"), ("fel-paper-bag-nn", "fel-paper")])
+def test_the_bag_presets_are_their_ensembles_but_for_the_pools(bag, ensemble) -> None:
+    from experiments.run import config as cfgmod
+
+    a, b = cfgmod.load_preset(bag), cfgmod.load_preset(ensemble)
+    assert a.section("fel").leaves == "bag" and b.section("fel").leaves == "clusters"
+    assert dataclasses.replace(a.section("fel"), leaves="clusters") == b.section("fel")
+    assert a.run.rounds == b.run.rounds

@@ -283,3 +283,22 @@ def test_check_refuses_what_cannot_be_separated_in_words(change, words):
 def test_a_half_or_empty_rating_scale_is_refused(kwargs):
     with pytest.raises(ValueError, match="lightfr.rating_m"):
         LightFRConfig(**kwargs)
+
+
+@pytest.mark.parametrize("server_update, secure, sampling", [("grad", "none", "with-replacement"),
+                                                             ("dcd", "secagg+", "without-replacement")])
+def test_devices_equal_the_in_process_run_with_the_authors_options(server_update, secure, sampling):
+    """The authors' code's options (stickiness, add-back per sampled client, sweeps to a fixed point, sampling
+    with replacement in plaintext, early stop) need nothing on the server beyond the replies and the sums."""
+    data = _data(4)
+    cfg = _cfg(server_update, secure, user_stickiness=0.6, item_add_back="sampled", sweeps="fixed-point",
+               client_sampling=sampling, early_stop="authors", client_fraction=0.75)
+    local = LightFR(data, cfg, seed=1)
+    server, clients = _devices(data, cfg, seed=1)
+    for _ in range(3):
+        a, b = local.run_round(), run_on_devices(server, clients)
+        np.testing.assert_array_equal(server.d, local.d)
+        assert a.loss == b.loss and a.clients == b.clients
+        assert a.extra.get("early_stopped") == b.extra.get("early_stopped")
+    for u, c in clients.items():
+        np.testing.assert_array_equal(c.b[u], local.b[u])

@@ -66,11 +66,11 @@ class FedAvgSums:
         w = weight.numpy().astype(np.float64)
         slot = np.asarray(pair_slot, dtype=np.int64)
         item = np.asarray(pair_item, dtype=np.int64)
-        vals = dQ.numpy().astype(np.float64)
-        if self.config.item_aggregation != "sum":
-            vals = vals * w[slot][:, None]
-        order = np.argsort(slot, kind="stable")  # (already grouped in a round; stable keeps the last write)
-        slot, item, vals = slot[order], item[order], vals[order]
+        vals = dQ.numpy()  # the pairs' changes as trained (float32): each row widens only its own
+        scale = self.config.item_aggregation != "sum"
+        if slot.size and np.any(slot[1:] < slot[:-1]):  # a round groups them already; stable keeps the last write
+            order = np.argsort(slot, kind="stable")
+            slot, item, vals = slot[order], item[order], vals[order]
         bounds = np.searchsorted(slot, np.arange(m + 1))
         tail = np.concatenate([dH.numpy() * w[:, None], (dB.numpy() * w)[:, None], w[:, None]], axis=1)
         extra = self._extra_columns(w)
@@ -81,7 +81,8 @@ class FedAvgSums:
         def row(c: int) -> np.ndarray:
             out = np.zeros(width)
             lo, hi = bounds[c], bounds[c + 1]
-            out[: n_items * d].reshape(n_items, d)[item[lo:hi]] = vals[lo:hi]
+            mine = vals[lo:hi].astype(np.float64)
+            out[: n_items * d].reshape(n_items, d)[item[lo:hi]] = mine * w[c] if scale else mine
             if touched:
                 out[n_items * d + item[lo:hi]] = w[c]
             out[width - tail.shape[1]:] = tail[c]

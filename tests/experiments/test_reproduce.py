@@ -193,6 +193,15 @@ def test_reproduce_lightfr_on_the_authors_filmtrust_folder(tmp_path, capsys, mon
     monkeypatch.setattr("experiments.run.training._plot", lambda *a, **k: None)
     data = write_authors_filmtrust(tmp_path / "filmtrust", n_users=20)
     out = tmp_path / "rep"
+    # a claim naming a rating preset (RMSE on an 80/20 split), to show such a preset is refused on a ranking split
+    import dataclasses
+
+    from experiments.studies import reproduce_claims
+
+    paper = reproduce_claims.PAPERS["lightfr"]
+    rating = reproduce_claims.Claim("X-pmf", "rating PMF is above LightFR", "test", "better", "pmf", "lightfr-paper",
+                                    "HR@10")
+    monkeypatch.setitem(reproduce_claims.PAPERS, "lightfr", dataclasses.replace(paper, claims=(*paper.claims, rating)))
     code = main(["reproduce", "lightfr", "--data", str(data), "--seeds", "2", "--rounds-scale", "0.04",
                  "--out", str(out), "--json"])
     assert code == 0
@@ -205,6 +214,8 @@ def test_reproduce_lightfr_on_the_authors_filmtrust_folder(tmp_path, capsys, mon
     assert json.loads((out / "reproduce.json").read_text()) == result
     ran = {p for p, v in result["presets"].items() if v["available"]}
     assert {"lightfr-paper", "lightfr-authors", "itempop", "random"} <= ran
+    # the rating baselines the paper ranks run as their -rank presets, on the same candidates (checked below)
+    assert {"pmf-rank", "svdpp-rank", "fedrec-rank", "metamf-rank"} <= ran
     for p in ran:  # every run is kept, on the authors' candidates (50 per user: 1 + 49)
         for d in result["presets"][p]["runs"].values():
             summary = json.loads((Path(d) / "summary.json").read_text())

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from protocols.base import RoundStats
-from protocols.registry import BuildContext, ProtocolSpec, register
+from protocols.registry import BuildContext, ProtocolSpec, register_with_rank
 from recmodels.data import Interactions
 from recmodels.mf import mae, rmse
 from recmodels.pmf import PMFConfig, RatingModel, epoch_order, pmf_epoch
@@ -116,23 +116,13 @@ def _build(ctx: BuildContext) -> CentralRating:
     return CentralRating(ctx.train, ctx.config, seed=ctx.seed)
 
 
-register(ProtocolSpec(
+register_with_rank(ProtocolSpec(
     name="pmf",
     summary="probabilistic matrix factorisation trained centrally by SGD (rating task; Gaussian priors as weight decay)",
     build=_build, section="pmf", config_cls=PMFConfig, federated=False, task="rating", keeps_ratings=True,
-))
-register(ProtocolSpec(
+), "PMF trained centrally on explicit ratings, ranked by predicted rating (leave-one-out, LightFR's protocol)")
+register_with_rank(ProtocolSpec(
     name="svdpp",
     summary="SVD++ trained centrally by SGD: biased MF plus the implicit feedback of the rated set (rating task)",
     build=_build, section="svdpp", config_cls=SVDppConfig, federated=False, task="rating", keeps_ratings=True,
-))
-register(ProtocolSpec(
-    name="pmf-rank",
-    summary="PMF trained centrally on explicit ratings, ranked by predicted rating (leave-one-out, LightFR's protocol)",
-    build=_build, section="pmf", config_cls=PMFConfig, federated=False, task="ranking", keeps_ratings=True,
-))
-register(ProtocolSpec(
-    name="svdpp-rank",
-    summary="SVD++ trained centrally on explicit ratings, ranked by predicted rating (leave-one-out, LightFR's protocol)",
-    build=_build, section="svdpp", config_cls=SVDppConfig, federated=False, task="ranking", keeps_ratings=True,
-))
+), "SVD++ trained centrally on explicit ratings, ranked by predicted rating (leave-one-out, LightFR's protocol)")

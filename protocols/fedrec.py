@@ -65,7 +65,7 @@ import numpy as np
 from dp.events import NonPrivate
 from dp.rng import RandomSource, resolve_source, uint64s
 from protocols.base import Release, RoundStats
-from protocols.registry import ProtocolSpec, register
+from protocols.registry import ProtocolSpec, register_with_rank
 from protocols.sampled_secure import SampledSecureConfig
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
@@ -319,16 +319,10 @@ class FedRec:
         self.rng.bit_generator.state = state["rng"]
 
 
-register(ProtocolSpec(
+register_with_rank(ProtocolSpec(
     name="fedrec",
     summary="FedRec (Lin et al. 2020): federated rating MF; clients also upload gradients of sampled unrated items "
             "filled with virtual ratings",
     build=lambda ctx: FedRec(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport),
     section="fedrec", config_cls=FedRecConfig, task="rating", keeps_ratings=True,
-))
-register(ProtocolSpec(
-    name="fedrec-rank",
-    summary="FedRec trained on explicit ratings, ranked by predicted rating (leave-one-out, LightFR's protocol)",
-    build=lambda ctx: FedRec(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport),
-    section="fedrec", config_cls=FedRecConfig, keeps_ratings=True,
-))
+), "FedRec trained on explicit ratings, ranked by predicted rating (leave-one-out, LightFR's protocol)")

@@ -65,7 +65,7 @@ import torch
 
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
-from protocols.registry import ProtocolSpec, register
+from protocols.registry import ProtocolSpec, register_with_rank
 from protocols.sampled_secure import SampledSecureConfig
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
@@ -430,16 +430,10 @@ class MetaMF:
         self.rng.bit_generator.state = state["rng"]
 
 
-register(ProtocolSpec(
+register_with_rank(ProtocolSpec(
     name="metamf",
     summary="MetaMF (Lin et al. 2020): a server-side meta network generates each client's item embeddings and "
             "rating MLP; clients keep their user embeddings and upload meta-network gradients",
     build=lambda ctx: MetaMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport),
     section="metamf", config_cls=MetaMFConfig, task="rating", keeps_ratings=True,
-))
-register(ProtocolSpec(
-    name="metamf-rank",
-    summary="MetaMF trained on explicit ratings, ranked by predicted rating (leave-one-out, LightFR's protocol)",
-    build=lambda ctx: MetaMF(ctx.train, ctx.config, seed=ctx.seed, transport=ctx.transport),
-    section="metamf", config_cls=MetaMFConfig, keeps_ratings=True,
-))
+), "MetaMF trained on explicit ratings, ranked by predicted rating (leave-one-out, LightFR's protocol)")

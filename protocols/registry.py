@@ -29,7 +29,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: importing them would load numpy for every help text
@@ -54,6 +54,7 @@ __all__ = [
     "plugin_of",
     "protocol_names",
     "register",
+    "register_with_rank",
     "sections",
 ]
 
@@ -79,7 +80,7 @@ PROTOCOL_MODULES: tuple[str, ...] = (
 BUILTIN_PROTOCOLS: tuple[str, ...] = (
     "itempop", "random", "centralized", "fedavg", "fedmf", "lightfr", "fedcl", "fedcl-central", "fel",
     "sttfedrec", "fl-twotower", "centralized-twotower", "fedfast",
-    "pmf", "svdpp", "pmf-rank", "svdpp-rank", "ncf-central", "ncf-fed", "fcf", "fedrec", "fedrec-rank",
+    "pmf", "pmf-rank", "svdpp", "svdpp-rank", "ncf-central", "ncf-fed", "fcf", "fedrec", "fedrec-rank",
     "metamf", "metamf-rank",
 )
 
@@ -256,6 +257,14 @@ def register(spec: ProtocolSpec) -> ProtocolSpec:
     if _importing:
         _ORIGIN.setdefault(spec.name, _importing[0])
     return spec
+
+
+def register_with_rank(spec: ProtocolSpec, rank_summary: str) -> tuple[ProtocolSpec, ProtocolSpec]:
+    """Register a rating-task protocol and its ``<name>-rank`` twin: the same model and section, trained on
+    the explicit ratings and evaluated by ranking (leave-one-out, LightFR's protocol)."""
+    if spec.task != "rating" or not spec.keeps_ratings:
+        raise ValueError(f"register_with_rank: {spec.name!r} must be a rating-task protocol that keeps ratings")
+    return register(spec), register(replace(spec, name=f"{spec.name}-rank", summary=rank_summary, task="ranking"))
 
 
 def import_plugin(module: str, *, source: str = "--plugin") -> None:

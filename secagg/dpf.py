@@ -65,6 +65,23 @@ __all__ = [
 
 _GROUP = 8  #: at most this many keys evaluated together (their control bits index one subset-sum table)
 _GROUP_LEAVES = 1 << 16  #: leaves per group of trees expanded together (cache-sized levels)
+_FUSED_CHUNK = 1 << 14  #: leaves per pass (over a batch's keys) of the fused loops: their buffers stay in L2
+
+
+def _fused():  # noqa: ANN202 - the module, or None
+    """:mod:`secagg.dpf_fused` (the evaluation's compiled loops), or ``None`` where numba does not import."""
+    global _FUSED_MODULE
+    if _FUSED_MODULE is None:
+        try:
+            from secagg import dpf_fused
+        except ImportError:
+            _FUSED_MODULE = False
+        else:
+            _FUSED_MODULE = dpf_fused
+    return _FUSED_MODULE or None
+
+
+_FUSED_MODULE = None
 
 
 # -- the forest and its evaluation -----------------------------------------------------------------
@@ -316,22 +333,29 @@ class Accumulator:
     """
 
     def __init__(self, forest: Forest, width: int, party: int, *, challenge: bytes | None = None,
-                 chunk: int = 65536, batch: int = _GROUP) -> None:
+                 chunk: int | None = None, batch: int = _GROUP, fused: bool | None = None) -> None:
         if type(width) is not int or not 1 <= width <= MAX_WIDTH:
             raise ValueError(f"width must be an int in [1, {MAX_WIDTH}]; found {width!r}")
         if party not in (0, 1):
             raise ValueError(f"party must be 0 or 1; found {party!r}")
         if challenge is not None and (not isinstance(challenge, bytes) or len(challenge) != 16):
             raise ValueError("challenge must be 16 bytes")
+        if fused is None:
+            fused = _fused() is not None
+        elif fused and _fused() is None:
+            raise ValueError("fused=True needs numba (a dependency of this package; not importable here)")
+        chunk = (_FUSED_CHUNK if fused else 65536) if chunk is None else chunk
         if type(chunk) is not int or chunk < 1 or type(batch) is not int or not 1 <= batch <= _GROUP:
             raise ValueError(f"chunk must be a positive int and batch an int in [1, {_GROUP}]; found {chunk!r}, {batch!r}")
         self.forest, self.width, self.party = forest, width, party
         self.blocks = -(-width // 2)
         self._acc = np.empty((self.blocks, forest.leaves, 2), np.uint64)
         self._acc.fill(0)  # touch every page now (once per sum), not inside the first key's evaluation
-        self._chunk, self._batch = chunk, batch
+        self._chunk, self._batch, self.fused = chunk, batch, bool(fused)
         self._mac = None if challenge is None else Cipher(algorithms.AES(challenge), modes.ECB()).encryptor()
         self._mac_pos: np.ndarray | None = None
+        if self._mac is not None:
+            self._positions()  # depends on the round's challenge only: computed once here, not per key
         self.count = 0
 
     def _expect(self, key: KeySet) -> None:
@@ -363,6 +387,9 @@ class Accumulator:
         return out
 
     def _add_batch(self, keys: list[KeySet], sign: int) -> list[bytes | None]:
+        if self.fused:
+            self.count += sign * len(keys)
+            return _fused().add_batch(self, keys, sign, self._chunk, _GROUP_LEAVES)
         k, blocks, forest, acc, mac = len(keys), self.blocks, self.forest, self._acc, self._mac
         negate = (self.party == 1) != (sign == -1)
         op = np.subtract if negate else np.add
@@ -457,7 +484,8 @@ class Accumulator:
     def _positions(self) -> np.ndarray:
         """``AES_challenge(position block)`` per leaf: the first block of each leaf's CBC-MAC."""
         if self._mac_pos is None:
-            enc = np.stack([self.forest.position.astype(np.uint64), self.forest.owner.astype(np.uint64)], axis=1)
+            enc = np.empty((self.forest.leaves, 2), np.uint64)
+            enc[:, 0], enc[:, 1] = self.forest.position, self.forest.owner
             self._mac_pos = _aes(self._mac, enc)
         return self._mac_pos
 

@@ -82,6 +82,20 @@ def _fused():  # noqa: ANN202 - the module, or None
 
 
 _FUSED_MODULE = None
+_FUSED_WARM = False
+
+
+def _warm_fused() -> None:
+    """Load the fused loops (compiled and cached on disk the first time on a machine) once per process, by
+    evaluating a tiny key set with and without the check: the same array types as any evaluation."""
+    global _FUSED_WARM
+    if _FUSED_WARM or _fused() is None:
+        return
+    _FUSED_WARM = True
+    forest = Forest.of(np.array([3, 0, 2]))
+    key = gen(np.array([1, 0, 0]), forest.depth, np.ones((3, 3), np.uint64))[0]
+    for challenge in (None, bytes(16)):
+        Accumulator(forest, 3, 0, challenge=challenge, fused=True).add_many([key, key])
 
 
 # -- the forest and its evaluation -----------------------------------------------------------------
@@ -184,11 +198,12 @@ class Forest:
     def warm(self, batch: int = _GROUP) -> None:
         """Build the public indices the evaluation of ``batch`` key sets at a time uses (its groups of
         trees and their per-level parents and kept children): once per deployment, so that the first
-        client's evaluation does not pay for them."""
+        client's evaluation does not pay for them; and loads the fused loops (:func:`_warm_fused`)."""
         for _, _, sub in self.groups(max(1, _GROUP_LEAVES // max(1, min(batch, _GROUP)))):
             for level in range(sub.depth):
                 sub.parent_trees(level)
                 sub.children_kept(level)
+        _warm_fused()
 
     def tweaks(self) -> list[np.ndarray]:
         """The check hash's per-leaf tweaks (public; computed once per forest)."""

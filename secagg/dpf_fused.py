@@ -112,21 +112,21 @@ def _expand(keys: list[KeySet], j0: int, j1: int, forest) -> tuple[np.ndarray, n
 
 
 @_jit
-def _gather(sigs, sig):  # noqa: ANN001, ANN202
-    """``sig[q, j] = sigs[q, j]`` (a contiguous copy of a strided chunk: the AES input)."""
+def _gather(sigs, lo, sig):  # noqa: ANN001, ANN202
+    """``sig[q, j] = sigs[q, lo + j]`` (the chunk's AES input, contiguous)."""
     for q in range(sig.shape[0]):
         for j in range(sig.shape[1]):
-            sig[q, j, 0] = sigs[q, j, 0]
-            sig[q, j, 1] = sigs[q, j, 1]
+            sig[q, j, 0] = sigs[q, lo + j, 0]
+            sig[q, j, 1] = sigs[q, lo + j, 1]
 
 
 @_jit
-def _gather_tweaked(sigs, sig, tweak, x):  # noqa: ANN001, ANN202
+def _gather_tweaked(sigs, lo, sig, tweak, x):  # noqa: ANN001, ANN202
     """:func:`_gather` and ``x[q, j] = sig[q, j] XOR tweak[j]`` (the first check block's input)."""
     for q in range(sig.shape[0]):
         for j in range(sig.shape[1]):
-            s0 = sigs[q, j, 0]
-            s1 = sigs[q, j, 1]
+            s0 = sigs[q, lo + j, 0]
+            s1 = sigs[q, lo + j, 1]
             sig[q, j, 0] = s0
             sig[q, j, 1] = s1
             x[q, j, 0] = s0 ^ tweak[j, 0]
@@ -134,12 +134,12 @@ def _gather_tweaked(sigs, sig, tweak, x):  # noqa: ANN001, ANN202
 
 
 @_jit
-def _subsets(t, out):  # noqa: ANN001, ANN202
-    """``out[j] = sum_q t[q, j] 2^q``: the keys' control bits at leaf ``j`` as one subset index."""
-    for j in range(t.shape[1]):
+def _subsets(t, lo, n, out):  # noqa: ANN001, ANN202
+    """``out[j] = sum_q t[q, lo + j] 2^q`` for ``j < n``: the keys' control bits at a leaf as one subset index."""
+    for j in range(n):
         b = 0
         for q in range(t.shape[0]):
-            b |= np.int64(t[q, j]) << q
+            b |= np.int64(t[q, lo + j]) << q
         out[j] = b
 
 
@@ -184,8 +184,8 @@ def _values(y, sig, subset, vc, owner, offsets, a, acc, negate, table):  # noqa:
 
 
 @_jit
-def _check(x, y, t, cs, owner, state, first, use_first, sig, tweak_next, has_next, mac_in):  # noqa: ANN001, ANN202, PLR0913
-    """One check block ``c``: ``mac_in = state XOR pi_c`` with ``pi_c = AES_c(x) XOR x XOR t cs_c``
+def _check(x, y, t, lo, cs, owner, state, first, use_first, sig, tweak_next, has_next, mac_in):  # noqa: ANN001, ANN202, PLR0913
+    """One check block ``c``: ``mac_in = state XOR pi_c`` with ``pi_c = AES_c(x) XOR x XOR t[:, lo:] cs_c``
     (``y = AES_c(x)``; ``state`` is ``first[j]``, the MAC's first block, when ``use_first``), then
     ``x = sig XOR tweak_next`` (the next block's input) when ``has_next``.
 
@@ -193,7 +193,7 @@ def _check(x, y, t, cs, owner, state, first, use_first, sig, tweak_next, has_nex
     k, n = x.shape[0], x.shape[1]
     for q in range(k):
         for j in range(n):
-            mask = _ZERO - np.uint64(t[q, j])
+            mask = _ZERO - np.uint64(t[q, lo + j])
             tree = owner[j]
             if use_first:
                 st0 = first[j, 0]
@@ -257,14 +257,14 @@ def add_batch(acc, keys: list[KeySet], sign: int, chunk: int, group: int) -> lis
             n, a, b = hi - lo, base + lo, base + hi
             sig = sigbuf[:k * n].reshape(k, n, 2)
             if mac is None:
-                _gather(sigs[:, lo:hi], sig)
+                _gather(sigs, lo, sig)
             else:
                 x = xbuf[:k * n].reshape(k, n, 2)
-                _gather_tweaked(sigs[:, lo:hi], sig, tweaks[0][a:b], x)
+                _gather_tweaked(sigs, lo, sig, tweaks[0][a:b], x)
             src = memoryview(sig).cast("B")
             y = buf[:k * n].reshape(k, n, 2)
-            tc, own = t[:, lo:hi], owner[a:b]
-            _subsets(tc, subset)
+            own = owner[a:b]
+            _subsets(t, lo, n, subset)
             flat_y, flat_sig = y.reshape(k, 2 * n), sig.reshape(k, 2 * n)
             for i, enc in enumerate(values):  # G(s): the MMO of sigma(s) under key value/i
                 enc.update_into(src, out)
@@ -275,7 +275,7 @@ def add_batch(acc, keys: list[KeySet], sign: int, chunk: int, group: int) -> lis
                 for c, enc in enumerate(checks):  # pi(x) = H'(x, s) XOR t cs, then one CBC step
                     enc.update_into(memoryview(x).cast("B"), out)
                     last = c == CHECK_BLOCKS - 1
-                    _check(x, y, tc, cs[c], own, state, first[a:b], c == 0, sig,
+                    _check(x, y, t, lo, cs[c], own, state, first[a:b], c == 0, sig,
                            tweaks[c if last else c + 1][a:b], not last, m)
                     mac.update_into(memoryview(m).cast("B"), sout)
                 _fold(state, folded)

@@ -50,15 +50,16 @@ def _roots(nodes, inp, bits):  # noqa: ANN001, ANN202
 
 @_jit
 def _level(out, inp, bits, cw, parents, children, nxt, nbits):  # noqa: ANN001, ANN202, PLR0913
-    """One tree level after its AES call (``out``, of the input ``inp``, both ``[K, n, 4]``: left and
-    right child per parent): each kept child's seed ``AES(x) XOR x``, XOR-ed with its tree's
+    """One tree level after its AES call (``out``, of the input ``inp``, both ``[K, 4n]`` words: left
+    and right child per parent): each kept child's seed ``AES(x) XOR x``, XOR-ed with its tree's
     correction (``cw [K, T, 2 sides, 2 words]``, the control-bit correction in word 0's low bit)
     under a parent whose bit (``bits [K, n]``) is 1; per tree, ``parents[tree]`` parents and the
     first ``children[tree]`` children are kept (the nodes whose subtree meets the tree's positions).
-    Writes each kept child's control bit (``nbits``) and its ``sigma``: ``nxt [K, n', 4]`` (with the
-    right tweak: the next level's input) or ``[K, n', 2]`` (the leaves: the value hash's input)."""
+    Writes each kept child's control bit (``nbits [K, n']``) and its ``sigma``: ``nxt [K, 4n']`` (with
+    the right tweak: the next level's input) or ``[K, 2n']`` (the leaves: the value hash's input).
+    Flat word indices: numba vectorizes them better than ``[K, n, 4]``."""
     k = out.shape[0]
-    wide = nxt.shape[2] == 4
+    width = nxt.shape[1] // max(1, nbits.shape[1])  # 4 words per child (the next level's input) or 2 (leaves)
     for q in range(k):
         p = 0
         c = 0
@@ -68,15 +69,17 @@ def _level(out, inp, bits, cw, parents, children, nxt, nbits):  # noqa: ANN001, 
                 mask = _ZERO - np.uint64(bits[q, p])
                 for side in range(2):
                     if 2 * r + side < kept:
-                        w0 = out[q, p, 2 * side] ^ inp[q, p, 2 * side] ^ (cw[q, tree, side, 0] & mask)
-                        w1 = out[q, p, 2 * side + 1] ^ inp[q, p, 2 * side + 1] ^ (cw[q, tree, side, 1] & mask)
+                        u = 4 * p + 2 * side
+                        w0 = out[q, u] ^ inp[q, u] ^ (cw[q, tree, side, 0] & mask)
+                        w1 = out[q, u + 1] ^ inp[q, u + 1] ^ (cw[q, tree, side, 1] & mask)
                         nbits[q, c] = np.uint8(w0 & _LOW)
                         s0 = w0 & _CLEAR
-                        nxt[q, c, 0] = s0 ^ w1
-                        nxt[q, c, 1] = s0
-                        if wide:
-                            nxt[q, c, 2] = s0 ^ w1 ^ _RIGHT
-                            nxt[q, c, 3] = s0
+                        v = width * c
+                        nxt[q, v] = s0 ^ w1
+                        nxt[q, v + 1] = s0
+                        if width == 4:
+                            nxt[q, v + 2] = s0 ^ w1 ^ _RIGHT
+                            nxt[q, v + 3] = s0
                         c += 1
                 p += 1
 
@@ -106,7 +109,8 @@ def _expand(keys: list[KeySet], j0: int, j1: int, forest) -> tuple[np.ndarray, n
         last = level == forest.depth - 1
         nxt = np.empty((k, n, 2 if last else 4), np.uint64)
         nbits = np.empty((k, n), np.uint8)
-        _level(out[:-1].reshape(k, -1, 4), inp, bits, cw[level], forest.level_counts(level), counts, nxt, nbits)
+        _level(out[:-1].reshape(k, -1), inp.reshape(k, -1), bits, cw[level], forest.level_counts(level), counts,
+               nxt.reshape(k, -1), nbits)
         inp, bits = nxt, nbits
     return inp, bits
 
@@ -186,26 +190,29 @@ def _values(y, sig, subset, vc, owner, offsets, a, acc, negate, table):  # noqa:
 @_jit
 def _check(x, y, t, lo, cs, owner, state, first, use_first, sig, tweak_next, has_next, mac_in):  # noqa: ANN001, ANN202, PLR0913
     """One check block ``c``: ``mac_in = state XOR pi_c`` with ``pi_c = AES_c(x) XOR x XOR t[:, lo:] cs_c``
-    (``y = AES_c(x)``; ``state`` is ``first[j]``, the MAC's first block, when ``use_first``), then
+    (``y = AES_c(x)``; ``state`` is ``first``, the MAC's first block, when ``use_first``), then
     ``x = sig XOR tweak_next`` (the next block's input) when ``has_next``.
 
-    ``cs``: ``[K, m, 2]``, block ``c`` of the keys' check corrections."""
-    k, n = x.shape[0], x.shape[1]
+    ``x``, ``y``, ``state``, ``sig``, ``mac_in``: ``[K, 2n]`` words (leaf ``i`` is words ``2i, 2i+1``;
+    flat indices vectorize better than ``[K, n, 2]``); ``first``, ``tweak_next``: ``[2n]``; ``cs``:
+    ``[K, m, 2]``, block ``c`` of the keys' check corrections."""
+    k, n = x.shape[0], x.shape[1] // 2
     for q in range(k):
-        for j in range(n):
-            mask = _ZERO - np.uint64(t[q, lo + j])
-            tree = owner[j]
+        for i in range(n):
+            mask = _ZERO - np.uint64(t[q, lo + i])
+            tree = owner[i]
+            w = 2 * i
             if use_first:
-                st0 = first[j, 0]
-                st1 = first[j, 1]
+                st0 = first[w]
+                st1 = first[w + 1]
             else:
-                st0 = state[q, j, 0]
-                st1 = state[q, j, 1]
-            mac_in[q, j, 0] = x[q, j, 0] ^ y[q, j, 0] ^ (cs[q, tree, 0] & mask) ^ st0
-            mac_in[q, j, 1] = x[q, j, 1] ^ y[q, j, 1] ^ (cs[q, tree, 1] & mask) ^ st1
+                st0 = state[q, w]
+                st1 = state[q, w + 1]
+            mac_in[q, w] = x[q, w] ^ y[q, w] ^ (cs[q, tree, 0] & mask) ^ st0
+            mac_in[q, w + 1] = x[q, w + 1] ^ y[q, w + 1] ^ (cs[q, tree, 1] & mask) ^ st1
             if has_next:
-                x[q, j, 0] = sig[q, j, 0] ^ tweak_next[j, 0]
-                x[q, j, 1] = sig[q, j, 1] ^ tweak_next[j, 1]
+                x[q, w] = sig[q, w] ^ tweak_next[w]
+                x[q, w + 1] = sig[q, w + 1] ^ tweak_next[w + 1]
 
 
 @_jit
@@ -272,11 +279,12 @@ def add_batch(acc, keys: list[KeySet], sign: int, chunk: int, group: int) -> lis
             if mac is not None:
                 m = mbuf[:k * n].reshape(k, n, 2)
                 state = sbuf[:k * n].reshape(k, n, 2)
+                flat_x, flat_m, flat_state = x.reshape(k, 2 * n), m.reshape(k, 2 * n), state.reshape(k, 2 * n)
                 for c, enc in enumerate(checks):  # pi(x) = H'(x, s) XOR t cs, then one CBC step
                     enc.update_into(memoryview(x).cast("B"), out)
                     last = c == CHECK_BLOCKS - 1
-                    _check(x, y, t, lo, cs[c], own, state, first[a:b], c == 0, sig,
-                           tweaks[c if last else c + 1][a:b], not last, m)
+                    _check(flat_x, flat_y, t, lo, cs[c], own, flat_state, first[a:b].reshape(-1), c == 0, flat_sig,
+                           tweaks[c if last else c + 1][a:b].reshape(-1), not last, flat_m)
                     mac.update_into(memoryview(m).cast("B"), sout)
                 _fold(state, folded)
     if mac is None:

@@ -336,15 +336,20 @@ class Accumulator:
     batch go in with one gather per chunk and part of ``g`` keys ("four Russians"): per tree, a table
     of the ``2^g`` subset sums of the part's ``CW_j`` (exact in Z_2^64; ``2^g <= leaves / (8 m)``, at
     most 256 rows), and per leaf the row its ``g`` control bits pick. The round's sum is allocated and
-    its pages touched here, so that cost is per round, not in the first key's evaluation.
+    its pages touched here, and the check's first MAC block per leaf (it depends on the challenge
+    only) computed, so those costs are per round, not in the first key's evaluation. With numba the
+    same evaluation runs in the fused loops of :mod:`secagg.dpf_fused` (``fused``).
 
     Args:
         forest: the public shape of every key set.
         width: ``d``, words per value.
         party: this server's party (0 or 1).
         challenge: 16 secret bytes both servers drew after the keys arrived (``None``: no checks).
-        chunk: leaves per pass, over all the keys of a batch.
+        chunk: leaves per pass, over all the keys of a batch (default 16K with the fused loops, whose
+            buffers then stay in L2; 64K for the numpy path).
         batch: key sets evaluated together (1 to 8).
+        fused: evaluate with the compiled loops of :mod:`secagg.dpf_fused` (``None``: wherever numba
+            imports; ``False``: the numpy path below, the same words and digests).
     """
 
     def __init__(self, forest: Forest, width: int, party: int, *, challenge: bytes | None = None,

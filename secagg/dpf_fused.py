@@ -5,18 +5,24 @@ block and per check block one ``cryptography`` AES-128-ECB call does the PRG wor
 AES-NI through OpenSSL). What numpy then needs several passes for, over ``keys x leaves`` 16-byte
 blocks per AES call, is one loop here (:func:`add_batch`):
 
-* sigma of every leaf seed and, with the check, the first check block's input ``sigma(s) XOR T_0``;
-* per value block: the MMO feed-forward (``AES(sigma(s)) XOR sigma(s)``), the control-bit correction
-  ``t_x CW_j`` (a mask, no branch), the sum over the batch's keys and the add into (or subtract
-  from) the round's sum, in registers, written once;
-* per check block ``c``: the feed-forward, ``t_x cs`` and the CBC-MAC chaining XOR into the MAC's
-  input, and the next block's input ``sigma(s) XOR T_{c+1}``; the last MAC state is XOR-folded per key.
+* per tree level (:func:`_level`): each kept child's feed-forward ``AES(x) XOR x``, its parent's
+  corrections (a mask from the parent's control bit, no branch), the dropping of the children
+  outside their tree, and the next level's input (``sigma`` and the right child's tweak), or at the
+  leaves ``sigma(s)``, the value hash's input;
+* per value block (:func:`_values`): the MMO feed-forward ``AES(sigma(s)) XOR sigma(s)`` summed over
+  the batch's keys straight into (or out of) the round's sum, key by key over contiguous words, then
+  the control-bit corrections ``t_x CW_j`` per run of leaves of one tree from a table of the subset
+  sums of the keys' corrections, indexed by the leaf's control bits;
+* per check block ``c`` (:func:`_check`): the feed-forward, ``t_x cs`` and the CBC-MAC chaining XOR
+  into the MAC's input, and the next block's input ``sigma(s) XOR T_{c+1}``; the last MAC state is
+  XOR-folded per key (:func:`_fold`).
 
 Every word is the one the numpy path (``Accumulator(..., fused=False)``) computes, in the same
 order of Z_2^64 additions (exact: additions mod 2^64 commute), and the digests are bit for bit the
 same (``tests/secagg/test_dpf_fused.py`` against the numpy path and the reference evaluation).
-The loops are compiled on first use and cached on disk (``cache=True``), so a process pays the
-compilation once per machine, not per call.
+The loops take whole arrays and offsets, never slices, so each has one compiled signature; they are
+compiled on first use and cached on disk (``cache=True``): a machine compiles them once, a process
+loads them once (:meth:`secagg.dpf.Forest.warm` does, at setup).
 """
 
 from __future__ import annotations

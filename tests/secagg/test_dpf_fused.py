@@ -96,3 +96,4 @@ def test_the_fused_path_is_the_default_where_numba_imports_and_a_tampered_key_st
     assert all(acc.fused for acc in accs)
     assert accs[0].add(k0) == accs[1].add(k1)
     assert accs[0].add(k0) != accs[1].add(forged)
+

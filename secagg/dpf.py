@@ -65,6 +65,37 @@ __all__ = [
 
 _GROUP = 8  #: at most this many keys evaluated together (their control bits index one subset-sum table)
 _GROUP_LEAVES = 1 << 16  #: leaves per group of trees expanded together (cache-sized levels)
+_FUSED_CHUNK = 1 << 14  #: leaves per pass (over a batch's keys) of the fused loops: their buffers stay in L2
+
+
+def _fused():  # noqa: ANN202 - the module, or None
+    """:mod:`secagg.dpf_fused` (the evaluation's compiled loops), or ``None`` where numba does not import."""
+    global _FUSED_MODULE
+    if _FUSED_MODULE is None:
+        try:
+            from secagg import dpf_fused
+        except ImportError:
+            _FUSED_MODULE = False
+        else:
+            _FUSED_MODULE = dpf_fused
+    return _FUSED_MODULE or None
+
+
+_FUSED_MODULE = None
+_FUSED_WARM = False
+
+
+def _warm_fused() -> None:
+    """Load the fused loops (compiled and cached on disk the first time on a machine) once per process, by
+    evaluating a tiny key set with and without the check: the same array types as any evaluation."""
+    global _FUSED_WARM
+    if _FUSED_WARM or _fused() is None:
+        return
+    _FUSED_WARM = True
+    forest = Forest.of(np.array([3, 0, 2]))
+    key = gen(np.array([1, 0, 0]), forest.depth, np.ones((3, 3), np.uint64))[0]
+    for challenge in (None, bytes(16)):
+        Accumulator(forest, 3, 0, challenge=challenge, fused=True).add_many([key, key])
 
 
 # -- the forest and its evaluation -----------------------------------------------------------------
@@ -167,11 +198,12 @@ class Forest:
     def warm(self, batch: int = _GROUP) -> None:
         """Build the public indices the evaluation of ``batch`` key sets at a time uses (its groups of
         trees and their per-level parents and kept children): once per deployment, so that the first
-        client's evaluation does not pay for them."""
+        client's evaluation does not pay for them; and loads the fused loops (:func:`_warm_fused`)."""
         for _, _, sub in self.groups(max(1, _GROUP_LEAVES // max(1, min(batch, _GROUP)))):
             for level in range(sub.depth):
                 sub.parent_trees(level)
                 sub.children_kept(level)
+        _warm_fused()
 
     def tweaks(self) -> list[np.ndarray]:
         """The check hash's per-leaf tweaks (public; computed once per forest)."""
@@ -304,34 +336,46 @@ class Accumulator:
     batch go in with one gather per chunk and part of ``g`` keys ("four Russians"): per tree, a table
     of the ``2^g`` subset sums of the part's ``CW_j`` (exact in Z_2^64; ``2^g <= leaves / (8 m)``, at
     most 256 rows), and per leaf the row its ``g`` control bits pick. The round's sum is allocated and
-    its pages touched here, so that cost is per round, not in the first key's evaluation.
+    its pages touched here, and the check's first MAC block per leaf (it depends on the challenge
+    only) computed, so those costs are per round, not in the first key's evaluation. With numba the
+    same evaluation runs in the fused loops of :mod:`secagg.dpf_fused` (``fused``).
 
     Args:
         forest: the public shape of every key set.
         width: ``d``, words per value.
         party: this server's party (0 or 1).
         challenge: 16 secret bytes both servers drew after the keys arrived (``None``: no checks).
-        chunk: leaves per pass, over all the keys of a batch.
+        chunk: leaves per pass, over all the keys of a batch (default 16K with the fused loops, whose
+            buffers then stay in L2; 64K for the numpy path).
         batch: key sets evaluated together (1 to 8).
+        fused: evaluate with the compiled loops of :mod:`secagg.dpf_fused` (``None``: wherever numba
+            imports; ``False``: the numpy path below, the same words and digests).
     """
 
     def __init__(self, forest: Forest, width: int, party: int, *, challenge: bytes | None = None,
-                 chunk: int = 65536, batch: int = _GROUP) -> None:
+                 chunk: int | None = None, batch: int = _GROUP, fused: bool | None = None) -> None:
         if type(width) is not int or not 1 <= width <= MAX_WIDTH:
             raise ValueError(f"width must be an int in [1, {MAX_WIDTH}]; found {width!r}")
         if party not in (0, 1):
             raise ValueError(f"party must be 0 or 1; found {party!r}")
         if challenge is not None and (not isinstance(challenge, bytes) or len(challenge) != 16):
             raise ValueError("challenge must be 16 bytes")
+        if fused is None:
+            fused = _fused() is not None
+        elif fused and _fused() is None:
+            raise ValueError("fused=True needs numba (a dependency of this package; not importable here)")
+        chunk = (_FUSED_CHUNK if fused else 65536) if chunk is None else chunk
         if type(chunk) is not int or chunk < 1 or type(batch) is not int or not 1 <= batch <= _GROUP:
             raise ValueError(f"chunk must be a positive int and batch an int in [1, {_GROUP}]; found {chunk!r}, {batch!r}")
         self.forest, self.width, self.party = forest, width, party
         self.blocks = -(-width // 2)
         self._acc = np.empty((self.blocks, forest.leaves, 2), np.uint64)
         self._acc.fill(0)  # touch every page now (once per sum), not inside the first key's evaluation
-        self._chunk, self._batch = chunk, batch
+        self._chunk, self._batch, self.fused = chunk, batch, bool(fused)
         self._mac = None if challenge is None else Cipher(algorithms.AES(challenge), modes.ECB()).encryptor()
         self._mac_pos: np.ndarray | None = None
+        if self._mac is not None:
+            self._positions()  # depends on the round's challenge only: computed once here, not per key
         self.count = 0
 
     def _expect(self, key: KeySet) -> None:
@@ -363,6 +407,9 @@ class Accumulator:
         return out
 
     def _add_batch(self, keys: list[KeySet], sign: int) -> list[bytes | None]:
+        if self.fused:
+            self.count += sign * len(keys)
+            return _fused().add_batch(self, keys, sign, self._chunk, _GROUP_LEAVES)
         k, blocks, forest, acc, mac = len(keys), self.blocks, self.forest, self._acc, self._mac
         negate = (self.party == 1) != (sign == -1)
         op = np.subtract if negate else np.add
@@ -457,7 +504,8 @@ class Accumulator:
     def _positions(self) -> np.ndarray:
         """``AES_challenge(position block)`` per leaf: the first block of each leaf's CBC-MAC."""
         if self._mac_pos is None:
-            enc = np.stack([self.forest.position.astype(np.uint64), self.forest.owner.astype(np.uint64)], axis=1)
+            enc = np.empty((self.forest.leaves, 2), np.uint64)
+            enc[:, 0], enc[:, 1] = self.forest.position, self.forest.owner
             self._mac_pos = _aes(self._mac, enc)
         return self._mac_pos
 

@@ -19,6 +19,8 @@ verification), and B's share is added to A's. The clients' rows never form a den
 * ``setup_s``: the public layout, its per-position tweaks and the evaluation's per-level indices
   (:meth:`secagg.dpf.Forest.warm`), built once per deployment (not per client or round);
 * ``exact``: the sum equals the clients' updates added in Z_2^64;
+* ``fused``: the servers evaluated with the compiled loops of :mod:`secagg.dpf_fused` (numba), not
+  the numpy path (the fallback where numba does not import);
 * ``aes128_ecb_gbps``: fixed-key AES-128 throughput through ``cryptography`` into a preallocated
   buffer, measured in the same run; ``prg_bytes_per_client_per_server``: the AES output one
   server's evaluation of one key set needs (tree: two blocks per expanded node; values:
@@ -176,7 +178,7 @@ def bench(items: int, dim: int, points: int, clients: int, *, check: bool = True
         "evaluate_cpu_s_per_client": max(evaluate_cpu) / clients,
         "evaluate_cpu_s_per_client_by_server": {"A": evaluate_cpu[0] / clients, "B": evaluate_cpu[1] / clients},
         "round_fixed_s": {"A": timers[0] - evaluate_s[0], "B": timers[1] - evaluate_s[1]},
-        "setup_s": setup_s, "exact": exact,
+        "setup_s": setup_s, "exact": exact, "fused": bool(servers[0].acc.fused),
         "aes128_ecb_gbps": throughput / 1e9, "prg_bytes_per_client_per_server": prg,
         "prg_bound_s_per_client": prg / throughput, "server_over_prg_bound": max(per) / (prg / throughput),
         "evaluate_over_prg_bound": max(evaluate_s) / clients / (prg / throughput),

@@ -356,3 +356,17 @@ def test_warming_a_forest_changes_nothing_but_when_its_indices_are_built():
     assert digests[0] == digests[1] and digests[0][0] == digests[0][1]
     assert np.array_equal(sums[1][0].total() + sums[1][1].total(),
                           dpf.eval_full(k0, forest) + dpf.eval_full(k1, forest))
+
+
+def test_the_macs_first_blocks_are_computed_per_round_when_the_accumulator_is_made():
+    """They depend on the challenge only: made with the round's sum, not inside the first key's evaluation
+    (which made the first server evaluated in a process look slower than the second)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    forest = Forest.of(np.array([5, 0, 9]))
+    acc = Accumulator(forest, 2, 0, challenge=b"r" * 16)
+    assert acc._mac_pos is not None
+    enc = Cipher(algorithms.AES(b"r" * 16), modes.ECB()).encryptor()
+    blocks = np.stack([forest.position, forest.owner], axis=1).astype("<u8").tobytes()
+    assert acc._mac_pos.astype("<u8").tobytes() == enc.update(blocks)
+    assert Accumulator(forest, 2, 0)._mac_pos is None  # no check, nothing to compute

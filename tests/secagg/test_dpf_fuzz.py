@@ -134,10 +134,13 @@ def test_a_server_refuses_mutated_uploads_with_message_error_only(data):
         blob[i] ^= 1 << data.draw(st.integers(0, 7))
     server = DpfSumServer(_CFG, 1)
     try:
-        server.receive(bytes(blob))
+        sender = server.receive(bytes(blob))
     except MessageError:
         return
-    assert server.keys[1].to_bytes() in bytes(blob)  # accepted: a well-formed key of the right shape
+    # accepted: a well-formed key of the right shape, from a valid sender (a flipped sender bit can make
+    # client 1's upload client 0's: the message is then simply client 0's, n = 2)
+    assert list(server.keys) == [sender] and sender in (0, 1)
+    assert server.keys[sender].to_bytes() in bytes(blob)
 
 
 _DCFG = DpfSumConfig(2, CuckooLayout.for_points(40, 2, seed=b"u" * 32), 2, 2, b"i" * 16, max_parts=4, dense_above=1)

@@ -162,8 +162,12 @@ class _Masked:
 class _Signed:
     received: Mapping[int, tuple[bytes, bytes]]
     u2: frozenset[int]
+    #: U3 within this client's neighbourhood and itself (all the unmask consults; the whole list of n
+    #: ids held by each of n simulated clients was the simulation's O(n^2) memory peak)
     u3: frozenset[int]
     own_b_share: bytes
+    #: the digest of the signed U3, checked against the holders' signatures at UNMASK
+    digest: bytes
 
 
 class MaskingClient:
@@ -347,8 +351,10 @@ class MaskingClient:
         st: _Masked = self._state  # type: ignore[assignment]
         u3 = check_survivors(msg.survivors, me=self.id, n=self.cfg.n, nbrs=self._nbrs, u2=st.u2,
                              policy=self.policy, t=self.cfg.t)
-        sig = self._identity.sign(self.cfg.survivors_digest(msg.survivors))
-        self._leave("sign_survivors", _Signed(st.received, st.u2, u3, st.own_b_share))
+        digest = self.cfg.survivors_digest(msg.survivors)
+        sig = self._identity.sign(digest)
+        self._leave("sign_survivors", _Signed(st.received, st.u2, u3 & (self._nbrs | {self.id}), st.own_b_share,
+                                              digest))
         return ConsistencySignature(**self._head(), sig=sig)
 
     def unmask(self, blob: bytes) -> UnmaskResponse:
@@ -357,14 +363,14 @@ class MaskingClient:
         msg = UnmaskRequest.from_bytes(blob)
         self._check_header(msg, "UNMASK")
         st: _Signed = self._state  # type: ignore[assignment]
-        digest = self.cfg.survivors_digest(sorted(st.u3))
+        digest = st.digest
         # the decision is "at least t valid signatures from holders in U3": checking stops at the t-th
         # valid one (the same decision as checking them all, for t instead of k + 1 verifications)
         valid: set[int] = set()
         for who, sig in msg.signatures:
             if len(valid) >= self.cfg.t:
                 break
-            if (who not in valid and who in st.u3 and (who in self._nbrs or who == self.id)
+            if (who not in valid and who in st.u3  # (st.u3 holds only neighbours and this client)
                     and _common._verify(self._pki, who, sig, digest)):
                 valid.add(who)
         if len(valid) < self.cfg.t:

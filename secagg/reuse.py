@@ -132,7 +132,9 @@ class _Instance:
     own_share: bytes
     received: dict[int, bytes] | None = None  # neighbour in U2 -> its b share held by me
     u2: frozenset[int] = frozenset()
+    #: U3 within this client's neighbourhood and itself (all the unmask consults), and its signed digest
     u3: frozenset[int] = frozenset()
+    digest: bytes = b""
 
 
 class ReuseClient:
@@ -304,10 +306,10 @@ class ReuseClient:
         self._check_header(msg, st.inst, "CONSISTENCY")
         u3 = check_survivors(msg.survivors, me=self.id, n=self.cfg.n, nbrs=self._nbrs, u2=st.u2,
                              policy=self.policy, t=self.cfg.t, scope=" in this instance")
-        st.u3 = u3
+        st.u3 = u3 & (self._nbrs | {self.id})
+        st.digest = _survivors_digest(st.inst, self.cfg.round, msg.survivors)
         self._leave("sign_survivors")
-        return ConsistencySignature(**self._head(st.inst), sig=self._identity.sign(
-            _survivors_digest(st.inst, self.cfg.round, msg.survivors)))
+        return ConsistencySignature(**self._head(st.inst), sig=self._identity.sign(st.digest))
 
     def unmask(self, blob: bytes) -> UnmaskReveal:
         """Instance stage 4: with ``t`` valid holder signatures on U3, reveal per neighbour in U2 exactly
@@ -317,12 +319,12 @@ class ReuseClient:
         assert st is not None and st.received is not None
         msg = UnmaskRequest.from_bytes(blob)
         self._check_header(msg, st.inst, "UNMASK")
-        digest = _survivors_digest(st.inst, self.cfg.round, sorted(st.u3))
+        digest = st.digest
         valid: set[int] = set()
         for who, sig in msg.signatures:
             if len(valid) >= self.cfg.t:
                 break
-            if (who not in valid and who in st.u3 and (who in self._nbrs or who == self.id)
+            if (who not in valid and who in st.u3  # (st.u3 holds only neighbours and this client)
                     and _common._verify(self._pki, who, sig, digest)):
                 valid.add(who)
         if len(valid) < self.cfg.t:
@@ -372,6 +374,7 @@ class ReuseServer:
         self.u2: frozenset[int] = frozenset()
         self.u3: frozenset[int] = frozenset()
         self._u3_list: list[int] = []
+        self._u3_seen: set[int] = set()  # the same ids, for the duplicate check (a set per message was O(n^2))
         self.signatures: dict[int, bytes] = {}
         self._digest = b""
         self.responses: dict[int, UnmaskReveal] = {}
@@ -427,7 +430,7 @@ class ReuseServer:
             self.shares[u] = msg.shares
             self.commits[u] = msg.b_commit
         elif isinstance(msg, MaskedInput):
-            self._require(u, self.u2, set(self._u3_list), name)
+            self._require(u, self.u2, self._u3_seen, name)
             if msg.y.shape != (self.dim,):
                 raise MessageError(f"stage {name}: masked input of length {msg.y.size}, expected {self.dim}")
             self.signatures_verified += 1
@@ -435,6 +438,7 @@ class ReuseServer:
                 raise AuthenticationError("authenticated decryption failed")
             np.add(self.acc, msg.y, out=self.acc)
             self._u3_list.append(u)
+            self._u3_seen.add(u)
         elif isinstance(msg, ConsistencySignature):
             self._require(u, self.u3, self.signatures, name)
             self.signatures_verified += 1

@@ -1,0 +1,81 @@
+"""Issue 27's peaks: the secure paths that held whole-cohort arrays no longer do.
+
+Each test runs one fixed path on a small shape under tracemalloc (numpy's allocations are traced) and
+checks that its peak stays far below the array the old code materialised; on the old code each one
+fails (the old allocation alone exceeds the bound, or the interface it checks did not exist). The sums
+are checked exactly against the fixed-point sum of the same inputs.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from protocols.secure_sum import SparseRows, secure_sum
+from protocols.transport import InProcessTransport, Transcript, client
+from secagg.encoding import FixedPoint
+
+
+def _peak(fn):  # noqa: ANN001, ANN202
+    tracemalloc.start()
+    try:
+        out = fn()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return out, peak
+
+
+def _sparse_updates(n: int, rows: int, width: int, touched: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, rows, width))
+    for i in range(n):
+        x[i, rng.choice(rows, touched, replace=False)] = rng.uniform(-1, 1, (touched, width))
+    return x.reshape(n, -1)
+
+
+def _expect(x: np.ndarray, frac_bits: int, clip: float) -> np.ndarray:
+    codec = FixedPoint(frac_bits, clip)
+    return codec.decode(codec.encode(x, rounding="nearest").sum(axis=0, dtype=np.uint64))
+
+
+def _dpf(values, n: int, **kw):  # noqa: ANN001, ANN202
+    tr = InProcessTransport(Transcript(keep_payloads=False))
+    return secure_sum(values, protocol="dpf", frac_bits=16, value_clip=2.0, round=0, transport=tr,
+                      senders=[client(u) for u in range(n)], row_width=16, points=4, **kw)
+
+
+def test_a_dpf_sum_of_dense_vectors_handles_one_clients_rows_at_a_time() -> None:
+    """Before: the float matrix's |x| temporary, its fixed-point copy and the encoder's temporaries, each
+    ``n x width`` words (LightFR-dpf's 366 x 632,125 on ml-latest-small: 6.5 GB at the peak)."""
+    n, rows, width = 100, 2000, 16
+    x = _sparse_updates(n, rows, width, touched=3)  # 26 MB of float64, 3 nonzero rows a client
+    _dpf(x[:3], 3)  # warm imports and caches outside the trace
+    res, peak = _peak(lambda: _dpf(x, n))
+    assert np.array_equal(res.total, _expect(x, 16, 2.0))
+    # now ~0.4 x (key sets, the servers' sums, evaluation buffers); before: 2.0 x
+    assert peak < x.nbytes / 2, f"peak {peak / 1e6:.1f} MB for {x.nbytes / 1e6:.1f} MB of vectors"
+    vectors = list(x)  # the exchange's separate replies, as they are
+    res2, peak2 = _peak(lambda: _dpf(SparseRows(vectors, rows * width), n))
+    assert np.array_equal(res2.total, res.total) and peak2 < x.nbytes / 2
+
+
+def test_a_dpf_sum_of_touched_rows_never_builds_a_dense_vector() -> None:
+    """A client may hand only its touched rows (any order, zero rows dropped): the sum is the dense one's."""
+    n, rows, width = 100, 2000, 16
+    x = _sparse_updates(n, rows, width, touched=3, seed=1)
+    sparse = []
+    for v in x:
+        t = v.reshape(rows, width)
+        nz = np.flatnonzero(t.any(axis=1))[::-1]  # descending: the sum sorts them
+        nz = np.concatenate([nz, [next(r for r in range(rows) if r not in nz)]])  # plus one all-zero row
+        sparse.append((nz, t[nz]))
+    res, peak = _peak(lambda: _dpf(SparseRows(sparse, rows * width), n))
+    assert np.array_equal(res.total, _expect(x, 16, 2.0))
+    assert peak < x.nbytes / 2, f"peak {peak / 1e6:.1f} MB; the dense vectors would be {x.nbytes / 1e6:.1f} MB"
+    with pytest.raises(ValueError, match="distinct"):
+        _dpf(SparseRows([(np.array([1, 1]), np.zeros((2, 16)))] * 2, rows * width), 2)
+    with pytest.raises(ValueError, match="non-finite"):
+        _dpf(SparseRows([(np.array([1]), np.full((1, 16), np.nan))] * 2, rows * width), 2)

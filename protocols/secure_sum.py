@@ -525,15 +525,16 @@ def _run_rows(updates, codec: FixedPoint, *, rows: int, row_width: int, points: 
               round: int, dense_above: int = 0, transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str,
               receiver2: str, dropouts, min_survivors: int) -> SecureSumResult:  # noqa: ANN001
     """Run :func:`secagg.dpf_sum.run_dpf_rows` on encoded sparse updates and record its messages."""
+    keep = bool(transport.transcript.keep_payloads)
+    # without kept payloads the uploads are recorded by size: the servers' parsed key sets are their only copy
     res = run_dpf_rows(updates, DpfSpec(rows, row_width, min(points, rows), round=round, min_survivors=min_survivors,
                                         dropouts=dict(dropouts or {}), max_parts=max_parts, pad_parts=pad_parts,
-                                        dense_above=dense_above))
+                                        dense_above=dense_above, keep_messages=keep))
     names = {"A": receiver, "B": receiver2}
-    keep = bool(transport.transcript.keep_payloads)
     for sender, to, stage, blob in res.records:
         src = senders[sender] if isinstance(sender, int) else names[str(sender)]
         transport.send(src, names[str(to)], round, kind if stage == "upload" else f"dpf:{stage}",
-                       blob if keep else None, len(blob))
+                       blob if keep else None, blob if isinstance(blob, int) else len(blob))
     for callback in list(_OBSERVERS):  # the clients' key generation is their secure work (no masks, no agreements)
         callback({"reuse": False, "setup": True, "protocol": "dpf", "n": len(senders), "dim": int(rows * row_width),
                   "k": None, "t": None, "survivors": len(res.survivors), "senders": list(senders),

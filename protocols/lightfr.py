@@ -382,9 +382,10 @@ class LightFR:
 
         ``"train"``, ``"train_rated"``, ``"train_dense"``: check the received ``D``, run the local
         DCD on ``b_u`` (kept on the device) and reply with the upload (plaintext), the rated
-        indicator (the upload waits on the device for ``"union_update"``) or the dense vector;
-        ``"union_update"``: the waiting upload over the published union's rows. A sampled user
-        without training ratings has nothing to upload and does not reply.
+        indicator (the upload waits on the device for ``"union_update"``) or the dense vector
+        (``"dpf"``: only its touched rows, ``rows``/``row_values``); ``"union_update"``: the waiting
+        upload over the published union's rows. A sampled user without training ratings has nothing
+        to upload and does not reply.
         """
         users = np.asarray(users, dtype=np.int64)
         if kind == "union_update":

@@ -63,7 +63,9 @@ Rules a protocol must keep (the device tests check the first three):
 4. Replies are arrays only (``np.ndarray``; scalars as 0-d arrays). A plaintext reply must hold
    exactly :attr:`Exchange.reply_keys`; the exchange's ``validate`` checks its values and raises
    ``ValueError`` (the runtime then drops that client, with the reason, and the round goes on
-   without it). A secure exchange's reply is ``{"vector": float64 [width]}``.
+   without it). A secure exchange's reply is ``{"vector": float64 [width]}``; a two-server
+   (``"dpf"``) one may instead send only the rows it touches, ``{"rows": int [k] distinct,
+   "row_values": float64 [k, row_width]}`` (the sum is the same; no dense vector need exist).
 
 The transcript: the generator records what the server sends and receives in plaintext exchanges
 itself (it knows the protocol's message kinds and sizes); the runtime records the messages of a
@@ -83,7 +85,7 @@ import numpy as np
 
 from protocols.base import RoundStats
 from protocols.guard import RefusedStep, device_guard
-from protocols.secure_sum import RowStack, SecureSumAborted, secure_sum
+from protocols.secure_sum import RowStack, SecureSumAborted, SparseRows, secure_sum
 from protocols.transport import SERVER, client
 from secagg.reuse_sim import ReuseSession
 
@@ -110,6 +112,8 @@ __all__ = [
 #: record keeps only sizes, so an instance adds no clients x dim array beyond the vectors themselves.
 #: Wider sums are cut into chunks (exact in Z_2^64, so chunking never changes the sum).
 SECURE_CHUNK = 1 << 28
+#: The keys of a two-server (``"dpf"``) secure reply that sends only its touched rows.
+_ROW_KEYS = frozenset({"rows", "row_values"})
 
 ArrayDict = Mapping[str, np.ndarray]
 DeviceRound = Generator["Exchange", "Replies", RoundStats]
@@ -246,11 +250,15 @@ class Exchange:
         if not isinstance(reply, Mapping):
             raise ValueError(f"user {user}: a reply must be a mapping of arrays; found {type(reply).__name__}")
         keys = {"vector"} if self.secure is not None else set(self.reply_keys)
+        if self.secure is not None and self.secure.protocol == "dpf" and set(reply) == _ROW_KEYS:
+            keys = _ROW_KEYS
         if set(reply) != keys:
             raise ValueError(f"user {user}: reply keys {sorted(reply)}; expected {sorted(keys)}")
         for name, value in reply.items():
             if not isinstance(value, np.ndarray):
                 raise ValueError(f"user {user}: reply {name!r} is a {type(value).__name__}, not an array")
+        if keys == _ROW_KEYS:
+            return self._check_rows(user, reply)
         if self.secure is not None:
             v = reply["vector"]
             if v.shape != (self.secure.width,) or v.dtype != np.float64:
@@ -258,6 +266,22 @@ class Exchange:
                                  f"{v.dtype} {v.shape}")
             return reply
         return self.validate(int(user), dict(reply)) if self.validate is not None else dict(reply)
+
+    def _check_rows(self, user: int, reply: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """A ``"dpf"`` reply of touched rows: distinct ids below ``width / row_width``, float64 values per row."""
+        assert self.secure is not None and self.secure.row_width is not None
+        rows, vals, w = reply["rows"], reply["row_values"], self.secure.row_width
+        n_rows = self.secure.width // w
+        if rows.ndim != 1 or rows.dtype.kind not in "iu" or vals.dtype != np.float64 or vals.shape != (rows.size, w):
+            raise ValueError(f"user {user}: expected int rows [k] and float64 row_values [k, {w}]; found "
+                             f"{rows.dtype} {rows.shape} and {vals.dtype} {vals.shape}")
+        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= n_rows or np.unique(rows).size != rows.size):
+            raise ValueError(f"user {user}: its rows must be distinct and in [0, {n_rows})")
+        return reply
+
+    def secure_value(self, reply: Mapping[str, np.ndarray]) -> Any:
+        """What a checked secure reply adds to the sum: its ``"vector"``, or ``(rows, row_values)``."""
+        return (reply["rows"], reply["row_values"]) if "rows" in reply else reply["vector"]
 
 
 @dataclass
@@ -335,14 +359,17 @@ def _local_secure(server: Any, ex: Exchange, round_: int, vectors: dict[int, np.
     step = max(1, SECURE_CHUNK // len(users)) if spec.protocol != "dpf" else spec.width  # dpf: sparse, whole rows
     # one chunk: the vectors as they are (no stacked n x width copy at the round's peak)
     whole = spec.protocol != "dpf" and step >= spec.width
-    values = RowStack([vectors[u] for u in users]) if whole else np.stack([vectors[u] for u in users])
+    if spec.protocol == "dpf":  # one client's touched rows at a time (dense vectors or rows as sent)
+        values = SparseRows([vectors[u] for u in users], spec.width)
+    else:
+        values = RowStack([vectors[u] for u in users]) if whole else np.stack([vectors[u] for u in users])
     total = np.empty(spec.width)
     nbytes = client_s = server_s = 0.0
     survivors = None
     try:
         for lo in range(0, spec.width, step):
             hi = min(spec.width, lo + step)
-            res = secure_sum(values if whole else values[:, lo:hi], protocol=spec.protocol, frac_bits=spec.frac_bits,
+            res = secure_sum(values if whole or spec.protocol == "dpf" else values[:, lo:hi], protocol=spec.protocol, frac_bits=spec.frac_bits,
                              value_clip=spec.value_clip, round=round_, transport=server.transport, senders=senders,
                              kind=spec.kind, where=spec.where, dropout=spec.dropout, corrupt=spec.corrupt,
                              receiver=spec.receiver, k=spec.k, t=spec.t, dropouts=spec.dropouts,
@@ -410,7 +437,7 @@ def _answer(server: Any, ex: Exchange, round_: int, replies: Mapping[int, Any], 
         try:
             value = ex.check_reply(u, replies[u])
             if devices and ex.secure is not None:
-                v = value["vector"]
+                v = value["row_values"] if "row_values" in value else value["vector"]
                 if not np.all(np.isfinite(v)) or float(np.abs(v).max(initial=0.0)) > ex.secure.value_clip:
                     raise ValueError(f"user {u}: its vector holds a non-finite value or one beyond "
                                      f"{ex.secure.where}={ex.secure.value_clip:g}; refused before encoding")
@@ -418,7 +445,7 @@ def _answer(server: Any, ex: Exchange, round_: int, replies: Mapping[int, Any], 
         except ValueError as exc:
             dropped[u] = str(exc)
     if ex.secure is not None:
-        vectors = {u: v["vector"] for u, v in values.items()}
+        vectors = {u: ex.secure_value(v) for u, v in values.items()}
         if ex.groups is not None:
             parts = {g: _local_secure(server, ex, round_, vectors, members, min_survivors, g)
                      for g, members in group_members(ex, ex.users.tolist()).items()}

@@ -39,8 +39,8 @@ from secagg.encoding import FixedPoint, check_budget, choose_ring_bits
 from secagg.reuse_sim import ReuseSession
 from secagg.runner import PROTOCOLS, EncodedRows, RunSpec
 
-__all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "RowStack", "SecureSumAborted", "SecureSumResult", "observe",
-           "secure_row_sum",
+__all__ = ["SECURE_PROTOCOLS", "TWO_SERVER_PROTOCOLS", "RowStack", "SecureSumAborted", "SecureSumResult", "SparseRows",
+           "observe", "secure_row_sum",
            "secure_sum", "small_cohort_protocol"]
 
 #: Names accepted by :func:`secure_sum` (``"none"`` is the caller's plaintext path).
@@ -78,7 +78,7 @@ class RowStack:
     ml-latest-small). A dense update built from a client's few touched rows need not exist before its
     client masks it (FedAvg-GMF's 610 x 311,202 float64 updates on ml-latest-small are 1.5 GB).
     ``rows[i]`` is row ``i``, ``rows[a:b]`` a stacked block; ``shape`` and ``ndim`` are the matrix's.
-    SecAgg/SecAgg+ encode one row at a time from it; other protocols stack it.
+    SecAgg/SecAgg+ encode one row at a time from it; the others a block of rows at a time (:func:`_encode_rows`).
     """
 
     ndim = 2
@@ -120,6 +120,17 @@ class RowStack:
 
     def stacked(self) -> np.ndarray:
         return self[:]
+
+
+def _encode_rows(vals, codec: FixedPoint) -> np.ndarray:  # noqa: ANN001 (float matrix or RowStack)
+    """The fixed-point ``uint64 [n, dim]`` of ``vals``, encoded a block of rows at a time into one array:
+    no stacked float copy and no ``n x dim`` temporaries of the encoder (the chain's 50 x 960,429 on
+    ml-latest-small: 0.4 GB each, three at once)."""
+    out = np.empty(vals.shape, dtype=np.uint64)
+    rows = max(1, _CHECK_VALUES // max(vals.shape[1], 1))
+    for lo in range(0, vals.shape[0], rows):
+        out[lo : lo + rows] = codec.encode(vals[lo : lo + rows], rounding="nearest")
+    return out
 
 
 class _SizesOnly(list):
@@ -245,7 +256,8 @@ def secure_sum(
     """Sum the rows of ``values`` (one per sender) through ``protocol``; see the module docstring.
 
     Args:
-        values: float ``[n, dim]``, row ``i`` is ``senders[i]``'s vector.
+        values: float ``[n, dim]``, row ``i`` is ``senders[i]``'s vector, or the rows as a :class:`RowStack`;
+            ``"dpf"`` also takes :class:`SparseRows` (a client's touched rows instead of its vector).
         protocol: one of :data:`SECURE_PROTOCOLS`.
         frac_bits, value_clip: the fixed-point encoding and the largest ``|value|`` allowed.
         round: the protocol round (bound into every message).
@@ -307,8 +319,6 @@ def secure_sum(
             n_summands=max(vals.shape[0], 1), clip=value_clip, frac_bits=frac_bits))
     if protocol not in ("secagg", "secagg+"):
         session = None
-        if isinstance(vals, RowStack):
-            vals = vals.stacked()
     if session is not None:  # the next instance of the round's one key setup
         if session.cfg is None:
             session.protocol = protocol
@@ -319,7 +329,7 @@ def secure_sum(
         encoded = EncodedRows(vals, lambda row: codec.encode(row, rounding="nearest"))
         res = runner(encoded, spec, record=record)
     else:
-        res = runner(codec.encode(vals, rounding="nearest"), spec)
+        res = runner(_encode_rows(vals, codec), spec)
     _notify(protocol, senders, vals.shape[1], res, session, dropout=spec.planned_dropout(vals.shape[0]))
     if record:
         for stage, sender, blob in record:
@@ -348,13 +358,55 @@ def secure_sum(
     )
 
 
-def _two_server_sum(values: np.ndarray, *, frac_bits: int, value_clip: float, round: int,
+def _client_table_rows(update, n_rows: int, row_width: int, who: str) -> tuple[np.ndarray, np.ndarray]:
+    """One client's ``"dpf"`` update as ``(rows, values)``: its rows holding a nonzero (or non-finite)
+    value, ascending, and those rows (float64 ``[k, row_width]``). ``update`` is its dense vector
+    (``[n_rows * row_width]``) or already ``(rows, values)`` (:class:`SparseRows`)."""
+    if isinstance(update, tuple):
+        rows, vals = np.asarray(update[0]), np.asarray(update[1], dtype=np.float64)
+        if rows.ndim != 1 or rows.dtype.kind not in "iu" or vals.shape != (rows.size, row_width):
+            raise ValueError(f"dpf: {who}'s rows must be int [k] with values [k, {row_width}]; found "
+                             f"{rows.dtype} {rows.shape} and {vals.shape}")
+        rows = rows.astype(np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= n_rows or np.unique(rows).size != rows.size):
+            raise ValueError(f"dpf: {who}'s rows must be distinct and in [0, {n_rows})")
+        order = np.argsort(rows, kind="stable")  # ascending, as the dense vector's rows are
+        rows, vals = rows[order], vals[order]
+        keep = np.flatnonzero(vals.any(axis=1))  # a zero row adds nothing and is not sent (as from a dense vector)
+        return rows[keep], vals[keep]
+    table = np.asarray(update, dtype=np.float64).reshape(n_rows, row_width)
+    rows = np.flatnonzero(table.any(axis=1))
+    return rows, table[rows]
+
+
+class SparseRows:
+    """The ``"dpf"`` clients' updates as each sends them: client ``i``'s dense vector, or its touched rows
+    ``(rows int [k], values float [k, row_width])`` with no dense vector at all; ``shape`` is the dense
+    ``n x width`` matrix's. :func:`secure_sum` handles one client's rows at a time from it, so neither
+    the cohort's dense matrix nor its fixed-point copy exists (LightFR's 366 x 632,125 on ml-latest-small:
+    1.9 GB each)."""
+
+    ndim = 2
+
+    def __init__(self, updates: Sequence, width: int) -> None:
+        self._updates = list(updates)
+        self.shape = (len(self._updates), int(width))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        return self._updates[i]
+
+
+def _two_server_sum(values, *, frac_bits: int, value_clip: float, round: int,  # noqa: ANN001
                     transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str, receiver2: str,
                     dropouts: Mapping[str, frozenset[int]] | None, where: str, min_survivors: int,
                     row_width: int | None, points: int | None, max_parts: int = 1,
                     pad_parts: bool = False) -> SecureSumResult:
-    """``secure_sum`` for ``"dpf"`` (see the module docstring)."""
-    vals = np.asarray(values, dtype=np.float64)
+    """``secure_sum`` for ``"dpf"`` (see the module docstring): one client's nonzero rows at a time, never
+    an ``n x width`` array (``values``: a float matrix, :class:`RowStack` or :class:`SparseRows`)."""
+    vals = values if isinstance(values, (RowStack, SparseRows)) else np.asarray(values, dtype=np.float64)
     if vals.ndim != 2 or vals.shape[0] != len(senders):
         raise ValueError(f"values must be [n senders, dim]; found {vals.shape} for {len(senders)} senders")
     if type(row_width) is not int or row_width < 1 or vals.shape[1] % row_width:
@@ -363,23 +415,28 @@ def _two_server_sum(values: np.ndarray, *, frac_bits: int, value_clip: float, ro
         raise ValueError(f"dpf: points (the rows a client may touch) must be a positive int; found {points!r}")
     if receiver == receiver2:
         raise ValueError(f"dpf: the two servers need two names; both are {receiver!r}")
-    if not np.all(np.isfinite(vals)):
+    rows = vals.shape[1] // row_width
+    sparse = [_client_table_rows(vals[i], rows, row_width, senders[i]) for i in range(len(senders))]
+    if not all(np.all(np.isfinite(v)) for _, v in sparse):
         raise ValueError(f"round {round}: a client's vector holds a non-finite value; nothing was aggregated")
-    big = float(np.abs(vals).max(initial=0.0))
+    big = max((float(np.abs(v).max(initial=0.0)) for _, v in sparse), default=0.0)
     if big > value_clip:
         raise ValueError(f"round {round}: a client's vector holds {big:.4g}, above {where}={value_clip:g}; raise {where} "
                          "(and check the bit budget) or lower the learning rate")
     check_budget(n_summands=max(vals.shape[0], 1), clip=value_clip, frac_bits=frac_bits)
     codec = FixedPoint(frac_bits, value_clip)
-    encoded = codec.encode(vals, rounding="nearest")
-    rows = vals.shape[1] // row_width
-    table = encoded.reshape(len(senders), rows, row_width)
-    touched = [np.flatnonzero(t.any(axis=1)) for t in table]
-    if touched and max(len(t) for t in touched) > points * max_parts:
-        raise ValueError(f"round {round}: a client's update touches {max(len(t) for t in touched)} rows, above "
+    updates = []
+    for i, (r, v) in enumerate(sparse):  # a row whose values all encode to 0 is not sent
+        enc = codec.encode(v, rounding="nearest")
+        nz = np.flatnonzero(enc.any(axis=1))
+        updates.append((r[nz], enc[nz]))
+        sparse[i] = None  # the client's float rows are done with
+    touched = max((len(r) for r, _ in updates), default=0)
+    if touched > points * max_parts:
+        raise ValueError(f"round {round}: a client's update touches {touched} rows, above "
                          f"points={points}" + (f" x max_parts={max_parts}" if max_parts > 1 else "")
                          + "; raise points (every client's key set grows with it)")
-    return _run_rows([(t, table[i][t]) for i, t in enumerate(touched)], codec, rows=rows, row_width=row_width,
+    return _run_rows(updates, codec, rows=rows, row_width=row_width,
                      points=points, max_parts=max_parts, pad_parts=pad_parts, round=round, transport=transport, senders=senders,
                      kind=kind, receiver=receiver, receiver2=receiver2, dropouts=dropouts, min_survivors=min_survivors)
 
@@ -468,15 +525,16 @@ def _run_rows(updates, codec: FixedPoint, *, rows: int, row_width: int, points: 
               round: int, dense_above: int = 0, transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str,
               receiver2: str, dropouts, min_survivors: int) -> SecureSumResult:  # noqa: ANN001
     """Run :func:`secagg.dpf_sum.run_dpf_rows` on encoded sparse updates and record its messages."""
+    keep = bool(transport.transcript.keep_payloads)
+    # without kept payloads the uploads are recorded by size: the servers' parsed key sets are their only copy
     res = run_dpf_rows(updates, DpfSpec(rows, row_width, min(points, rows), round=round, min_survivors=min_survivors,
                                         dropouts=dict(dropouts or {}), max_parts=max_parts, pad_parts=pad_parts,
-                                        dense_above=dense_above))
+                                        dense_above=dense_above, keep_messages=keep))
     names = {"A": receiver, "B": receiver2}
-    keep = bool(transport.transcript.keep_payloads)
     for sender, to, stage, blob in res.records:
         src = senders[sender] if isinstance(sender, int) else names[str(sender)]
         transport.send(src, names[str(to)], round, kind if stage == "upload" else f"dpf:{stage}",
-                       blob if keep else None, len(blob))
+                       blob if keep else None, blob if isinstance(blob, int) else len(blob))
     for callback in list(_OBSERVERS):  # the clients' key generation is their secure work (no masks, no agreements)
         callback({"reuse": False, "setup": True, "protocol": "dpf", "n": len(senders), "dim": int(rows * row_width),
                   "k": None, "t": None, "survivors": len(res.survivors), "senders": list(senders),

@@ -141,9 +141,15 @@ class STTFedRecDevice:
             pos = np.minimum(np.searchsorted(union, p["ids"]), len(union) - 1)
             if np.any(union[pos] != p["ids"]):
                 continue  # the union misses one of this client's ids: it sends nothing (RS drops it)
+            del self._pending[u]
+            if cfg.item_aggregation == "dpf":  # only the rows of its ids (the DPF sum sends no others): no dense table
+                ids, at = np.unique(pos, return_inverse=True)
+                rows = np.zeros((len(ids), cfg.dim))
+                np.add.at(rows, at.reshape(-1), p["emb_grad"])
+                out[u] = {"rows": ids.astype(np.int64), "row_values": rows}
+                continue
             rows = np.zeros((len(union), cfg.dim))
             np.add.at(rows, pos, p["emb_grad"])
-            del self._pending[u]
             out[u] = {"rows": rows.astype(np.float32)} if cfg.item_aggregation == "none" else {"vector": rows.ravel()}
         return out
 

@@ -629,6 +629,8 @@ class DpfSpec:
             malicious clients), applied to the parsed key sets before encoding (every part's).
         max_parts, pad_parts, dense_above: as :class:`DpfSumConfig`'s (a client with more than
             ``points`` rows sends several key sets, or above ``dense_above`` of them a dense share).
+        keep_messages: ``records`` hold every message's bytes; ``False``: each upload's size (an int) in
+            place of its bytes, so no client's upload outlives the servers' parsed copy of it.
     """
 
     rows: int
@@ -644,6 +646,7 @@ class DpfSpec:
     max_parts: int = 1
     pad_parts: bool = False
     dense_above: int = 0
+    keep_messages: bool = True
 
 
 @dataclass(frozen=True)
@@ -659,7 +662,7 @@ class DpfSumResult:
         bytes_up: ``[n, 2]`` bytes each client sent to A and to B.
         parts: ``[n]`` key sets each client sent (0: refused before sending or dense).
         records: ``(sender, receiver, stage, blob)`` for every message, in order; parties ``"A"``,
-            ``"B"`` or a client index.
+            ``"B"`` or a client index (an upload's ``blob`` is its size without ``keep_messages``).
     """
 
     total: np.ndarray | None
@@ -729,7 +732,7 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
             for b, name in enumerate(("A", "B")):
                 if i in lost[name]:
                     continue
-                records.append((i, name, "upload", blobs[b]))
+                records.append((i, name, "upload", blobs[b] if spec.keep_messages else len(blobs[b])))
                 bytes_up[i, b] += len(blobs[b])
                 try:
                     servers[b].receive(blobs[b])

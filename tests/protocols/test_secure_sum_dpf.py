@@ -159,3 +159,31 @@ def test_a_dpf_secure_sum_spec_needs_its_row_structure():
     with pytest.raises(ValueError, match="row_width dividing"):
         SecureSum("dpf", width=10, frac_bits=8, value_clip=1.0)
     assert SecureSum("secagg", width=10, frac_bits=8, value_clip=1.0).two_server() == {}
+
+
+class RowReplies(RowToy):
+    """RowToy whose clients reply with their touched row only (``rows``/``row_values``)."""
+
+    def device_step(self, kind, round_, users, broadcast, per_user):
+        return {int(u): {"rows": np.array([int(u) % ROWS]), "row_values": np.full((1, WIDTH), float(u) + 1.0)}
+                for u in users}
+
+
+@pytest.mark.parametrize("bad, why", [
+    (lambda r: {**r, "rows": np.array([1, 1]), "row_values": np.zeros((2, WIDTH))}, "distinct"),
+    (lambda r: {**r, "rows": np.array([ROWS])}, "distinct and in"),
+    (lambda r: {**r, "row_values": r["row_values"].astype(np.float32)}, "float64 row_values"),
+    (lambda r: {**r, "row_values": np.zeros((1, WIDTH + 1))}, "float64 row_values"),
+    (lambda r: {**r, "row_values": np.full((1, WIDTH), np.nan)}, "non-finite"),
+    (lambda r: {**r, "vector": np.zeros(ROWS * WIDTH)}, "reply keys"),
+])
+def test_a_dpf_exchange_takes_touched_rows_and_drops_a_malformed_one_on_devices(bad, why):
+    local = RowReplies(_data([0, 1, 2, 3]))
+    local.run_round()
+    assert np.allclose(local.sums[0].total, _want([0, 1, 2, 3]))
+    server = RowReplies(census(np.arange(4), 4, 1))
+    clients = {u: RowReplies(_data([u])) for u in range(4)}
+    run_on_devices(server, clients, tamper=lambda ex, u, r: bad(r) if u == 2 else r)
+    got = server.sums[0]
+    assert np.allclose(got.total, _want([0, 1, 3])) and set(got.dropped) == {2}
+    assert why in got.dropped[2], got.dropped[2]

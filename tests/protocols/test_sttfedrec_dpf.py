@@ -123,3 +123,33 @@ def test_a_malformed_pir_key_drops_only_that_client_with_the_reason(train):
     stats = run_exchanges(tr, step)
     why = tr.last_dropped["request"][victim["u"]]
     assert "PIR key for sas" in why and stats.clients == 5
+
+
+def test_a_dpf_item_gradient_reply_is_the_clients_rows_and_sums_like_the_dense_vector(train):
+    """Each client sends its ids' gradient rows (``rows``/``row_values``), not the ``M x dim`` dense table
+    (issue 27: 50 x 1,244,672 float64 on ml-latest-small, stacked and encoded at the round's peak); the
+    model is exactly the one the dense vectors give."""
+    from protocols.exchange import run_exchanges
+
+    sparse, dense = _trainer(train, **DPF), _trainer(train, **DPF)
+    seen: list[dict] = []
+
+    def as_dense(kind, round_, users, broadcast, per_user):
+        out = dense.device_step(kind, round_, users, broadcast, per_user)
+        if kind != "item-gradient":
+            return out
+        for u, reply in out.items():
+            seen.append(reply)
+            table = np.zeros((dense.n_items, dense.config.dim))
+            table[reply["rows"]] = reply["row_values"]
+            out[u] = {"vector": table.reshape(-1)}
+        return out
+
+    for _ in range(2):
+        sparse.run_round()
+        run_exchanges(dense, as_dense)
+    pa, pb = _params(sparse), _params(dense)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    cfg = sparse.config
+    assert seen and all(set(r) == {"rows", "row_values"} and len(r["rows"]) <= cfg.request_size for r in seen)
+    assert max(r["row_values"].nbytes for r in seen) <= cfg.request_size * cfg.dim * 8 < sparse.n_items * cfg.dim * 8 / 4

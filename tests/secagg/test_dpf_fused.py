@@ -9,11 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from secagg import dpf
+from secagg import dpf, dpf_fused  # numba is a dependency (pyproject.toml): a missing one fails here
 from secagg.dpf import Accumulator, Forest
-
-pytest.importorskip("numba", reason="the fused evaluation needs numba (a dependency in pyproject.toml)")
-from secagg import dpf_fused  # noqa: E402 - only where numba imports
 
 PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -22,6 +22,10 @@ machine; equal to wall-clock on a quiet one). Per round it reports:
   ``plain_twin``: ``secure_aggregation = "none"``, FEL's distributed noise drawn by the server instead,
   STTFedRec's FL-two-tower baseline): ``round_over_bound`` = round / (plaintext round + simulation
   bound), the figure issue 27's 1.5x target is about;
+* with ``--per-client-plaintext`` too, ``plain_per_client_round_cpu_s``: the twin with every client
+  computing its own gradient (FedCL's in-process plaintext shortcut, one backward pass over the summed
+  losses, off; as on devices, and as a secure sum needs every client's vector) and
+  ``per_client_round_cpu_over_bound`` against it;
 * ``first_round_cpu_s`` and, with ``--rounds`` 2 or more, ``steady_*``: the median over the rounds
   after the first (:func:`steady`; the first round also pays one-off warm-up), with
   ``steady_round_cpu_over_bound`` the median of the per-round ratios;
@@ -41,7 +45,10 @@ machine; equal to wall-clock on a quiet one). Per round it reports:
   the one process simulating every device takes.
 
 ``--json`` prints one object on the last line: ``{"units": ..., "presets": {name: {...}}}``.
-Timings are only as good as the machine is quiet: run nothing else beside it.
+Timings are only as good as the machine is quiet: run nothing else beside it. torch runs ``--threads``
+intra-op threads (default 1, as ``secagg run``): with two on a loaded 2-core machine the second
+thread's OpenMP spin-waits counted as process CPU (FedCL's backward pass: 0.2 s of CPU on one thread,
+2.2-2.4 s on two).
 """
 
 from __future__ import annotations
@@ -76,12 +83,18 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=1, help="timed rounds per preset (default 1)")
     p.add_argument("--plaintext", action="store_true",
                    help="also time the preset with secure_aggregation = 'none' (the round's non-crypto work)")
+    p.add_argument("--per-client-plaintext", action="store_true",
+                   help="with --plaintext, also time the twin with every client computing its own gradient (FedCL's "
+                   "summed in-process shortcut off): the plaintext round a secure sum's per-client vectors compare with")
     p.add_argument("--no-shared-work", action="store_true",
                    help="also time each preset with every simulated client doing all its own verifications and "
                    "agreements (secagg.simshare off): the simulation's cost before that optimisation")
     p.add_argument("--no-setup-reuse", action="store_true",
                    help="also time each preset with every secure sum paying its own key setup (secagg.reuse off): "
                    "the cost before one setup per round")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (default 1, as secagg run: on a shared machine a second thread's "
+                   "OpenMP spin-waits count as process CPU and inflated FedCL's round several-fold)")
     p.add_argument("--json", action="store_true", help="one JSON object on the last line of stdout")
     p.set_defaults(func=_main)
 
@@ -193,13 +206,17 @@ def _secure_cpu(spent: list[float]) -> Iterator[None]:
 
 
 def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # noqa: ANN001
-                 reuse: bool = True) -> list[dict[str, Any]]:
+                 reuse: bool = True, per_client: bool = False) -> list[dict[str, Any]]:
     from protocols.exchange import setup_reuse
     from protocols.secure_sum import observe
     from secagg import simshare
     from secagg.costmodel import instance_cost, nesting_setups, reusable_setup_s, setup_client_s
 
     trainer = _build(cfg)
+    if per_client and hasattr(trainer, "_sum_only"):
+        # FedCL's in-process plaintext shortcut (one backward pass over the summed losses) off: every client
+        # computes its own gradient, as on devices and as the secure sum needs
+        trainer._sum_only = lambda: False
     rows = []
     for r in range(rounds):
         seen: list[dict] = []
@@ -266,7 +283,26 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
 
 
 def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users: int | None = None,
-          items: int | None = None, unshared: bool = False, no_reuse: bool = False) -> dict[str, Any]:
+          items: int | None = None, unshared: bool = False, no_reuse: bool = False, threads: int = 1,
+          per_client: bool = False) -> dict[str, Any]:
+    """Time ``presets`` (see the module docstring) with ``threads`` torch threads (restored after)."""
+    import torch
+
+    if threads < 1:
+        raise UserError(f"--threads must be >= 1; found {threads}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = _bench(presets, data, rounds, plaintext, users=users, items=items, unshared=unshared, no_reuse=no_reuse,
+                     per_client=per_client)
+    finally:
+        torch.set_num_threads(before)
+    out["threads"] = threads
+    return out
+
+
+def _bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users: int | None,
+           items: int | None, unshared: bool, no_reuse: bool, per_client: bool) -> dict[str, Any]:
     from secagg.costmodel import UnitCosts
 
     if rounds < 1:
@@ -292,6 +328,7 @@ def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users:
                                           "secure_over_bound", "peak_rss_mb", "instances", "setups", "setup_bound_s",
                                           "reusable_setup_bound_s", "nesting_setups", "nesting_setup_bound_s")})
         if plaintext:
+            twin = None
             try:
                 twin = _config(name, data, rounds, True, shape)
                 res["plain_twin"] = plain_twin(configs[name])[1] if twin is not None else None
@@ -314,6 +351,12 @@ def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users:
                     p_denom = p["round_cpu_s"] + r["simulation_bound_s"]
                     r["plain_round_cpu_s"] = p["round_cpu_s"]
                     r["round_cpu_over_bound"] = r["round_cpu_s"] / p_denom if p_denom > 0 else None
+            if per_client and plain is not None:
+                each = _time_rounds(twin, rounds, units, f"{name} (plaintext, per-client gradients)", per_client=True)
+                for r, p in zip(rows, each):
+                    p_denom = p["round_cpu_s"] - p["secure_cpu_s"] + r["simulation_bound_s"]
+                    r["plain_per_client_round_cpu_s"] = p["round_cpu_s"] - p["secure_cpu_s"]
+                    r["per_client_round_cpu_over_bound"] = r["round_cpu_s"] / p_denom if p_denom > 0 else None
         res.update(steady(rows))
         if unshared:
             alone = _time_rounds(configs[name], rounds, units, f"{name} (no shared work)", shared=False)
@@ -346,7 +389,8 @@ def steady(rows: list[dict[str, Any]]) -> dict[str, Any]:
     later = rows[1:]
     if not later:
         return out
-    for key in ("round_cpu_s", "plain_round_cpu_s", "simulation_bound_s", "device_bound_s", "round_cpu_over_bound"):
+    for key in ("round_cpu_s", "plain_round_cpu_s", "simulation_bound_s", "device_bound_s", "round_cpu_over_bound",
+                "plain_per_client_round_cpu_s", "per_client_round_cpu_over_bound"):
         vals = [r[key] for r in later if r.get(key) is not None]
         if vals:
             out[f"steady_{key}"] = statistics.median(vals)
@@ -355,7 +399,8 @@ def steady(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _main(args: argparse.Namespace) -> int:
     out = bench(list(args.presets), args.data, args.rounds, args.plaintext, users=args.users, items=args.items,
-                unshared=args.no_shared_work, no_reuse=args.no_setup_reuse)
+                unshared=args.no_shared_work, no_reuse=args.no_setup_reuse, threads=args.threads,
+                per_client=args.per_client_plaintext)
     u = out["units"]
     print(f"units: AES-256-CTR {u['aes256_ctr_gbps']:.2f} GB/s, X25519+HKDF {u['x25519_hkdf_agree_us']:.0f} us, "
           f"Ed25519 sign {u['ed25519_sign_us']:.0f} us / verify {u['ed25519_verify_us']:.0f} us")

@@ -39,6 +39,8 @@ def test_bad_requests_are_refused_in_words() -> None:
         bench(["fedavg-gmf-secagg"], "data/ratings.csv", 1, False, users=100)
     with pytest.raises(UserError, match="rounds"):
         bench(["fedavg-gmf-secagg"], "synthetic", 0, False)
+    with pytest.raises(UserError, match="threads"):
+        bench(["fedavg-gmf-secagg"], "synthetic", 1, False, threads=0)
 
 
 def test_every_secure_preset_has_an_honest_plaintext_twin() -> None:
@@ -58,7 +60,7 @@ def test_every_secure_preset_has_an_honest_plaintext_twin() -> None:
 def test_fel_dps_twin_is_timed_with_the_noise_drawn_by_the_server() -> None:
     out = bench(["fel-dp"], "synthetic", 1, True, users=60, items=50)
     r = out["presets"]["fel-dp"]
-    assert "plain_error" not in r and 'dp = "central"' in r["plain_twin"]
+    assert "plain_error" not in r and 'dp = "central"' in r["plain_twin"] and out["threads"] == 1
     assert r["plain_round_cpu_s"] > 0 and r["round_cpu_over_bound"] > 0
     assert r["rounds"][0]["instances"] >= 1 and r["simulation_bound_s"] > 0
 
@@ -112,3 +114,24 @@ def test_lightfrs_second_sum_is_priced_as_an_instance_of_the_rounds_one_setup() 
     assert r["instances"] == 2 and sum(v for k, v in shapes.items() if k.endswith(" reused")) == 1
     assert r["round_cpu_s"] > 0 and r["plain_round_cpu_s"] > 0 and r["round_cpu_over_bound"] > 0
     assert out["units"]["hmac_pair_seed_us"] > 0
+
+
+def test_the_per_client_plaintext_twin_turns_fedcls_summed_shortcut_off(monkeypatch) -> None:
+    """--per-client-plaintext times the twin a second time with every client computing its own gradient
+    (FedCL's in-process shortcut over the summed losses off) and prices the round against it too."""
+    from protocols.fedcl import FedCL
+
+    calls = []
+    real = FedCL.client_gradients
+
+    def spy(self, *args, **kwargs):
+        calls.append(self.config.secure_aggregation)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FedCL, "client_gradients", spy)
+    out = bench(["fedcl"], "synthetic", 2, True, users=60, items=50, per_client=True)
+    r = out["presets"]["fedcl"]
+    # two secure rounds and two per-client plaintext rounds compute per-client gradients; the fast twin none
+    assert calls.count("secagg+") == 2 and calls.count("none") == 2
+    assert all(row["plain_per_client_round_cpu_s"] > 0 and row["per_client_round_cpu_over_bound"] > 0 for row in r["rounds"])
+    assert r["steady_per_client_round_cpu_over_bound"] == r["rounds"][1]["per_client_round_cpu_over_bound"]

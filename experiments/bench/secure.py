@@ -185,24 +185,32 @@ def _peak_rss_mb() -> float:
 @contextlib.contextmanager
 def _secure_cpu(spent: list[float]) -> Iterator[None]:
     """Add to ``spent`` the process CPU seconds (``[0]``) and wall-clock seconds (``[1]``) of every in-process
-    secure sum (:func:`protocols.exchange._local_secure`'s calls of :func:`protocols.secure_sum.secure_sum`)."""
-    from protocols import exchange
+    secure sum: each loaded module's name for :func:`protocols.secure_sum.secure_sum` (the exchanges',
+    FEL's leaves') is timed while inside, only the outermost call counted."""
+    from protocols import secure_sum as module
 
-    inner = exchange.secure_sum
+    inner = module.secure_sum
+    depth = [0]
 
     def timed(*args: Any, **kwargs: Any) -> Any:
+        depth[0] += 1
         c0, t0 = time.process_time(), time.perf_counter()
         try:
             return inner(*args, **kwargs)
         finally:
-            spent[0] += time.process_time() - c0
-            spent[1] += time.perf_counter() - t0
+            depth[0] -= 1
+            if not depth[0]:
+                spent[0] += time.process_time() - c0
+                spent[1] += time.perf_counter() - t0
 
-    exchange.secure_sum = timed
+    patched = [m for m in list(sys.modules.values()) if getattr(m, "secure_sum", None) is inner]
+    for m in patched:
+        m.secure_sum = timed
     try:
         yield
     finally:
-        exchange.secure_sum = inner
+        for m in patched:
+            m.secure_sum = inner
 
 
 def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # noqa: ANN001

@@ -63,6 +63,7 @@ def test_fel_dps_twin_is_timed_with_the_noise_drawn_by_the_server() -> None:
     assert "plain_error" not in r and 'dp = "central"' in r["plain_twin"] and out["threads"] == 1
     assert r["plain_round_cpu_s"] > 0 and r["round_cpu_over_bound"] > 0
     assert r["rounds"][0]["instances"] >= 1 and r["simulation_bound_s"] > 0
+    assert 0 < r["rounds"][0]["secure_cpu_s"] < r["round_cpu_s"]  # the leaves' own secure_sum calls are timed too
 
 
 def test_sttfedrecs_twin_subtracts_its_chains_cpu_and_later_rounds_give_the_steady_state(monkeypatch) -> None:

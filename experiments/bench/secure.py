@@ -113,7 +113,7 @@ def plain_twin(config) -> tuple[dict[str, dict[str, Any]], str] | None:  # noqa:
 
     * a protocol section with ``secure_aggregation``: set to ``"none"``; with FEL's ``dp = "distributed"``
       (the clients' noise shares only hide under a secure sum, so FEL refuses it in plaintext) also
-      ``dp = "central"``: the same leaves, clipping and noise multiplier, the noise drawn once by the
+      ``dp = "central"``: the same leaves, clipping and privacy target, the noise drawn once by the
       server instead of in shares by the clients;
     * STTFedRec (always secure: the user-tower gradient through the chain, the rows through
       ``item_aggregation``): ``item_aggregation = "none"`` (the same split protocol, the rows sent to RS

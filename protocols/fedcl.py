@@ -400,13 +400,26 @@ class FedCL(FedCLNegatives, FedCLDevice):
         return out
 
     def client_gradients(self, losses: torch.Tensor, rows: torch.Tensor | None,
-                         w: dict[str, torch.Tensor]) -> tuple[np.ndarray, torch.Tensor | None]:
-        """Each client's gradient of its own loss: ``(float64 [m, n_params], user-row gradients)``."""
+                         w: dict[str, torch.Tensor], *, extra: int = 0) -> tuple[np.ndarray, torch.Tensor | None]:
+        """Each client's gradient of its own loss: ``(float64 [m, n_params + extra], user-row gradients)``;
+        the ``extra`` trailing columns are zeros for the caller (the secure vector's loss and count).
+
+        Each parameter's float32 gradient is widened straight into its columns of the one float64
+        array (the exact float32 -> float64 conversion of ``torch.cat(...).double()``, without the
+        concatenated float32 copy, its float64 copy and the caller's concatenation: the secure
+        path's two extra m x n copies; test_client_gradients_widen_in_place_as_cat_then_double)."""
         leaves = [w[n] for n in self._names()] + ([rows] if rows is not None else [])
         grads = torch.autograd.grad(losses.sum(), leaves)
         m = len(losses)
-        flat = torch.cat([g.reshape(m, -1) for g in grads[: len(self._names())]], dim=1)
-        return flat.double().numpy(), (grads[-1] if rows is not None else None)
+        parts = [g.reshape(m, -1) for g in grads[: len(self._names())]]
+        n = sum(g.shape[1] for g in parts)
+        flat = np.empty((m, n + extra), np.float64)
+        off = 0
+        for g in parts:
+            flat[:, off : off + g.shape[1]] = g.numpy()
+            off += g.shape[1]
+        flat[:, n:] = 0.0
+        return flat, (grads[-1] if rows is not None else None)
 
     # -- one round: the server's exchanges (protocols.exchange) ---------------------------------
     def run_round(self) -> RoundStats:

@@ -43,19 +43,23 @@ class FedCLDevice:
                 out[u] = {"embedding": np.asarray(rel.values, np.float64)}
             return out
         if kind == "train":
-            grads, losses, dropped = self._train(kind, round_, users, broadcast, per_user, summed=False)
-            if self.config.secure_aggregation == "none":
+            plain = self.config.secure_aggregation == "none"
+            grads, losses, dropped = self._train(kind, round_, users, broadcast, per_user, summed=False,
+                                                 extra=0 if plain else 2)
+            if plain:
                 return {u: {"gradient": grads[c], "loss": np.array(float(losses[c])),
                             "semi_hard_dropped": np.array(int(dropped[c]), np.int64)}
                         for c, u in enumerate(users.tolist())}
-            vec = np.concatenate([grads, losses[:, None].astype(np.float64), dropped[:, None].astype(np.float64)], 1)
+            vec = grads  # [gradient, loss, dropped]: the two columns were left for them (no concatenated copy)
+            vec[:, -2], vec[:, -1] = losses, dropped
             return {u: {"vector": vec[c]} for c, u in enumerate(users.tolist())}
         raise ValueError(f"fedcl has no client step {kind!r}")
 
     def _train(self, kind: str, t: int, users: np.ndarray, broadcast: Mapping[str, np.ndarray],
-               per_user: Mapping[int, Mapping[str, np.ndarray]], *, summed: bool
+               per_user: Mapping[int, Mapping[str, np.ndarray]], *, summed: bool, extra: int = 0
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Step 4 for ``users``: ``(gradients float64 [m, n] or their sum [n], losses [m], dropped [m])``;
+        """Step 4 for ``users``: ``(gradients float64 [m, n + extra] or their sum [n], losses [m], dropped [m])``
+        (``extra`` zero columns for the caller, per client only);
         the ``"id"`` encoder's private rows take their local Adam step here."""
         cfg = self.config
         self.load_device_model(broadcast)
@@ -69,7 +73,7 @@ class FedCLDevice:
             g_rows = g[-1] if rows is not None else None
             out = torch.cat([x.reshape(-1) for x in g[: len(self.params)]]).double().numpy()
         else:
-            out, g_rows = self.client_gradients(losses, rows, w)
+            out, g_rows = self.client_gradients(losses, rows, w, extra=extra)
         if g_rows is not None:  # the private user rows: local Adam, never uploaded
             self._local_user_step(users, g_rows)
         return out, losses.detach().double().numpy(), dropped

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments.bench.secure import bench, secure_presets
+from experiments.bench.secure import bench, plain_twin, secure_presets, steady
 from experiments.cli import main
 from experiments.errors import UserError
 
@@ -39,13 +39,71 @@ def test_bad_requests_are_refused_in_words() -> None:
         bench(["fedavg-gmf-secagg"], "data/ratings.csv", 1, False, users=100)
     with pytest.raises(UserError, match="rounds"):
         bench(["fedavg-gmf-secagg"], "synthetic", 0, False)
+    with pytest.raises(UserError, match="threads"):
+        bench(["fedavg-gmf-secagg"], "synthetic", 1, False, threads=0)
 
 
-def test_a_preset_without_a_plaintext_twin_is_still_timed() -> None:
+def test_every_secure_preset_has_an_honest_plaintext_twin() -> None:
+    """secure_aggregation = "none" where the section has it; FEL's distributed noise (refused in plaintext)
+    drawn by the server instead; STTFedRec's rows in plaintext (its chain has no plaintext form); none for
+    a preset without secure aggregation."""
+    from experiments.run.config import load_preset
+
+    assert plain_twin(load_preset("fedcl"))[0] == {"fedcl": {"secure_aggregation": "none"}}
+    assert plain_twin(load_preset("fel-dp"))[0] == {"fel": {"secure_aggregation": "none", "dp": "central"}}
+    for name in ("sttfedrec", "sttfedrec-paper", "sttfedrec-clsm"):
+        assert plain_twin(load_preset(name))[0] == {"sttfedrec": {"item_aggregation": "none"}}
+    assert plain_twin(load_preset("itempop")) is None
+    assert all(plain_twin(load_preset(name)) is not None for name in secure_presets())
+
+
+def test_fel_dps_twin_is_timed_with_the_noise_drawn_by_the_server() -> None:
     out = bench(["fel-dp"], "synthetic", 1, True, users=60, items=50)
     r = out["presets"]["fel-dp"]
-    assert "plain_round_s" not in r and "secure_aggregation" in r["plain_error"]
+    assert "plain_error" not in r and 'dp = "central"' in r["plain_twin"] and out["threads"] == 1
+    assert r["plain_round_cpu_s"] > 0 and r["round_cpu_over_bound"] > 0
     assert r["rounds"][0]["instances"] >= 1 and r["simulation_bound_s"] > 0
+    assert 0 < r["rounds"][0]["secure_cpu_s"] < r["round_cpu_s"]  # the leaves' own secure_sum calls are timed too
+
+
+def test_sttfedrecs_twin_subtracts_its_chains_cpu_and_later_rounds_give_the_steady_state(monkeypatch) -> None:
+    """The twin still runs the chain (priced by the bound): its CPU seconds in secure sums come off the
+    twin's round. With three rounds the steady figures are the medians of rounds 2 and 3."""
+    import experiments.bench.secure as secure
+
+    seen = []
+    real = secure._time_rounds
+
+    def spy(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        seen.append([dict(r) for r in rows])
+        return rows
+
+    monkeypatch.setattr(secure, "_time_rounds", spy)
+    out = bench(["sttfedrec"], "synthetic", 3, True, users=40, items=30)
+    r = out["presets"]["sttfedrec"]
+    secure_rows, plain_rows = seen
+    assert all(p["instances"] == 1 and p["secure_cpu_s"] > 0 for p in plain_rows)  # the chain alone
+    assert all(s["instances"] == 2 for s in secure_rows)  # chain + SecAgg+
+    last = plain_rows[-1]  # copied before the subtraction
+    assert r["plain_round_cpu_s"] == pytest.approx(last["round_cpu_s"] - last["secure_cpu_s"])
+    assert 0 < last["secure_cpu_s"] < last["round_cpu_s"]
+    assert r["first_round_cpu_s"] == secure_rows[0]["round_cpu_s"]
+    assert r["steady_round_cpu_s"] == pytest.approx((secure_rows[1]["round_cpu_s"] + secure_rows[2]["round_cpu_s"]) / 2)
+    ratios = [row["round_cpu_over_bound"] for row in r["rounds"][1:]]
+    assert r["steady_round_cpu_over_bound"] == pytest.approx(sum(ratios) / 2)
+
+
+def test_steady_is_the_median_after_the_first_round() -> None:
+    rows = [{"round_cpu_s": 9.0, "simulation_bound_s": 1.0, "device_bound_s": 0.1, "plain_round_cpu_s": 5.0,
+             "round_cpu_over_bound": 1.5}] + [
+        {"round_cpu_s": c, "simulation_bound_s": 1.0, "device_bound_s": 0.1, "plain_round_cpu_s": p,
+         "round_cpu_over_bound": c / (p + 1.0)} for c, p in ((2.0, 1.0), (4.0, 1.0), (3.0, 2.0))]
+    got = steady(rows)
+    assert got["first_round_cpu_s"] == 9.0 and got["first_round_cpu_over_bound"] == 1.5
+    assert got["steady_round_cpu_s"] == 3.0 and got["steady_plain_round_cpu_s"] == 1.0
+    assert got["steady_round_cpu_over_bound"] == pytest.approx(1.0)  # median of 1.0, 2.0, 1.0
+    assert steady(rows[:1]) == {"first_round_cpu_s": 9.0, "first_round_cpu_over_bound": 1.5}
 
 
 def test_lightfrs_second_sum_is_priced_as_an_instance_of_the_rounds_one_setup() -> None:
@@ -57,3 +115,24 @@ def test_lightfrs_second_sum_is_priced_as_an_instance_of_the_rounds_one_setup() 
     assert r["instances"] == 2 and sum(v for k, v in shapes.items() if k.endswith(" reused")) == 1
     assert r["round_cpu_s"] > 0 and r["plain_round_cpu_s"] > 0 and r["round_cpu_over_bound"] > 0
     assert out["units"]["hmac_pair_seed_us"] > 0
+
+
+def test_the_per_client_plaintext_twin_turns_fedcls_summed_shortcut_off(monkeypatch) -> None:
+    """--per-client-plaintext times the twin a second time with every client computing its own gradient
+    (FedCL's in-process shortcut over the summed losses off) and prices the round against it too."""
+    from protocols.fedcl import FedCL
+
+    calls = []
+    real = FedCL.client_gradients
+
+    def spy(self, *args, **kwargs):
+        calls.append(self.config.secure_aggregation)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FedCL, "client_gradients", spy)
+    out = bench(["fedcl"], "synthetic", 2, True, users=60, items=50, per_client=True)
+    r = out["presets"]["fedcl"]
+    # two secure rounds and two per-client plaintext rounds compute per-client gradients; the fast twin none
+    assert calls.count("secagg+") == 2 and calls.count("none") == 2
+    assert all(row["plain_per_client_round_cpu_s"] > 0 and row["per_client_round_cpu_over_bound"] > 0 for row in r["rounds"])
+    assert r["steady_per_client_round_cpu_over_bound"] == r["rounds"][1]["per_client_round_cpu_over_bound"]

@@ -264,6 +264,26 @@ def test_secure_aggregate_equals_the_plaintext_one(encoder):
 
 
 @pytest.mark.parametrize("encoder", ["gru", "id", "sasrec"])
+def test_client_gradients_widen_in_place_as_cat_then_double(encoder):
+    """The per-client gradients are written straight into one float64 array (``extra`` zero columns
+    left for the secure vector's loss and count): bit for bit the old ``torch.cat(...).double()``."""
+    fc = make({"encoder": encoder, **({"dropout": 0.2} if encoder != "id" else {})})
+    users = np.sort(np.asarray(fc._clients[:5], np.int64))
+    losses, rows, w = fc.client_losses(users, None, None, t=0)
+    leaves = [w[n] for n in fc._names()] + ([rows] if rows is not None else [])
+    grads = torch.autograd.grad(losses.sum(), leaves)
+    want = torch.cat([g.reshape(len(users), -1) for g in grads[: len(fc._names())]], dim=1).double().numpy()
+    for extra in (0, 2):
+        losses, rows, w = fc.client_losses(users, None, None, t=0)
+        got, got_rows = fc.client_gradients(losses, rows, w, extra=extra)
+        assert got.dtype == np.float64 and got.shape == (len(users), want.shape[1] + extra)
+        np.testing.assert_array_equal(got[:, : want.shape[1]], want)
+        assert not got[:, want.shape[1]:].any()
+        if rows is not None:
+            torch.testing.assert_close(got_rows, grads[-1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("encoder", ["gru", "id", "sasrec"])
 def test_resume_from_state_equals_the_uninterrupted_run(encoder):
     cfg = {"encoder": encoder, **({"dropout": 0.2} if encoder != "id" else {})}  # dropout masks come from the state
     whole = make(cfg, source=3)

@@ -156,7 +156,7 @@ def dump_client(setup: SetupConfig, client: MaskingClient, pki: dict[int, bytes]
         out.update(recv_ids=ids, recv_b=[st.received[v][0] for v in ids], recv_s=[st.received[v][1] for v in ids],
                    u2=sorted(st.u2), own_b_share=st.own_b_share)
     if isinstance(st, bonawitz._Signed):  # noqa: SLF001
-        out["u3"] = sorted(st.u3)
+        out["u3"], out["u3_digest"] = sorted(st.u3), st.digest  # U3 within the neighbourhood, and what was signed
     return ConfigRecord(out)
 
 
@@ -184,7 +184,8 @@ def load_client(rec: ConfigRecord, identity: SigningKey) -> tuple[SetupConfig, M
         if stage == ClientStage.MASKED:
             state = bonawitz._Masked(received, u2, rec["own_b_share"])  # type: ignore[arg-type]  # noqa: SLF001
         else:
-            state = bonawitz._Signed(received, u2, frozenset(rec["u3"]), rec["own_b_share"])  # type: ignore[arg-type]  # noqa: SLF001
+            state = bonawitz._Signed(received, u2, frozenset(rec["u3"]), rec["own_b_share"],  # type: ignore[arg-type]  # noqa: SLF001
+                                     rec["u3_digest"])  # type: ignore[arg-type]
     client.stage = stage
     client._state = state  # noqa: SLF001
     return setup, client, pki

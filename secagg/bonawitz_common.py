@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from secagg import params, simshare
 from secagg.errors import AbortError, MessageError
 from secagg.graph import Graph, complete_graph, random_regular_graph
-from secagg.messages import INSTANCE_BYTES
+from secagg.messages import INSTANCE_BYTES, SERVER
 from secagg.params import min_safe_threshold
 
 __all__ = ["ClientPolicy", "MaskingConfig", "SigningKey", "make_pki"]
@@ -274,6 +274,25 @@ def _check_distinct_keys(keys: Sequence[tuple[int, bytes]], where: str) -> None:
                 "must differ); refusing to go on with this key set"
             )
         seen[key] = who
+
+
+def check_client_message(msg, *, round: int, n: int, name: str) -> int:  # noqa: A002, ANN001
+    """A server's routing check of a client message (SecAgg and the reused setup alike): this round,
+    addressed to the server, from a client id in range; returns the sender (``MessageError`` otherwise)."""
+    if msg.round != round:
+        raise MessageError(f"stage {name}: wrong round {msg.round} (expected {round})")
+    if msg.receiver != SERVER or not 0 <= msg.sender < n:
+        raise MessageError(f"stage {name}: bad sender {msg.sender} or receiver {msg.receiver}")
+    return msg.sender
+
+
+def require_new(u: int, allowed, done, name: str) -> None:  # noqa: ANN001
+    """A server's stage check: ``u`` survived the previous stage (is in ``allowed``) and has not been heard
+    from in this one (is not in ``done``); ``MessageError`` otherwise."""
+    if u not in allowed:
+        raise MessageError(f"stage {name}: client {u} is not in the previous stage's survivor set")
+    if u in done:
+        raise MessageError(f"stage {name}: replayed message from client {u} (already received)")
 
 
 def check_survivors(survivors: Sequence[int], *, me: int, n: int, nbrs: frozenset[int], u2: frozenset[int],

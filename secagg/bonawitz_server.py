@@ -6,7 +6,7 @@ for the tests that count them)."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -73,11 +73,7 @@ class MaskingServer:
             raise MessageError(f"stage {name}: {type(msg).__name__} belongs to stage {ServerStage(msg.STAGE).name}")
         if msg.instance != self.cfg.instance:
             raise MessageError(f"stage {name}: message for another protocol instance")
-        if msg.round != self.cfg.round:
-            raise MessageError(f"stage {name}: wrong round {msg.round} (expected {self.cfg.round})")
-        if msg.receiver != SERVER or not 0 <= msg.sender < self.cfg.n:
-            raise MessageError(f"stage {name}: bad sender {msg.sender} or receiver {msg.receiver}")
-        u = msg.sender
+        u = _bw.check_client_message(msg, round=self.cfg.round, n=self.cfg.n, name=name)
         if isinstance(msg, AdvertiseKeys):
             if u in self.adverts:
                 raise MessageError(f"stage {name}: replayed message from client {u} (already received)")
@@ -93,7 +89,7 @@ class MaskingServer:
             self.adverts[u] = msg.c_pk + msg.s_pk + msg.sig
             self._key_owner[msg.c_pk] = self._key_owner[msg.s_pk] = u
         elif isinstance(msg, EncryptedShares):
-            self._require(u, self.u1, self.shares, name)
+            _bw.require_new(u, self.u1, self.shares, name)
             expected = {v for v in self.cfg.graph[u] if v in self.u1}
             got = [v for v, _ in msg.shares]
             if len(set(got)) != len(got) or set(got) != expected:
@@ -103,7 +99,7 @@ class MaskingServer:
             self.shares[u] = msg.shares
             self.commits[u] = msg.b_commit
         elif isinstance(msg, MaskedInput):
-            self._require(u, self.u2, self._u3_seen, name)
+            _bw.require_new(u, self.u2, self._u3_seen, name)
             if msg.y.shape != (self.cfg.dim,):
                 raise MessageError(f"stage {name}: masked input of length {msg.y.size}, expected {self.cfg.dim}")
             self.signatures_verified += 1
@@ -113,13 +109,13 @@ class MaskingServer:
             self._u3_list.append(u)
             self._u3_seen[u] = True
         elif isinstance(msg, ConsistencySignature):
-            self._require(u, self.u3, self.signatures, name)
+            _bw.require_new(u, self.u3, self.signatures, name)
             self.signatures_verified += 1
             if not _bw._verify(self._pki, u, msg.sig, self._digest):
                 raise AuthenticationError("authenticated decryption failed")
             self.signatures[u] = msg.sig
         elif isinstance(msg, UnmaskResponse):
-            self._require(u, self.signatures, self.responses, name)
+            _bw.require_new(u, self.signatures, self.responses, name)
             allowed = {v for v in self.cfg.graph[u] if v in self.u2} | {u}
             owners = [o for o, _, _ in msg.shares]
             if len(set(owners)) != len(owners) or set(owners) != allowed:
@@ -132,12 +128,6 @@ class MaskingServer:
             raise MessageError(f"stage {name}: unexpected {type(msg).__name__}")
         return u
 
-    @staticmethod
-    def _require(u: int, allowed: Collection[int], done: Mapping[int, object], name: str) -> None:
-        if u not in allowed:
-            raise MessageError(f"stage {name}: client {u} is not in the previous stage's survivor set")
-        if u in done:
-            raise MessageError(f"stage {name}: replayed message from client {u} (already received)")
 
     def _need(self, have: int, stage: str, what: str) -> None:
         if have < self.cfg.t:

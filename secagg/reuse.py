@@ -404,11 +404,7 @@ class ReuseServer:
         want = self.cfg.instance if self.stage == ReuseStage.ADVERTISE else self.inst
         if msg.instance != want:
             raise MessageError(f"stage {name}: message for another protocol instance")
-        if msg.round != self.cfg.round:
-            raise MessageError(f"stage {name}: wrong round {msg.round} (expected {self.cfg.round})")
-        if msg.receiver != SERVER or not 0 <= msg.sender < self.cfg.n:
-            raise MessageError(f"stage {name}: bad sender {msg.sender} or receiver {msg.receiver}")
-        u = msg.sender
+        u = _common.check_client_message(msg, round=self.cfg.round, n=self.cfg.n, name=name)
         if isinstance(msg, AdvertiseKeys):
             if u in self.adverts:
                 raise MessageError(f"stage {name}: replayed message from client {u} (already received)")
@@ -422,7 +418,7 @@ class ReuseServer:
             self.adverts[u] = msg.c_pk + msg.s_pk + msg.sig
             self._key_owner[msg.c_pk] = self._key_owner[msg.s_pk] = u
         elif isinstance(msg, InstanceShares):
-            self._require(u, self.live, self.shares, name)
+            _common.require_new(u, self.live, self.shares, name)
             expected = {v for v in self.cfg.graph[u] if v in self.view}
             got = [v for v, _ in msg.shares]
             if len(set(got)) != len(got) or set(got) != expected:
@@ -430,7 +426,7 @@ class ReuseServer:
             self.shares[u] = msg.shares
             self.commits[u] = msg.b_commit
         elif isinstance(msg, MaskedInput):
-            self._require(u, self.u2, self._u3_seen, name)
+            _common.require_new(u, self.u2, self._u3_seen, name)
             if msg.y.shape != (self.dim,):
                 raise MessageError(f"stage {name}: masked input of length {msg.y.size}, expected {self.dim}")
             self.signatures_verified += 1
@@ -440,13 +436,13 @@ class ReuseServer:
             self._u3_list.append(u)
             self._u3_seen.add(u)
         elif isinstance(msg, ConsistencySignature):
-            self._require(u, self.u3, self.signatures, name)
+            _common.require_new(u, self.u3, self.signatures, name)
             self.signatures_verified += 1
             if not _common._verify(self._pki, u, msg.sig, self._digest):
                 raise AuthenticationError("authenticated decryption failed")
             self.signatures[u] = msg.sig
         elif isinstance(msg, UnmaskReveal):
-            self._require(u, self.signatures, self.responses, name)
+            _common.require_new(u, self.signatures, self.responses, name)
             nb = {v for v in self.cfg.graph[u] if v in self.u2}
             owners = [o for o, _ in msg.b_shares]
             peers = [v for v, _ in msg.seeds]
@@ -459,12 +455,6 @@ class ReuseServer:
             raise MessageError(f"stage {name}: unexpected {type(msg).__name__}")
         return u
 
-    @staticmethod
-    def _require(u: int, allowed, done, name: str) -> None:  # noqa: ANN001
-        if u not in allowed:
-            raise MessageError(f"stage {name}: client {u} is not in the previous stage's survivor set")
-        if u in done:
-            raise MessageError(f"stage {name}: replayed message from client {u} (already received)")
 
     def broadcast_keys(self) -> dict[int, bytes]:
         """Close the setup's ADVERTISE: each client in U1 gets its neighbours' (and its own) signed keys."""

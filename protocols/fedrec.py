@@ -104,13 +104,6 @@ class FedRecConfig(SampledSecureConfig):
     rho: float = 1.0
     filling: str = "hybrid"
     hybrid_rounds: int = 10
-    client_fraction: float = 1.0
-    clients_per_round: int = 0
-    secure_aggregation: str = "none"
-    frac_bits: int = 24
-    value_clip: float = 65536.0
-    secagg_dropout: float = 0.1
-    secagg_corrupt: float = 0.05
 
     def __post_init__(self) -> None:
         if type(self.dim) is not int or self.dim < 1:

@@ -113,13 +113,6 @@ class MetaMFConfig(SampledSecureConfig):
     user_lr: float = 0.01
     reg: float = 0.01
     init_bias: float = 3.5
-    client_fraction: float = 1.0
-    clients_per_round: int = 0
-    secure_aggregation: str = "none"
-    frac_bits: int = 24
-    value_clip: float = 65536.0
-    secagg_dropout: float = 0.1
-    secagg_corrupt: float = 0.05
 
     def __post_init__(self) -> None:
         for name in _SIZES:

@@ -76,14 +76,8 @@ class NCFFedConfig(NCFConfig, SampledSecureConfig):
     """
 
     client_fraction: float = 0.1
-    clients_per_round: int = 0
     local_epochs: int = 1
     server_lr: float = 1.0
-    secure_aggregation: str = "none"
-    frac_bits: int = 24
-    value_clip: float = 65536.0
-    secagg_dropout: float = 0.1
-    secagg_corrupt: float = 0.05
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -9,6 +9,7 @@ fields once for all of them, naming the offending key, and says how many clients
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from secagg.params import check_fraction
 
@@ -18,9 +19,19 @@ __all__ = ["SECURE_CHOICES", "SampledSecureConfig"]
 SECURE_CHOICES = ("none", "secagg", "secagg+")
 
 
+@dataclass(frozen=True)
 class SampledSecureConfig:
-    """Mixin for a dataclass with ``client_fraction``, ``clients_per_round``, ``secure_aggregation``,
-    ``frac_bits``, ``value_clip``, ``secagg_dropout`` and ``secagg_corrupt`` (no fields of its own)."""
+    """The sampling and secure-aggregation fields every federated baseline's frozen config dataclass
+    inherits (a subclass may redeclare one to change its default, as ``ncf-fed`` does for
+    ``client_fraction``); each subclass's ``__post_init__`` calls :meth:`check_sampled_secure` with its section."""
+
+    client_fraction: float = 1.0
+    clients_per_round: int = 0
+    secure_aggregation: str = "none"
+    frac_bits: int = 24
+    value_clip: float = 65536.0
+    secagg_dropout: float = 0.1
+    secagg_corrupt: float = 0.05
 
     def check_sampled_secure(self, section: str) -> None:
         """Raise ``ValueError`` naming ``section.key`` for the first field out of range."""

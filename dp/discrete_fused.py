@@ -16,7 +16,8 @@ about 0.8 s per leaf. Here each step is one loop over its uniform blocks:
   compaction of the accepted draws, in attempt order;
 * :func:`gauss_accept`: ``gamma = (|y| - sigma^2/t)^2 / (2 sigma^2)``, the block ``w = u 2^-64``
   against ``exp(-gamma)`` and the ``2^-40`` ambiguity band of
-  :func:`dp.discrete._bernoulli_exp_neg_fast`, flagging the band's draws for its exact path.
+  :func:`dp.discrete._bernoulli_exp_neg_fast`, flagging the band's draws for its exact path;
+* :func:`take`: the accepted draws appended to the output, no mask-indexed copy or concatenation.
 
 Every float operation is the numpy path's, in the same order (no fast-math, no contraction), and
 the blocks are drawn from the source in the same order and number, so the samples are the numpy
@@ -32,7 +33,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["gauss_accept", "geometric", "signs"]
+__all__ = ["gauss_accept", "geometric", "signs", "take"]
 
 _jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 _ELEVEN = np.uint64(11)
@@ -92,3 +93,17 @@ def gauss_accept(y, c_f, two_s2_f, u, margin, keep, amb):  # noqa: ANN001, ANN20
         else:
             amb[i] = False
     return n_amb
+
+
+@_jit
+def take(y, keep, out, have):  # noqa: ANN001, ANN201
+    """Append the kept draws ``y[keep]`` to ``out`` from position ``have`` until it is full; returns
+    the new fill (the accepted draws in order, the first ``len(out)`` of them: i.i.d., so exact)."""
+    n = out.shape[0]
+    k = have
+    for i in range(y.shape[0]):
+        if k == n:
+            break
+        out[k] = y[i]  # branch-free: written always, kept by advancing
+        k += np.int64(keep[i])
+    return k

@@ -26,6 +26,10 @@ machine; equal to wall-clock on a quiet one). Per round it reports:
   computing its own gradient (FedCL's in-process plaintext shortcut, one backward pass over the summed
   losses, off; as on devices, and as a secure sum needs every client's vector) and
   ``per_client_round_cpu_over_bound`` against it;
+* ``noise_cpu_s``: the CPU seconds of the clients' distributed-DP noise shares (FEL's ``dp =
+  "distributed"``, :func:`dp.discrete.discrete_gaussian_noise`), privacy work the bound does not price
+  and the central-DP twin does once per leaf; where it is not zero, ``round_cpu_over_bound_ex_noise``
+  is the ratio with the shares taken off the round;
 * ``first_round_cpu_s`` and, with ``--rounds`` 2 or more, ``steady_*``: the median over the rounds
   after the first (:func:`steady`; the first round also pays one-off warm-up), with
   ``steady_round_cpu_over_bound`` the median of the per-round ratios;
@@ -55,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import resource
 import sys
 import time
@@ -183,13 +188,12 @@ def _peak_rss_mb() -> float:
 
 
 @contextlib.contextmanager
-def _secure_cpu(spent: list[float]) -> Iterator[None]:
-    """Add to ``spent`` the process CPU seconds (``[0]``) and wall-clock seconds (``[1]``) of every in-process
-    secure sum: each loaded module's name for :func:`protocols.secure_sum.secure_sum` (the exchanges',
-    FEL's leaves') is timed while inside, only the outermost call counted."""
-    from protocols import secure_sum as module
-
-    inner = module.secure_sum
+def _timed_calls(module_name: str, attr: str, spent: list[float]) -> Iterator[None]:
+    """Add to ``spent`` the process CPU seconds (``[0]``) and wall-clock seconds (``[1]``) spent inside
+    ``module_name.attr``: every loaded module that holds that function under that name has it timed
+    while the block runs; only the outermost call of a nest is counted."""
+    module = importlib.import_module(module_name)
+    inner = getattr(module, attr)
     depth = [0]
 
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -203,14 +207,27 @@ def _secure_cpu(spent: list[float]) -> Iterator[None]:
                 spent[0] += time.process_time() - c0
                 spent[1] += time.perf_counter() - t0
 
-    patched = [m for m in list(sys.modules.values()) if getattr(m, "secure_sum", None) is inner]
+    patched = [m for m in list(sys.modules.values()) if getattr(m, attr, None) is inner]
     for m in patched:
-        m.secure_sum = timed
+        setattr(m, attr, timed)
     try:
         yield
     finally:
         for m in patched:
-            m.secure_sum = inner
+            setattr(m, attr, inner)
+
+
+def _secure_cpu(spent: list[float]) -> contextlib.AbstractContextManager[None]:
+    """Time every in-process secure sum (:func:`protocols.secure_sum.secure_sum`: the exchanges', FEL's
+    leaves') into ``spent``, as :func:`_timed_calls`."""
+    return _timed_calls("protocols.secure_sum", "secure_sum", spent)
+
+
+def _noise_cpu(spent: list[float]) -> contextlib.AbstractContextManager[None]:
+    """Time the clients' distributed-DP noise shares (:func:`dp.discrete.discrete_gaussian_noise`, drawn
+    by every client of FEL's ``dp = "distributed"``) into ``spent``: privacy work that the cryptographic
+    bound does not price and the central-DP twin does once per leaf."""
+    return _timed_calls("dp.discrete", "discrete_gaussian_noise", spent)
 
 
 def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # noqa: ANN001
@@ -228,10 +245,10 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
     rows = []
     for r in range(rounds):
         seen: list[dict] = []
-        spent = [0.0, 0.0]
+        spent, noise = [0.0, 0.0], [0.0, 0.0]
         t0, c0 = time.perf_counter(), time.process_time()
         with observe(seen.append), (contextlib.nullcontext() if shared else simshare.disabled()), setup_reuse(reuse), \
-                _secure_cpu(spent):
+                _secure_cpu(spent), _noise_cpu(noise):
             trainer.run_round()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         per_client: dict[str, float] = defaultdict(float)
@@ -265,7 +282,8 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
             shapes[f"{inst['protocol']} n={inst['n']} k={inst['k']} t={inst['t']} d={inst['dim']}{reused}"] += 1
         sim_bound = sum(per_client.values()) + server_bound
         row = {
-            "round": r, "round_s": wall, "round_cpu_s": cpu, "secure_cpu_s": spent[0], "secure_wall_s": spent[1], "instances": len(seen),
+            "round": r, "round_s": wall, "round_cpu_s": cpu, "secure_cpu_s": spent[0], "secure_wall_s": spent[1],
+            "noise_cpu_s": noise[0], "instances": len(seen),
             "shapes": dict(shapes),
             "device_bound_s": max(per_client.values(), default=0.0),
             "server_bound_s": server_bound, "simulation_bound_s": sim_bound,
@@ -359,6 +377,9 @@ def _bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users
                     p_denom = p["round_cpu_s"] + r["simulation_bound_s"]
                     r["plain_round_cpu_s"] = p["round_cpu_s"]
                     r["round_cpu_over_bound"] = r["round_cpu_s"] / p_denom if p_denom > 0 else None
+                    if r["noise_cpu_s"] > 0:  # both sides without their DP noise draws (fel-dp: the clients' shares)
+                        p_denom -= p["noise_cpu_s"]
+                        r["round_cpu_over_bound_ex_noise"] = (r["round_cpu_s"] - r["noise_cpu_s"]) / p_denom if p_denom > 0 else None
             if per_client and plain is not None:
                 each = _time_rounds(twin, rounds, units, f"{name} (plaintext, per-client gradients)", per_client=True)
                 for r, p in zip(rows, each):
@@ -398,7 +419,8 @@ def steady(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not later:
         return out
     for key in ("round_cpu_s", "plain_round_cpu_s", "simulation_bound_s", "device_bound_s", "round_cpu_over_bound",
-                "plain_per_client_round_cpu_s", "per_client_round_cpu_over_bound"):
+                "plain_per_client_round_cpu_s", "per_client_round_cpu_over_bound", "noise_cpu_s",
+                "round_cpu_over_bound_ex_noise"):
         vals = [r[key] for r in later if r.get(key) is not None]
         if vals:
             out[f"steady_{key}"] = statistics.median(vals)

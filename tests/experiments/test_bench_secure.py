@@ -64,6 +64,16 @@ def test_fel_dps_twin_is_timed_with_the_noise_drawn_by_the_server() -> None:
     assert r["plain_round_cpu_s"] > 0 and r["round_cpu_over_bound"] > 0
     assert r["rounds"][0]["instances"] >= 1 and r["simulation_bound_s"] > 0
     assert 0 < r["rounds"][0]["secure_cpu_s"] < r["round_cpu_s"]  # the leaves' own secure_sum calls are timed too
+    row = r["rounds"][0]
+    # the clients' noise shares are timed apart, outside the secure sums they feed
+    assert 0 < row["noise_cpu_s"] and row["secure_cpu_s"] + row["noise_cpu_s"] < row["round_cpu_s"]
+    ex = (row["round_cpu_s"] - row["noise_cpu_s"]) / (row["plain_round_cpu_s"] + row["simulation_bound_s"])
+    assert row["round_cpu_over_bound_ex_noise"] == pytest.approx(ex)  # the central twin draws no discrete shares
+
+
+def test_a_preset_without_distributed_noise_reports_no_noise_time() -> None:
+    r = bench(["fedcl"], "synthetic", 1, True, users=40, items=30)["presets"]["fedcl"]["rounds"][0]
+    assert r["noise_cpu_s"] == 0 and "round_cpu_over_bound_ex_noise" not in r
 
 
 def test_sttfedrecs_twin_subtracts_its_chains_cpu_and_later_rounds_give_the_steady_state(monkeypatch) -> None:

@@ -90,3 +90,44 @@ def test_budget_guarantees_exact_decoding_at_the_edge():
     for _ in range(n):
         total += fp.encode(np.array([-1.0]))
     assert fp.decode(total)[0] == -4.0
+
+
+def _numpy_nearest(fp: FixedPoint, x: np.ndarray) -> np.ndarray:
+    """The reference: numpy's passes (what arrays below the fused size still take)."""
+    fp._check_range(x)
+    return np.rint(x * fp.scale).astype(np.int64).view(np.uint64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    frac=st.integers(0, 40),
+    clip=st.sampled_from([1.0, 3.5, 1e3]),
+    n=st.integers(4096, 9000),
+    seed=st.integers(0, 2**32 - 1),
+    special=st.lists(st.sampled_from([0.5, -0.5, 1.5, -2.5, 0.0, -0.0, 1e-12, "clip", "-clip"]), max_size=20),
+    shape2=st.booleans(),
+)
+def test_fused_nearest_encoding_is_numpys_word_for_word(frac, clip, n, seed, special, shape2):
+    """The compiled one-pass encoder (arrays of 4,096 values and more) against numpy's rint path:
+    halves round to even, the clip itself is accepted, any shape keeps its shape."""
+    fp = FixedPoint(frac, clip)
+    x = np.random.default_rng(seed).uniform(-clip, clip, size=n)
+    for i, v in enumerate(special):
+        x[i] = clip if v == "clip" else -clip if v == "-clip" else float(v) / fp.scale
+    x = x[: n - n % 2].reshape(2, -1) if shape2 else x
+    got = fp.encode(x, rounding="nearest")
+    assert got.dtype == np.uint64 and got.shape == x.shape
+    np.testing.assert_array_equal(got, _numpy_nearest(fp, x))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1.0000001, -7.0])
+@pytest.mark.parametrize("where", [0, 5000, 8191])
+def test_fused_nearest_encoding_refuses_as_numpy_does(bad, where):
+    fp = FixedPoint(16, 1.0)
+    x = np.zeros(8192)
+    x[where] = bad
+    msg = "NaN or infinity" if not np.isfinite(bad) else "exceeds clip = 1.0"
+    with pytest.raises(BudgetError, match=msg):
+        fp.encode(x, rounding="nearest")
+    with pytest.raises(BudgetError, match=msg):
+        _numpy_nearest(fp, x)

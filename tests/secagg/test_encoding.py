@@ -131,3 +131,17 @@ def test_fused_nearest_encoding_refuses_as_numpy_does(bad, where):
         fp.encode(x, rounding="nearest")
     with pytest.raises(BudgetError, match=msg):
         _numpy_nearest(fp, x)
+
+
+@pytest.mark.parametrize("n", [100, 512, 513, 200_000])
+def test_csprng_uniform_is_fresh_and_uniform_on_both_paths(n):
+    """Up to 512 values from os.urandom, beyond from a fresh AES-256-CTR seed per draw: every draw is
+    new (a fixed or reused seed would repeat), inside [0, 1) on the 2^-53 grid, and uniform."""
+    from scipy import stats
+
+    from secagg.encoding import csprng_uniform
+
+    a, b = csprng_uniform(n), csprng_uniform((n,))
+    assert a.shape == (n,) and not np.array_equal(a, b)
+    assert a.min() >= 0 and a.max() < 1 and np.all(a * 2.0**53 == np.floor(a * 2.0**53))
+    assert stats.kstest(np.concatenate([a, b]), "uniform").pvalue > 1e-4

@@ -40,7 +40,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from dp import discrete_fused
+import dp.discrete_fused as discrete_fused
 from dp.rng import RandomSource, resolve_source, uint64s, uniform_below
 
 __all__ = [

@@ -12,7 +12,8 @@ NCF/GMF variant with a private user embedding, both scored by the dot product of
 :func:`contrastive_loss` is Eq. (1): per positive, a sampled softmax over the positive and a
 mix of in-batch, local and semi-hard negatives, computed for many clients at once (one row of
 every tensor per client), returning each client's own mean loss so that per-client gradients
-can be taken.
+can be taken. Each client's copy of the item table may be a :class:`PerRowTable`: its reads
+become small recorded leaves instead of an ``[n_items, d]`` copy per client.
 """
 
 from __future__ import annotations

@@ -435,20 +435,18 @@ class FedCL(FedCLNegatives, FedCLDevice):
         m = len(losses)
         shared = self.model.shared_weights()
         n = sum(shared[k].numel() for k in names)
-        flat = np.empty((m, n + extra), np.float64)
+        # zeros where nothing is written: the item rows a client never read and the extra columns
+        flat = np.zeros((m, n + extra), np.float64)
         off = 0
         for k in names:
             size = shared[k].numel()
             g = by_name.get(k)
-            if k in by_name and g is not None:
+            if g is not None:
                 flat[:, off : off + size] = g.reshape(m, -1).numpy()
-            else:  # the sparse item table (or a parameter no loss reached): zeros, then the rows read
-                flat[:, off : off + size] = 0.0
-                if table is not None and k == "item":
-                    cols = torch.from_numpy(flat)[:, off : off + size].view(m, *shared[k].shape)
-                    table.scatter_into(cols, list(grads[len(dense) : len(dense) + len(sparse)]))
+            elif table is not None and k == "item":  # the rows each client read, added at its item ids
+                cols = torch.from_numpy(flat)[:, off : off + size].view(m, *shared[k].shape)
+                table.scatter_into(cols, list(grads[len(dense) : len(dense) + len(sparse)]))
             off += size
-        flat[:, n:] = 0.0
         return flat, (grads[-1] if rows is not None else None)
 
     # -- one round: the server's exchanges (protocols.exchange) ---------------------------------

@@ -360,6 +360,34 @@ def test_batched_gru_equals_torch_gru_and_per_row_weights_give_each_rows_gradien
     assert ours_sum.shape == (b,)
 
 
+def test_per_row_table_slices_keep_their_row_numbers_and_the_full_softmax_refuses_it():
+    """A slice ``table[c : c + 1]`` (the per-client dropout path) records its reads under row ``c``
+    of the whole; gradients scatter to (row, id) with repeats added; the full softmax, which reads
+    every row, refuses a PerRowTable rather than reading it wrongly."""
+    from recmodels.seqrec import gather_rows
+
+    base = torch.randn(7, 3)
+    table = PerRowTable(base, 4)
+    assert table.shape == (4, 7, 3) and table.dim() == 3
+    a = gather_rows(table[2:3], torch.tensor([[5, 5, 1]]))  # row 2 reads item 5 twice
+    b = gather_rows(table, torch.tensor([[0], [1], [2], [6]]))
+    torch.testing.assert_close(a[0], base[[5, 5, 1]])
+    ga, gb = torch.ones_like(a), torch.full_like(b, 2.0)
+    out = torch.zeros(4, 7, 3, dtype=torch.float64)
+    table.scatter_into(out, [ga, gb])
+    want = torch.zeros(4, 7, 3, dtype=torch.float64)
+    want[2, 5], want[2, 1] = 2.0, 1.0
+    want[0, 0], want[1, 1], want[2, 2], want[3, 6] = 2.0, 2.0, 2.0, 2.0
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="indices of shape"):
+        gather_rows(table, torch.tensor([[0], [1]]))
+    with pytest.raises(TypeError):
+        table[0]
+    with pytest.raises(ValueError, match="full softmax"):
+        contrastive_loss(torch.randn(4, 2, 3), torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.bool),
+                         table, full_softmax=True)
+
+
 @settings(max_examples=40, deadline=None)
 @given(encoder=st.sampled_from(["gru", "id", "sasrec"]), n_users=st.integers(12, 30), n_items=st.integers(40, 90),
        max_len=st.integers(2, 7), local=st.sampled_from([0, 3]), semi_hard=st.sampled_from([0, 5]),

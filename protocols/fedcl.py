@@ -102,7 +102,7 @@ from protocols.registry import Exchanges, ProtocolSpec, register
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions, pair_keys
 from recmodels.sasrec import SelfAttnEncoder
-from recmodels.seqrec import SeqEncoder, client_sequences, contrastive_loss
+from recmodels.seqrec import PerRowTable, SeqEncoder, client_sequences, contrastive_loss
 from recmodels.streams import stream_keys
 from secagg.params import check_fraction
 
@@ -342,17 +342,27 @@ class FedCL(FedCLNegatives, FedCLDevice):
         return [torch.Generator().manual_seed(int(k)) for k in keys]
 
     def client_losses(self, sampled: np.ndarray, neg: np.ndarray | None, kept: np.ndarray | None, *,
-                      per_client: bool = True, t: int | None = None):
+                      per_client: bool = True, t: int | None = None, _dense_items: bool = False):
         """Eq. (1) of every sampled client with the current global model, in round ``t`` (default:
         the trainer's round; it keys the clients' random streams).
 
         Returns ``(losses [m], user rows or None, weights)``; with ``per_client`` every client
         computes with its own copy of the shared parameters (``weights``), so that one backward
-        pass gives each client's own gradient (:meth:`client_gradients`).
+        pass gives each client's own gradient (:meth:`client_gradients`). The item table's copies
+        are a :class:`recmodels.seqrec.PerRowTable` (each client's reads recorded as small leaves:
+        a client's loss touches a few of the ``n_items`` rows), except with ``full_softmax``, which
+        reads every row, and with ``_dense_items`` (the dense ``[m, n_items, d]`` copies: the
+        reference the sparse path is tested against).
         """
         cfg, m = self.config, len(sampled)
         t = self.round if t is None else int(t)
-        w = self.model.per_row_weights(m, self._names()) if per_client else self.model.shared_weights()
+        if not per_client:
+            w = self.model.shared_weights()
+        elif cfg.full_softmax or _dense_items:
+            w = self.model.per_row_weights(m, self._names())
+        else:
+            w = self.model.per_row_weights(m, tuple(k for k in self._names() if k != "item"))
+            w["item"] = PerRowTable(self.model.item, m)
         local = None
         if cfg.encoder != "id":
             seqs, lengths = self._seq
@@ -407,18 +417,36 @@ class FedCL(FedCLNegatives, FedCLDevice):
         Each parameter's float32 gradient is widened straight into its columns of the one float64
         array (the exact float32 -> float64 conversion of ``torch.cat(...).double()``, without the
         concatenated float32 copy, its float64 copy and the caller's concatenation: the secure
-        path's two extra m x n copies; test_client_gradients_widen_in_place_as_cat_then_double)."""
-        leaves = [w[n] for n in self._names()] + ([rows] if rows is not None else [])
-        grads = torch.autograd.grad(losses.sum(), leaves)
+        path's two extra m x n copies; test_client_gradients_widen_in_place_as_cat_then_double).
+
+        With the item table as a :class:`recmodels.seqrec.PerRowTable` (:meth:`client_losses`), the
+        backward pass reaches only the item rows each client read (its inputs, positives and
+        negatives): their float32 gradients are widened and added into that client's item columns,
+        the others stay zero. The values are the dense copies' up to float32 summation order (a
+        row read twice is summed in float64 here, in float32 by the dense copy's backward;
+        test_sparse_item_gradients_equal_the_dense_copies)."""
+        names = self._names()
+        table = w["item"] if isinstance(w.get("item"), PerRowTable) else None
+        dense = [k for k in names if not (table is not None and k == "item")]
+        sparse = table.leaves() if table is not None else []
+        leaves = [w[k] for k in dense] + sparse + ([rows] if rows is not None else [])
+        grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=table is not None)
+        by_name = dict(zip(dense, grads[: len(dense)]))
         m = len(losses)
-        parts = [g.reshape(m, -1) for g in grads[: len(self._names())]]
-        n = sum(g.shape[1] for g in parts)
-        flat = np.empty((m, n + extra), np.float64)
+        shared = self.model.shared_weights()
+        n = sum(shared[k].numel() for k in names)
+        # zeros where nothing is written: the item rows a client never read and the extra columns
+        flat = np.zeros((m, n + extra), np.float64)
         off = 0
-        for g in parts:
-            flat[:, off : off + g.shape[1]] = g.numpy()
-            off += g.shape[1]
-        flat[:, n:] = 0.0
+        for k in names:
+            size = shared[k].numel()
+            g = by_name.get(k)
+            if g is not None:
+                flat[:, off : off + size] = g.reshape(m, -1).numpy()
+            elif table is not None and k == "item":  # the rows each client read, added at its item ids
+                cols = torch.from_numpy(flat)[:, off : off + size].view(m, *shared[k].shape)
+                table.scatter_into(cols, list(grads[len(dense) : len(dense) + len(sparse)]))
+            off += size
         return flat, (grads[-1] if rows is not None else None)
 
     # -- one round: the server's exchanges (protocols.exchange) ---------------------------------

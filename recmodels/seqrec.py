@@ -12,7 +12,8 @@ NCF/GMF variant with a private user embedding, both scored by the dot product of
 :func:`contrastive_loss` is Eq. (1): per positive, a sampled softmax over the positive and a
 mix of in-batch, local and semi-hard negatives, computed for many clients at once (one row of
 every tensor per client), returning each client's own mean loss so that per-client gradients
-can be taken.
+can be taken. Each client's copy of the item table may be a :class:`PerRowTable`: its reads
+become small recorded leaves instead of an ``[n_items, d]`` copy per client.
 """
 
 from __future__ import annotations
@@ -21,11 +22,77 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["SeqEncoder", "client_sequences", "contrastive_loss", "gather_rows"]
+__all__ = ["PerRowTable", "SeqEncoder", "client_sequences", "contrastive_loss", "gather_rows"]
 
 
-def gather_rows(item: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``item[idx]`` for a shared table ``[n, d]``, or per row ``item[r][idx[r]]`` for ``[b, n, d]``."""
+class PerRowTable:
+    """Every one of ``rows`` rows' own copy of a shared table ``[n, d]``, without the copies.
+
+    Per-client gradients (FedCL's secure rounds) give each client its own copy of the item table,
+    so that one backward pass yields each client's gradient separately; but a client's loss reads
+    only a few item rows, and ``rows`` dense copies (and their ``[rows, n, d]`` gradient) cost
+    ``rows x n x d`` for those few reads. This stands for the ``[rows, n, d]`` leaf copy where
+    :func:`gather_rows` reads it: every read gathers from the shared table (detached) into a
+    fresh leaf ``[b, ..., d]`` that requires grad, and records which row owns each entry and which
+    ids it holds (:attr:`reads`). The gradient of a sum of per-row losses w.r.t. those leaves,
+    scattered by (row, id) (:meth:`scatter_into`; repeated reads accumulate), is each row's
+    gradient w.r.t. its own copy: the ids a row never read get zero, as they would from the copy.
+
+    Rows are sliced as a tensor's first dimension (``table[c : c + 1]``): the slice shares the
+    record and keeps the row numbers of the whole. Any read of the whole table (the full softmax)
+    needs the dense copies instead.
+    """
+
+    def __init__(self, table: torch.Tensor, rows: int, *, first: int = 0,
+                 reads: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None):
+        if table.dim() != 2:
+            raise ValueError(f"PerRowTable needs a [n, d] table; found shape {tuple(table.shape)}")
+        self.table, self.rows, self.first = table.detach(), int(rows), int(first)
+        self.reads = [] if reads is None else reads  # (owner row [k], ids [k], leaf [..., d]) per read
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.rows, *self.table.shape))
+
+    def dim(self) -> int:
+        return 3
+
+    def __getitem__(self, key: slice) -> "PerRowTable":
+        """Rows ``key`` (a slice, step 1), sharing this table's record of reads."""
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError(f"PerRowTable is sliced by rows only (step 1); found {key!r}")
+        start, stop, _ = key.indices(self.rows)
+        return PerRowTable(self.table, max(stop - start, 0), first=self.first + start, reads=self.reads)
+
+    def gather(self, idx: torch.Tensor) -> torch.Tensor:
+        """Row ``r``'s ``copy[r][idx[r]]`` for ``idx [rows, ...]``: a fresh recorded leaf ``[rows, ..., d]``."""
+        if idx.dim() < 1 or idx.shape[0] != self.rows:
+            raise ValueError(f"PerRowTable of {self.rows} rows read with indices of shape {tuple(idx.shape)}")
+        leaf = self.table[idx].requires_grad_(True)
+        owner = (self.first + torch.arange(self.rows)).view(-1, *([1] * (idx.dim() - 1))).expand(idx.shape)
+        self.reads.append((owner.reshape(-1), idx.reshape(-1), leaf))
+        return leaf
+
+    def leaves(self) -> list[torch.Tensor]:
+        """The recorded leaves, in the order of :attr:`reads` (what to take the gradient w.r.t.)."""
+        return [leaf for _, _, leaf in self.reads]
+
+    def scatter_into(self, out: torch.Tensor, grads: list[torch.Tensor | None]) -> None:
+        """Add each read's leaf gradient (``grads``, as :meth:`leaves`; None: unused, zero) into
+        ``out [rows, n, d]`` at (owner row, id), widened to ``out``'s dtype; repeats accumulate."""
+        d = self.table.shape[1]
+        parts = [(o, i, g.reshape(-1, d)) for (o, i, _), g in zip(self.reads, grads) if g is not None]
+        if not parts:
+            return
+        owner, ids, vals = (torch.cat(x) for x in zip(*parts))
+        out.index_put_((owner, ids), vals.to(out.dtype), accumulate=True)
+
+
+def gather_rows(item: torch.Tensor | PerRowTable, idx: torch.Tensor) -> torch.Tensor:
+    """``item[idx]`` for a shared table ``[n, d]``, or per row ``item[r][idx[r]]`` for ``[b, n, d]``
+    (a dense per-row copy, or a :class:`PerRowTable` that records the read)."""
+    if isinstance(item, PerRowTable):
+        return item.gather(idx)
     if item.dim() == 2:
         return item[idx]
     batch = torch.arange(idx.shape[0]).view(-1, *([1] * (idx.dim() - 1)))
@@ -152,7 +219,8 @@ def contrastive_loss(
         user_emb: ``[m, P, d]``, the user embedding matched with each positive.
         pos: ``[m, P]`` positive item ids (any valid id where ``pos_mask`` is False).
         pos_mask: ``[m, P]`` bool, which positives exist.
-        item: ``[n_items, d]`` item embeddings, or ``[m, n_items, d]`` (one copy per client).
+        item: ``[n_items, d]`` item embeddings, or ``[m, n_items, d]`` (one copy per client), or a
+            :class:`PerRowTable` of ``m`` rows (the copies recorded sparsely; not with ``full_softmax``).
         local_neg: ``[m, P, K]`` local negatives per positive, or None.
         hard_neg: ``[m, T]`` semi-hard negatives shared by all positives of a client, or None.
         hard_mask: ``[m, T]`` bool, which semi-hard negatives the client kept.
@@ -168,6 +236,8 @@ def contrastive_loss(
             the sampled losses; ``item`` must then be the whole table).
     """
     if full_softmax:
+        if isinstance(item, PerRowTable):
+            raise ValueError("the full softmax reads the whole item table: it needs a dense table, not a PerRowTable")
         logits_all = user_emb @ item.transpose(-1, -2)  # [m, P, n_items]
         per_pos = torch.logsumexp(logits_all, dim=-1) - logits_all.gather(-1, pos.unsqueeze(-1)).squeeze(-1)
         per_pos = per_pos * pos_mask

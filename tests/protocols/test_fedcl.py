@@ -18,7 +18,7 @@ from protocols.fedcl import CentralSeqRec, FedCL, FedCLConfig
 from protocols.fedcl_server import cluster_centroids, hard_candidates, per_user_report, sample_semi_hard
 from protocols.state import state_from_bytes, state_to_bytes
 from protocols.transport import SERVER, InProcessTransport, Transcript
-from recmodels.seqrec import client_sequences, contrastive_loss
+from recmodels.seqrec import PerRowTable, client_sequences, contrastive_loss
 from recmodels.splits import leave_one_out
 from recmodels.synthetic import generate_synthetic
 
@@ -264,19 +264,37 @@ def test_secure_aggregate_equals_the_plaintext_one(encoder):
 
 
 @pytest.mark.parametrize("encoder", ["gru", "id", "sasrec"])
-def test_client_gradients_widen_in_place_as_cat_then_double(encoder):
+@pytest.mark.parametrize("dense", [True, False])
+def test_client_gradients_widen_in_place_as_cat_then_double(encoder, dense):
     """The per-client gradients are written straight into one float64 array (``extra`` zero columns
-    left for the secure vector's loss and count): bit for bit the old ``torch.cat(...).double()``."""
+    left for the secure vector's loss and count): bit for bit the old ``torch.cat(...).double()``
+    of the dense copies' gradients; with the sparse item table (PerRowTable), the other parameters'
+    columns the same and the item columns each read row's float32 gradient widened and added
+    (float64) at (client, item id), zeros elsewhere."""
     fc = make({"encoder": encoder, **({"dropout": 0.2} if encoder != "id" else {})})
     users = np.sort(np.asarray(fc._clients[:5], np.int64))
-    losses, rows, w = fc.client_losses(users, None, None, t=0)
-    leaves = [w[n] for n in fc._names()] + ([rows] if rows is not None else [])
-    grads = torch.autograd.grad(losses.sum(), leaves)
-    want = torch.cat([g.reshape(len(users), -1) for g in grads[: len(fc._names())]], dim=1).double().numpy()
+    m, names = len(users), fc._names()
+    losses, rows, w = fc.client_losses(users, None, None, t=0, _dense_items=dense)
+    assert isinstance(w["item"], PerRowTable) != dense
+    table = None if dense else w["item"]
+    leaves = [w[n] if n != "item" or dense else None for n in names]
+    dense_leaves = [x for x in leaves if x is not None]
+    extra_leaves = table.leaves() if table is not None else []
+    grads = torch.autograd.grad(losses.sum(), dense_leaves + extra_leaves + ([rows] if rows is not None else []))
+    it = iter(grads[: len(dense_leaves)])
+    item_cols = fc.model.item.numel()
+    parts = [next(it).reshape(m, -1) if x is not None else torch.zeros(m, item_cols) for x in leaves]
+    want = torch.cat(parts, dim=1).double().numpy()
+    if table is not None:  # the reads' gradients, added by (client, id) in float64 in the order read
+        item = want[:, :item_cols].reshape(m, *fc.model.item.shape)
+        for (owner, ids, _), g in zip(table.reads, grads[len(dense_leaves) : len(dense_leaves) + len(extra_leaves)]):
+            np.add.at(item, (owner.numpy(), ids.numpy()), g.reshape(len(ids), -1).double().numpy())
+        want[:, :item_cols] = item.reshape(m, -1)
+        assert names[0] == "item" and np.count_nonzero(item.any(-1)) < item.shape[1] * m  # sparse: unread rows stay 0
     for extra in (0, 2):
-        losses, rows, w = fc.client_losses(users, None, None, t=0)
+        losses, rows, w = fc.client_losses(users, None, None, t=0, _dense_items=dense)
         got, got_rows = fc.client_gradients(losses, rows, w, extra=extra)
-        assert got.dtype == np.float64 and got.shape == (len(users), want.shape[1] + extra)
+        assert got.dtype == np.float64 and got.shape == (m, want.shape[1] + extra)
         np.testing.assert_array_equal(got[:, : want.shape[1]], want)
         assert not got[:, want.shape[1]:].any()
         if rows is not None:
@@ -340,6 +358,78 @@ def test_batched_gru_equals_torch_gru_and_per_row_weights_give_each_rows_gradien
         torch.testing.assert_close(w["item"].grad[r], enc.item.grad)
         torch.testing.assert_close(w["weight_hh"].grad[r], enc.gru.weight_hh_l0.grad)
     assert ours_sum.shape == (b,)
+
+
+def test_per_row_table_slices_keep_their_row_numbers_and_the_full_softmax_refuses_it():
+    """A slice ``table[c : c + 1]`` (the per-client dropout path) records its reads under row ``c``
+    of the whole; gradients scatter to (row, id) with repeats added; the full softmax, which reads
+    every row, refuses a PerRowTable rather than reading it wrongly."""
+    from recmodels.seqrec import gather_rows
+
+    base = torch.randn(7, 3)
+    table = PerRowTable(base, 4)
+    assert table.shape == (4, 7, 3) and table.dim() == 3
+    a = gather_rows(table[2:3], torch.tensor([[5, 5, 1]]))  # row 2 reads item 5 twice
+    b = gather_rows(table, torch.tensor([[0], [1], [2], [6]]))
+    torch.testing.assert_close(a[0], base[[5, 5, 1]])
+    ga, gb = torch.ones_like(a), torch.full_like(b, 2.0)
+    out = torch.zeros(4, 7, 3, dtype=torch.float64)
+    table.scatter_into(out, [ga, gb])
+    want = torch.zeros(4, 7, 3, dtype=torch.float64)
+    want[2, 5], want[2, 1] = 2.0, 1.0
+    want[0, 0], want[1, 1], want[2, 2], want[3, 6] = 2.0, 2.0, 2.0, 2.0
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="indices of shape"):
+        gather_rows(table, torch.tensor([[0], [1]]))
+    with pytest.raises(TypeError):
+        table[0]
+    with pytest.raises(ValueError, match="full softmax"):
+        contrastive_loss(torch.randn(4, 2, 3), torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 2, dtype=torch.bool),
+                         table, full_softmax=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(encoder=st.sampled_from(["gru", "id", "sasrec"]), n_users=st.integers(12, 30), n_items=st.integers(40, 90),
+       max_len=st.integers(2, 7), local=st.sampled_from([0, 3]), semi_hard=st.sampled_from([0, 5]),
+       in_batch=st.booleans(), dropout=st.sampled_from([0.0, 0.3]), logq=st.booleans(),
+       full_softmax=st.booleans(), m=st.integers(1, 6), seed=st.integers(0, 2**31 - 1))
+def test_sparse_item_gradients_equal_the_dense_copies(encoder, n_users, n_items, max_len, local, semi_hard, in_batch,
+                                                      dropout, logq, full_softmax, m, seed):
+    """Each client's gradient through the recorded item reads (PerRowTable) equals the one through its
+    dense copy of the item table (``_dense_items``, the old path) to float32 rounding, the item rows it
+    never read included (zeros); and the clients' gradients sum to the summed loss's (the plaintext fast
+    path, ``per_client=False``)."""
+    rng = np.random.default_rng(seed)
+    data = leave_one_out(generate_synthetic(n_users=n_users, n_items=n_items, mean_interactions=8, seed=seed % 1000),
+                         seed=0)
+    cfg = FedCLConfig(**{**SMALL, "dim": 8, "max_len": max_len, "blocks": 1, "clients_per_round": m,
+                         "local_pool": 15, "local_negatives": local, "semi_hard": semi_hard, "in_batch": in_batch,
+                         "dropout": dropout, "logq": logq, "full_softmax": full_softmax,
+                         "clustering": "kmeans", "secure_aggregation": "none"})
+    fc = FedCL(data.train, cfg, seed=seed % 997)
+    users = np.sort(rng.choice(fc._clients, size=min(m, len(fc._clients)), replace=False))
+    neg = kept = None
+    if semi_hard:
+        neg = rng.integers(0, fc.train.n_items, (len(users), semi_hard))
+        kept = rng.random((len(users), semi_hard)) < 0.7
+    got_losses, rows, w = fc.client_losses(users, neg, kept, t=3)
+    assert full_softmax or isinstance(w["item"], PerRowTable)
+    got, got_rows = fc.client_gradients(got_losses, rows, w, extra=2)
+    want_losses, rows, w = fc.client_losses(users, neg, kept, t=3, _dense_items=True)
+    assert not isinstance(w["item"], PerRowTable)
+    want, want_rows = fc.client_gradients(want_losses, rows, w, extra=2)
+    torch.testing.assert_close(got_losses, want_losses, rtol=0, atol=0)  # the same forward values
+    assert np.abs(want).max() > 0 or not want_losses.any()  # (no negative at all: every loss and gradient is 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    n_item = fc.model.item.numel()
+    read_nothing = want[:, :n_item] == 0  # rows a client never read: exact zeros both ways
+    assert not got[:, :n_item][read_nothing].any()
+    if want_rows is not None:
+        torch.testing.assert_close(got_rows, want_rows, rtol=1e-5, atol=1e-7)
+    summed, rows, _ = fc.client_losses(users, neg, kept, per_client=False, t=3)
+    total = torch.autograd.grad(summed.sum(), fc.params)
+    total = torch.cat([g.reshape(-1) for g in total]).double().numpy()
+    np.testing.assert_allclose(got[:, :-2].sum(0), total, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("encoder", ["gru", "id", "sasrec"])

@@ -38,6 +38,14 @@ attempt: 1 key generation, ``2 s + 1`` agreements (ring neighbours and the serve
 keystreams and adds of ``d`` words, an AES-GCM tag over ``8 d`` bytes; the server per upload: 1
 agreement, the tag check and a ``d``-word add, then the ``masks_expanded`` pads. One attempt is
 priced (a re-run after dropouts costs more: the bound stays a floor).
+
+The two-server DPF sum (:mod:`secagg.dpf_sum`, ``"dpf"``) has no masks, agreements or signatures: its
+cryptographic work is each server's full-domain evaluation of every surviving key set, the AES-128
+output bytes of :func:`secagg.dpf_sum.prg_bytes_per_key_set` (tree nodes, value blocks and the check's
+MAC blocks; the run reports the total as ``prg_bytes``), priced at the measured AES-128-ECB throughput
+(``aes_ecb_bps``), plus the AES-256-CTR expansion of any dense share's seed. Not counted there: the
+clients' key generation (a few blocks per point, small beside the servers' domain) and the adds of
+the values into the sum, so the DPF bound is a floor too.
 """
 
 from __future__ import annotations
@@ -86,6 +94,7 @@ class UnitCosts:
     verify_s: float
     prf_s: float = 0.0  #: one HMAC-SHA256 per-instance pair seed (:func:`secagg.reuse.pair_seed`)
     cpu: bool = False  #: measured in process CPU seconds (:meth:`measure` with ``cpu=True``), not wall-clock
+    aes_ecb_bps: float = 0.0  #: AES-128-ECB into a preallocated buffer: the DPF's fixed-key PRG (0: not measured)
     _split: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
     _combine: dict[int, float] = field(default_factory=dict, repr=False)
 
@@ -111,6 +120,8 @@ class UnitCosts:
             Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor().update_into(src, out)
 
         aes = nbytes / best_of(ctr, repeats, clock)
+        ecb_enc = Cipher(algorithms.AES(key[:16]), modes.ECB()).encryptor()
+        ecb = nbytes / best_of(lambda: ecb_enc.update_into(src, out), repeats, clock)
         gcm_key = AESGCM(key)
         gcm = nbytes / best_of(lambda: gcm_key.encrypt(bytes(12), bytes(src), None), max(2, repeats // 2), clock)
         a = np.zeros(nbytes // 8, dtype=np.uint64)
@@ -128,7 +139,7 @@ class UnitCosts:
         from secagg.reuse import pair_seed
 
         prf = best_of(lambda: [pair_seed(key, bytes(16), 0, 1, 2) for _ in range(reps)], 3, clock) / reps
-        return cls(aes, gcm, add, sha, keygen, agree, sign, verify, prf, cpu)
+        return cls(aes, gcm, add, sha, keygen, agree, sign, verify, prf, cpu, ecb)
 
     @property
     def _clock(self) -> Callable[[], float]:
@@ -165,7 +176,7 @@ class UnitCosts:
                 "uint64_add_gwps": self.add_wps / 1e9, "sha256_gbps": self.sha256_bps / 1e9,
                 "x25519_keygen_us": self.keygen_s * 1e6, "x25519_hkdf_agree_us": self.agree_s * 1e6,
                 "ed25519_sign_us": self.sign_s * 1e6, "ed25519_verify_us": self.verify_s * 1e6,
-                "hmac_pair_seed_us": self.prf_s * 1e6}
+                "hmac_pair_seed_us": self.prf_s * 1e6, "aes128_ecb_gbps": self.aes_ecb_bps / 1e9}
 
 
 @dataclass(frozen=True)
@@ -181,10 +192,17 @@ class InstanceCost:
 
 def instance_cost(protocol: str, *, n: int, dim: int, k: int | None, t: int | None, survivors: int,
                   masks_expanded: int, key_agreements: int, signatures_verified: int,
-                  units: UnitCosts, reuse: bool = False, setup: bool = True) -> InstanceCost:
+                  units: UnitCosts, reuse: bool = False, setup: bool = True, prg_bytes: int = 0,
+                  dense_bytes: int = 0) -> InstanceCost:
     """The bound of one instance (see the module docstring for the counts); ``reuse``: an instance of a
-    key setup reused across the round (``setup``: the one that ran that setup)."""
+    key setup reused across the round (``setup``: the one that ran that setup); ``prg_bytes`` and
+    ``dense_bytes``: a ``"dpf"`` instance's servers' AES-128 evaluation bytes and dense-seed expansion."""
     word = 8 * dim
+    if protocol == "dpf":
+        if prg_bytes and not units.aes_ecb_bps:
+            raise ValueError("a dpf instance needs the AES-128-ECB throughput (UnitCosts.measure measures it)")
+        s = {"prg": (prg_bytes / units.aes_ecb_bps if prg_bytes else 0.0) + dense_bytes / units.aes_ctr_bps}
+        return InstanceCost(0.0, sum(s.values()), {}, s)
     if protocol in ("secagg", "secagg+") and reuse:
         k = n - 1 if k is None else k
         t = 1 if t is None else t

@@ -67,6 +67,7 @@ from secagg.messages import INSTANCE_BYTES, SERVER, Message, Reader, Writer, dec
 from secagg.prg import SEED_BYTES, expand
 
 __all__ = [
+    "prg_bytes_per_key_set",
     "SERVER_A",
     "SERVER_B",
     "DpfChallenge",
@@ -649,6 +650,16 @@ class DpfSpec:
     keep_messages: bool = True
 
 
+def prg_bytes_per_key_set(forest: Forest, width: int, check: bool) -> int:
+    """The AES output bytes one server expands to evaluate one key set over the whole domain: two
+    blocks per tree node above the leaves, ``ceil(width / 2)`` value blocks per leaf and, with the
+    check, eight MAC blocks per leaf (the DPF's cryptographic work; ``secagg bench dpf`` and
+    ``secagg bench secure`` price it at the measured AES-128-ECB throughput)."""
+    tree = sum(int(forest.level_counts(level).sum()) for level in range(forest.depth))
+    blocks = 2 * tree + forest.leaves * (-(-width // 2)) + (8 * forest.leaves if check else 0)
+    return 16 * blocks
+
+
 @dataclass(frozen=True)
 class DpfSumResult:
     """Outcome and costs of one simulated two-server sum.
@@ -663,6 +674,9 @@ class DpfSumResult:
         parts: ``[n]`` key sets each client sent (0: refused before sending or dense).
         records: ``(sender, receiver, stage, blob)`` for every message, in order; parties ``"A"``,
             ``"B"`` or a client index (an upload's ``blob`` is its size without ``keep_messages``).
+        prg_bytes: the AES-128 output bytes A and B expanded to evaluate the survivors' key sets
+            (:func:`prg_bytes_per_key_set` each); dense_bytes: the AES-256-CTR bytes each expanded
+            from dense shares' seeds. The priced cryptographic work of the sum (``secagg bench secure``).
     """
 
     total: np.ndarray | None
@@ -675,6 +689,8 @@ class DpfSumResult:
     records: list[tuple[object, object, str, bytes]]
     buckets: int = 0
     parts: np.ndarray | None = None
+    prg_bytes: tuple[int, int] = (0, 0)
+    dense_bytes: tuple[int, int] = (0, 0)
 
 
 def _split_rows(x: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -754,6 +770,11 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
     records.append(("A", "B", "challenge", chal))
     timed(1, servers[1].take_challenge, chal)
     digests = [timed(b, servers[b].evaluate) for b in (0, 1)]
+    per_set = prg_bytes_per_key_set(cfg.forest, cfg.width, cfg.check)
+    prg = tuple(per_set * sum(srv.declared[c] for c in srv.survivors or () if c not in srv.dense) for srv in servers)
+    # a dense share's seed is expanded (AES-256-CTR) by the server that received the seed, not the vector
+    dense = tuple(8 * cfg.layout.domain * cfg.width * sum(1 for c in srv.survivors or () if c in srv.dense and srv.dense[c].seed)
+                  for srv in servers)
     records += [("A", "B", "digests", digests[0]), ("B", "A", "digests", digests[1])]
     for b in (0, 1):
         for c in timed(b, servers[b].reconcile, digests[1 - b]):
@@ -766,7 +787,7 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
     except AbortError as exc:
         abort = str(exc)
     return DpfSumResult(total, frozenset(servers[0].survivors or ()), refused, abort, client_s,
-                        (timers[0], timers[1]), bytes_up, records, layout.buckets, parts)
+                        (timers[0], timers[1]), bytes_up, records, layout.buckets, parts, prg, dense)
 
 
 def parts_of(sent: list[tuple[bytes, bytes]]) -> bool:

@@ -98,13 +98,6 @@ def aes_throughput(seconds: float = 0.3, *, ctr: bool = False, cpu: bool = False
     return done / (clock() - t0)
 
 
-def _prg_bytes(forest, width: int, check: bool) -> int:  # noqa: ANN001
-    """AES output bytes one server expands for one key set."""
-    tree = sum(int(forest.level_counts(level).sum()) for level in range(forest.depth))
-    blocks = 2 * tree + forest.leaves * (-(-width // 2)) + (8 * forest.leaves if check else 0)
-    return 16 * blocks
-
-
 def bench(items: int, dim: int, points: int, clients: int, *, check: bool = True, seed: int = 0,
           secagg_dim: int | None = None) -> dict:
     """Run the benchmark; the JSON-able result (see the module docstring). Heavy imports happen here,
@@ -112,7 +105,7 @@ def bench(items: int, dim: int, points: int, clients: int, *, check: bool = True
     import numpy as np
 
     from secagg.cuckoo import CuckooLayout
-    from secagg.dpf_sum import DpfSumClient, DpfSumConfig, DpfSumServer
+    from secagg.dpf_sum import DpfSumClient, DpfSumConfig, DpfSumServer, prg_bytes_per_key_set
 
     if points > items:
         raise ValueError(f"--points ({points}) cannot exceed --items ({items})")
@@ -164,7 +157,7 @@ def bench(items: int, dim: int, points: int, clients: int, *, check: bool = True
     total = timed(0, servers[0].combine, timed(1, servers[1].share))
     exact = bool(np.array_equal(total, want)) and refused == [[], []]
     throughput, throughput_cpu = aes_throughput(), aes_throughput(cpu=True)
-    prg = _prg_bytes(cfg.forest, dim, check)
+    prg = prg_bytes_per_key_set(cfg.forest, dim, check)
     per = [timers[0] / clients, timers[1] / clients]
     up = max(upload)
     out = {

@@ -253,19 +253,17 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         per_client: dict[str, float] = defaultdict(float)
         server_bound = measured = 0.0
+        dpf_bytes = 0
         parts: dict[str, float] = defaultdict(float)
         shapes: dict[str, int] = defaultdict(int)
         setups: dict[str, list[float]] = defaultdict(list)  # client -> its setups' bound in this round
         for inst in seen:
-            if inst["protocol"] == "dpf":  # no masks to price: `secagg bench dpf` measures it against its PRG bound
-                shapes[f"dpf n={inst['n']} d={inst['dim']}"] += 1
-                measured += sum(inst["client_seconds"]) + inst["server_seconds"]
-                continue
             cost = instance_cost(inst["protocol"], n=inst["n"], dim=inst["dim"], k=inst["k"], t=inst["t"],
                                  survivors=inst["survivors"], masks_expanded=inst["masks_expanded"],
                                  key_agreements=inst["key_agreements"],
                                  signatures_verified=inst["signatures_verified"], units=units,
-                                 reuse=inst.get("reuse", False), setup=inst.get("setup", True))
+                                 reuse=inst.get("reuse", False), setup=inst.get("setup", True),
+                                 prg_bytes=inst.get("prg_bytes", 0), dense_bytes=inst.get("dense_bytes", 0))
             for name in inst["senders"]:
                 per_client[name] += cost.client_s
             if inst["protocol"] in ("secagg", "secagg+") and inst.get("setup", True):
@@ -279,11 +277,15 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
                 parts[f"server_{part}"] += sec
             measured += sum(inst["client_seconds"]) + inst["server_seconds"]
             reused = " reused" if inst.get("reuse") and not inst.get("setup", True) else ""
-            shapes[f"{inst['protocol']} n={inst['n']} k={inst['k']} t={inst['t']} d={inst['dim']}{reused}"] += 1
+            if inst["protocol"] == "dpf":
+                shapes[f"dpf n={inst['n']} d={inst['dim']}"] += 1
+                dpf_bytes += inst.get("prg_bytes", 0)
+            else:
+                shapes[f"{inst['protocol']} n={inst['n']} k={inst['k']} t={inst['t']} d={inst['dim']}{reused}"] += 1
         sim_bound = sum(per_client.values()) + server_bound
         row = {
             "round": r, "round_s": wall, "round_cpu_s": cpu, "secure_cpu_s": spent[0], "secure_wall_s": spent[1],
-            "noise_cpu_s": noise[0], "instances": len(seen),
+            "noise_cpu_s": noise[0], "dpf_prg_bytes": dpf_bytes, "instances": len(seen),
             "shapes": dict(shapes),
             "device_bound_s": max(per_client.values(), default=0.0),
             "server_bound_s": server_bound, "simulation_bound_s": sim_bound,

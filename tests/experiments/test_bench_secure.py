@@ -146,3 +146,36 @@ def test_the_per_client_plaintext_twin_turns_fedcls_summed_shortcut_off(monkeypa
     assert calls.count("secagg+") == 2 and calls.count("none") == 2
     assert all(row["plain_per_client_round_cpu_s"] > 0 and row["per_client_round_cpu_over_bound"] > 0 for row in r["rounds"])
     assert r["steady_per_client_round_cpu_over_bound"] == r["rounds"][1]["per_client_round_cpu_over_bound"]
+
+
+def test_a_dpf_preset_is_priced_at_its_servers_aes_evaluation() -> None:
+    """The two-server DPF sum has no masks: its bound is the AES-128 bytes both servers expand to
+    evaluate the survivors' key sets over the whole domain, at the measured ECB throughput."""
+    from secagg.costmodel import UnitCosts, instance_cost
+
+    out = bench(["fedavg-gmf-dpf"], "synthetic", 1, False, users=30, items=40)
+    row = out["presets"]["fedavg-gmf-dpf"]["rounds"][0]
+    assert any(k.startswith("dpf ") for k in row["shapes"]) and row["dpf_prg_bytes"] > 0
+    ecb = out["units"]["aes128_ecb_gbps"] * 1e9
+    assert row["simulation_bound_s"] == pytest.approx(row["dpf_prg_bytes"] / ecb)
+    assert row["server_bound_s"] == pytest.approx(row["simulation_bound_s"]) and row["device_bound_s"] == 0
+    with pytest.raises(ValueError, match="AES-128-ECB"):  # never priced at zero by an unmeasured unit
+        instance_cost("dpf", n=2, dim=4, k=None, t=None, survivors=2, masks_expanded=0, key_agreements=0,
+                      signatures_verified=0, units=UnitCosts(1e9, 1e9, 1e9, 1e9, 0, 0, 0, 0), prg_bytes=16)
+
+
+def test_dpf_evaluation_bytes_count_every_surviving_key_set() -> None:
+    """run_dpf_rows reports each server's evaluation bytes: one key set's bytes times the survivors' parts."""
+    import numpy as np
+
+    from secagg.dpf_sum import DpfSpec, prg_bytes_per_key_set, run_dpf_rows
+    from secagg.cuckoo import CuckooLayout
+    from secagg.dpf import Forest
+
+    rng = np.random.default_rng(0)  # CSPRNG-OK: simulated rows and values only
+    ups = [(np.sort(rng.choice(50, 3, replace=False)), rng.integers(0, 9, (3, 2)).astype(np.uint64)) for _ in range(4)]
+    res = run_dpf_rows(ups, DpfSpec(50, 2, 3, dropouts={"upload": {3}}))
+    layout = CuckooLayout.for_points(50, 3, seed=bytes(32))
+    per = prg_bytes_per_key_set(Forest(layout.sizes, layout.depth), 2, True)
+    assert sorted(res.survivors) == [0, 1, 2]
+    assert res.prg_bytes == (per * int(res.parts[:3].sum()),) * 2 and res.dense_bytes == (0, 0)

@@ -86,8 +86,19 @@ def test_unit_costs_are_measured_and_positive() -> None:
 
 def test_an_unknown_protocol_has_no_cost_model() -> None:
     with pytest.raises(ValueError, match="no cost model"):
-        instance_cost("dpf", n=2, dim=1, k=None, t=None, survivors=2, masks_expanded=0, key_agreements=0,
+        instance_cost("pir", n=2, dim=1, k=None, t=None, survivors=2, masks_expanded=0, key_agreements=0,
                       signatures_verified=0, units=ONE)
+
+
+def test_a_dpf_instance_costs_its_servers_aes_bytes() -> None:
+    """The DPF's bound: evaluation bytes at the AES-128-ECB unit, dense seeds at the AES-256-CTR unit,
+    nothing on the clients (their key generation is not priced: a floor)."""
+    from dataclasses import replace
+
+    units = replace(ONE, aes_ecb_bps=2.0, aes_ctr_bps=4.0)
+    c = instance_cost("dpf", n=3, dim=10, k=None, t=None, survivors=3, masks_expanded=0, key_agreements=0,
+                      signatures_verified=0, units=units, prg_bytes=6, dense_bytes=8)
+    assert c.client_s == 0 and c.server_s == pytest.approx(6 / 2 + 8 / 4)
 
 
 @settings(max_examples=5, deadline=None)

@@ -161,7 +161,9 @@ def _values(y, sig, subset, vc, owner, offsets, a, acc, negate, table):  # noqa:
     slice of the sum (leaves ``a .. a+n-1``), ``[2n]`` words; ``vc``: that block of the keys' value
     corrections, ``[K, m, 2]``; ``subset``: :func:`_subsets` of the chunk. The feed-forward sums run
     key by key over contiguous words (vectorized); the corrections per run of leaves of one tree,
-    from a table of the ``2^K`` subset sums of its corrections (``table``: ``[2^K, 2]`` scratch)."""
+    from a table of the ``2^K`` subset sums of its corrections (``table``: ``[2^K, 2]`` scratch), or,
+    for a run shorter than ``2^K / K`` leaves (the small trees of a small domain, where building the
+    table cost more than the run), each leaf's ``K`` corrections masked by its control bits."""
     k, words = y.shape[0], y.shape[1]
     for q in range(k):
         if negate:
@@ -175,6 +177,23 @@ def _values(y, sig, subset, vc, owner, offsets, a, acc, negate, table):  # noqa:
     while j < n:
         tree = owner[j]
         end = min(n, offsets[tree + 1] - a)
+        if (end - j) * k < (1 << k):  # a short run (small trees): each leaf's K masked corrections directly
+            for i in range(j, end):
+                row = subset[i]
+                c0 = _ZERO
+                c1 = _ZERO
+                for q in range(k):
+                    mask = _ZERO - np.uint64((row >> q) & 1)
+                    c0 += vc[q, tree, 0] & mask
+                    c1 += vc[q, tree, 1] & mask
+                if negate:
+                    acc[2 * i] -= c0
+                    acc[2 * i + 1] -= c1
+                else:
+                    acc[2 * i] += c0
+                    acc[2 * i + 1] += c1
+            j = end
+            continue
         table[0, 0] = _ZERO
         table[0, 1] = _ZERO
         for q in range(k):

@@ -41,7 +41,7 @@ priced (a re-run after dropouts costs more: the bound stays a floor).
 
 The two-server DPF sum (:mod:`secagg.dpf_sum`, ``"dpf"``) has no masks, agreements or signatures: its
 cryptographic work is each server's full-domain evaluation of every surviving key set, the AES-128
-output bytes of :func:`secagg.dpf_sum.prg_bytes_per_key_set` (tree nodes, value blocks and the check's
+output bytes of :func:`secagg.dpf.prg_bytes_per_key_set` (tree nodes, value blocks and the check's
 MAC blocks; the run reports the total as ``prg_bytes``), priced at the measured AES-128-ECB throughput
 (``aes_ecb_bps``), plus the AES-256-CTR expansion of any dense share's seed. Not counted there: the
 clients' key generation (a few blocks per point, small beside the servers' domain) and the adds of

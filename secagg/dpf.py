@@ -45,6 +45,7 @@ from secagg.dpf_keys import (  # noqa: F401 - re-exported: secagg.dpf is the pub
 )
 
 __all__ = [
+    "prg_bytes_per_key_set",
     "CHECK_BLOCKS",
     "MAX_DEPTH",
     "MAX_POINTS",
@@ -531,3 +532,13 @@ class Accumulator:
         """This server's share of the sum: ``uint64 [leaves, width]`` in bucket space."""
         return np.ascontiguousarray(self._acc.transpose(1, 0, 2).reshape(self.forest.leaves, 2 * self.blocks)
                                     [:, :self.width])
+
+
+def prg_bytes_per_key_set(forest: Forest, width: int, check: bool) -> int:
+    """The AES output bytes one server expands to evaluate one key set over the whole domain: two
+    blocks per tree node above the leaves, ``ceil(width / 2)`` value blocks per leaf and, with the
+    check, eight MAC blocks per leaf (the DPF's cryptographic work; ``secagg bench dpf`` and
+    ``secagg bench secure`` price it at the measured AES-128-ECB throughput)."""
+    tree = sum(int(forest.level_counts(level).sum()) for level in range(forest.depth))
+    blocks = 2 * tree + forest.leaves * (-(-width // 2)) + (8 * forest.leaves if check else 0)
+    return 16 * blocks

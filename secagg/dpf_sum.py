@@ -61,13 +61,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from secagg.cuckoo import CuckooError, CuckooLayout
-from secagg.dpf import Accumulator, DpfError, Forest, KeySet, gen
+from secagg.dpf import Accumulator, DpfError, Forest, KeySet, gen, prg_bytes_per_key_set
 from secagg.errors import AbortError, MessageError
 from secagg.messages import INSTANCE_BYTES, SERVER, Message, Reader, Writer, decode, register
 from secagg.prg import SEED_BYTES, expand
 
 __all__ = [
-    "prg_bytes_per_key_set",
     "SERVER_A",
     "SERVER_B",
     "DpfChallenge",
@@ -650,16 +649,6 @@ class DpfSpec:
     keep_messages: bool = True
 
 
-def prg_bytes_per_key_set(forest: Forest, width: int, check: bool) -> int:
-    """The AES output bytes one server expands to evaluate one key set over the whole domain: two
-    blocks per tree node above the leaves, ``ceil(width / 2)`` value blocks per leaf and, with the
-    check, eight MAC blocks per leaf (the DPF's cryptographic work; ``secagg bench dpf`` and
-    ``secagg bench secure`` price it at the measured AES-128-ECB throughput)."""
-    tree = sum(int(forest.level_counts(level).sum()) for level in range(forest.depth))
-    blocks = 2 * tree + forest.leaves * (-(-width // 2)) + (8 * forest.leaves if check else 0)
-    return 16 * blocks
-
-
 @dataclass(frozen=True)
 class DpfSumResult:
     """Outcome and costs of one simulated two-server sum.
@@ -675,7 +664,7 @@ class DpfSumResult:
         records: ``(sender, receiver, stage, blob)`` for every message, in order; parties ``"A"``,
             ``"B"`` or a client index (an upload's ``blob`` is its size without ``keep_messages``).
         prg_bytes: the AES-128 output bytes A and B expanded to evaluate the survivors' key sets
-            (:func:`prg_bytes_per_key_set` each); dense_bytes: the AES-256-CTR bytes each expanded
+            (:func:`secagg.dpf.prg_bytes_per_key_set` each); dense_bytes: the AES-256-CTR bytes each expanded
             from dense shares' seeds. The priced cryptographic work of the sum (``secagg bench secure``).
     """
 

@@ -105,7 +105,8 @@ def bench(items: int, dim: int, points: int, clients: int, *, check: bool = True
     import numpy as np
 
     from secagg.cuckoo import CuckooLayout
-    from secagg.dpf_sum import DpfSumClient, DpfSumConfig, DpfSumServer, prg_bytes_per_key_set
+    from secagg.dpf import prg_bytes_per_key_set
+    from secagg.dpf_sum import DpfSumClient, DpfSumConfig, DpfSumServer
 
     if points > items:
         raise ValueError(f"--points ({points}) cannot exceed --items ({items})")

@@ -168,9 +168,9 @@ def test_dpf_evaluation_bytes_count_every_surviving_key_set() -> None:
     """run_dpf_rows reports each server's evaluation bytes: one key set's bytes times the survivors' parts."""
     import numpy as np
 
-    from secagg.dpf_sum import DpfSpec, prg_bytes_per_key_set, run_dpf_rows
     from secagg.cuckoo import CuckooLayout
-    from secagg.dpf import Forest
+    from secagg.dpf import Forest, prg_bytes_per_key_set
+    from secagg.dpf_sum import DpfSpec, run_dpf_rows
 
     rng = np.random.default_rng(0)  # CSPRNG-OK: simulated rows and values only
     ups = [(np.sort(rng.choice(50, 3, replace=False)), rng.integers(0, 9, (3, 2)).astype(np.uint64)) for _ in range(4)]

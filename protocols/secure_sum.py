@@ -147,8 +147,8 @@ def observe(callback: Callable[[dict], None]) -> Iterator[None]:
     or :func:`secure_row_sum` runs inside the block (``secagg bench secure`` uses it to price each
     masking instance against its cryptographic bound; the run loop adds each client's seconds to its
     device time). A ``"dpf"`` instance has ``k`` and ``t`` ``None`` and no masks, agreements or
-    signatures; its ``client_seconds`` are each client's key generation, and ``prg_bytes`` and
-    ``dense_bytes`` the AES bytes its two servers expanded (:class:`secagg.dpf_sum.DpfSumResult`, what
+    signatures; its ``client_seconds`` are each client's key generation, and ``prg_bytes``,
+    ``dense_bytes`` and ``hashed_bytes`` the AES and SHA-256 bytes its two servers processed (:class:`secagg.dpf_sum.DpfSumResult`, what
     :func:`secagg.costmodel.instance_cost` prices). ``instance`` holds public parameters and costs only: ``protocol``, ``n``, ``dim``, ``k``
     (neighbours; the chain's successors), ``t``, ``survivors``, ``senders`` (party names),
     ``client_seconds`` (list), ``server_seconds``, ``masks_expanded``, ``key_agreements`` and
@@ -542,7 +542,8 @@ def _run_rows(updates, codec: FixedPoint, *, rows: int, row_width: int, points: 
                   "k": None, "t": None, "survivors": len(res.survivors), "senders": list(senders),
                   "client_seconds": [float(x) for x in res.client_s], "server_seconds": float(sum(res.server_s)),
                   "masks_expanded": 0, "key_agreements": 0, "signatures_verified": 0, "aborted": res.total is None,
-                  "prg_bytes": int(sum(res.prg_bytes)), "dense_bytes": int(sum(res.dense_bytes))})
+                  "prg_bytes": int(sum(res.prg_bytes)), "dense_bytes": int(sum(res.dense_bytes)),
+                  "hashed_bytes": int(sum(res.hashed_bytes))})
     if res.total is None:
         raise SecureSumAborted(f"dpf aborted in round {round}: {res.abort}")
     return SecureSumResult(

@@ -73,6 +73,7 @@ MAX_POINTS = 1 << 20
 _FLAG_CHECK = 1
 _FLAG_VALUE = 2
 _HEADER = struct.Struct(">4sBBBBIII")
+_PUBLIC_DOMAIN = b"secagg/dpf/public/v1"
 _LOW = np.uint64(1)
 _CLEAR = np.uint64(0xFFFFFFFFFFFFFFFE)
 
@@ -242,7 +243,13 @@ class KeySet:
 
     def public_digest(self) -> bytes:
         """SHA-256 of :meth:`public_bytes` (the servers compare it: one client, one function)."""
-        return hashlib.sha256(b"secagg/dpf/public/v1" + self.public_bytes()).digest()
+        return hashlib.sha256(_PUBLIC_DOMAIN + self.public_bytes()).digest()
+
+    @staticmethod
+    def public_size(*, depth: int, points: int, width: int, check: bool = True) -> int:
+        """Bytes :meth:`public_digest` hashes for a key set of this shape (domain label included)."""
+        return (len(_PUBLIC_DOMAIN) + struct.calcsize(">BBII") + 16 * points * depth + -(-2 * points * depth // 8)
+                + (16 * CHECK_BLOCKS * points if check else 0) + 8 * width * points)
 
     def to_bytes(self) -> bytes:
         head = _HEADER.pack(MAGIC, VERSION, self.party, self.depth, self._flags(), self.width, self.points, 0)

@@ -665,7 +665,8 @@ class DpfSumResult:
             ``"B"`` or a client index (an upload's ``blob`` is its size without ``keep_messages``).
         prg_bytes: the AES-128 output bytes A and B expanded to evaluate the survivors' key sets
             (:func:`secagg.dpf.prg_bytes_per_key_set` each); dense_bytes: the AES-256-CTR bytes each expanded
-            from dense shares' seeds. The priced cryptographic work of the sum (``secagg bench secure``).
+            from dense shares' seeds; hashed_bytes: the SHA-256 input of each server's public digests of
+            the key sets (with the check). The priced cryptographic work of the sum (``secagg bench secure``).
     """
 
     total: np.ndarray | None
@@ -680,6 +681,7 @@ class DpfSumResult:
     parts: np.ndarray | None = None
     prg_bytes: tuple[int, int] = (0, 0)
     dense_bytes: tuple[int, int] = (0, 0)
+    hashed_bytes: tuple[int, int] = (0, 0)
 
 
 def _split_rows(x: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -759,8 +761,10 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
     records.append(("A", "B", "challenge", chal))
     timed(1, servers[1].take_challenge, chal)
     digests = [timed(b, servers[b].evaluate) for b in (0, 1)]
-    per_set = prg_bytes_per_key_set(cfg.forest, cfg.width, cfg.check)
-    prg = tuple(per_set * sum(srv.declared[c] for c in srv.survivors or () if c not in srv.dense) for srv in servers)
+    sets = [sum(srv.declared[c] for c in srv.survivors or () if c not in srv.dense) for srv in servers]
+    prg = tuple(prg_bytes_per_key_set(cfg.forest, cfg.width, cfg.check) * x for x in sets)
+    public = KeySet.public_size(depth=layout.depth, points=layout.buckets, width=cfg.width) if cfg.check else 0
+    hashed = tuple(public * x for x in sets)  # each key set's public digest (the check's one-function test)
     # a dense share's seed is expanded (AES-256-CTR) by the server that received the seed, not the vector
     dense = tuple(8 * cfg.layout.domain * cfg.width * sum(1 for c in srv.survivors or () if c in srv.dense and srv.dense[c].seed)
                   for srv in servers)
@@ -776,7 +780,7 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
     except AbortError as exc:
         abort = str(exc)
     return DpfSumResult(total, frozenset(servers[0].survivors or ()), refused, abort, client_s,
-                        (timers[0], timers[1]), bytes_up, records, layout.buckets, parts, prg, dense)
+                        (timers[0], timers[1]), bytes_up, records, layout.buckets, parts, prg, dense, hashed)
 
 
 def parts_of(sent: list[tuple[bytes, bytes]]) -> bool:

@@ -156,8 +156,10 @@ def test_a_dpf_preset_is_priced_at_its_servers_aes_evaluation() -> None:
     out = bench(["fedavg-gmf-dpf"], "synthetic", 1, False, users=30, items=40)
     row = out["presets"]["fedavg-gmf-dpf"]["rounds"][0]
     assert any(k.startswith("dpf ") for k in row["shapes"]) and row["dpf_prg_bytes"] > 0
-    ecb = out["units"]["aes128_ecb_gbps"] * 1e9
-    assert row["simulation_bound_s"] == pytest.approx(row["dpf_prg_bytes"] / ecb)
+    ecb, sha = out["units"]["aes128_ecb_gbps"] * 1e9, out["units"]["sha256_gbps"] * 1e9
+    hashed = row["bound_parts_s"]["server_adds_hash"] * sha  # the key sets' public digests, with the check
+    assert hashed > 0
+    assert row["simulation_bound_s"] == pytest.approx(row["dpf_prg_bytes"] / ecb + hashed / sha)
     assert row["server_bound_s"] == pytest.approx(row["simulation_bound_s"]) and row["device_bound_s"] == 0
     with pytest.raises(ValueError, match="AES-128-ECB"):  # never priced at zero by an unmeasured unit
         instance_cost("dpf", n=2, dim=4, k=None, t=None, survivors=2, masks_expanded=0, key_agreements=0,
@@ -179,3 +181,11 @@ def test_dpf_evaluation_bytes_count_every_surviving_key_set() -> None:
     per = prg_bytes_per_key_set(Forest(layout.sizes, layout.depth), 2, True)
     assert sorted(res.survivors) == [0, 1, 2]
     assert res.prg_bytes == (per * int(res.parts[:3].sum()),) * 2 and res.dense_bytes == (0, 0)
+    # the digests hash each surviving key set's public parts: the formula is the bytes actually hashed
+    from secagg.dpf import KeySet, gen
+
+    alpha, beta = layout.spread(ups[0][0], ups[0][1])
+    key = gen(alpha, layout.depth, beta)[0]
+    assert len(b"secagg/dpf/public/v1" + key.public_bytes()) == KeySet.public_size(
+        depth=layout.depth, points=layout.buckets, width=2)
+    assert res.hashed_bytes == (len(b"secagg/dpf/public/v1" + key.public_bytes()) * int(res.parts[:3].sum()),) * 2

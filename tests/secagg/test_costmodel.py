@@ -97,8 +97,8 @@ def test_a_dpf_instance_costs_its_servers_aes_bytes() -> None:
 
     units = replace(ONE, aes_ecb_bps=2.0, aes_ctr_bps=4.0)
     c = instance_cost("dpf", n=3, dim=10, k=None, t=None, survivors=3, masks_expanded=0, key_agreements=0,
-                      signatures_verified=0, units=units, prg_bytes=6, dense_bytes=8)
-    assert c.client_s == 0 and c.server_s == pytest.approx(6 / 2 + 8 / 4)
+                      signatures_verified=0, units=units, prg_bytes=6, dense_bytes=8, hashed_bytes=5)
+    assert c.client_s == 0 and c.server_s == pytest.approx(6 / 2 + 8 / 4 + 5 / 1)
 
 
 @settings(max_examples=5, deadline=None)

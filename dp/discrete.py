@@ -40,7 +40,6 @@ from fractions import Fraction
 
 import numpy as np
 
-import dp.discrete_fused as discrete_fused
 from dp.rng import RandomSource, resolve_source, uint64s, uniform_below
 
 __all__ = [
@@ -58,6 +57,14 @@ _INT64_MAX = (1 << 63) - 1
 # The hot passes run as the compiled loops of dp.discrete_fused (the same samples word for word,
 # tests/dp/test_discrete_fused.py); False runs the numpy reference path those tests compare against.
 _FUSED = True
+
+
+def _loops():  # noqa: ANN202
+    """dp.discrete_fused, imported on the first fused draw: importing numba costs about 0.2 s, which
+    ``import dp`` (the accountant, the ledger) should not pay."""
+    import dp.discrete_fused as loops
+
+    return loops
 
 
 def _as_object(a: np.ndarray) -> np.ndarray:
@@ -215,7 +222,7 @@ def _geometric_fast(m: int, t: int, source: RandomSource) -> np.ndarray:
     if _FUSED:
         out = np.empty(m, dtype=np.int64)
         bad = np.empty(m, dtype=np.bool_)
-        if discrete_fused.geometric(u, tf, out, bad):
+        if _loops().geometric(u, tf, out, bad):
             idx = np.flatnonzero(bad)
             with np.errstate(divide="ignore"):
                 r = -tf * np.log((u[idx] >> np.uint64(11)).astype(np.float64) * 2.0**-53)
@@ -287,7 +294,7 @@ def _dlap_attempts(m: int, t: int, s: int, source: RandomSource) -> np.ndarray:
         x = _geometric_fast(m, t, source)
         if _FUSED:
             out = np.empty(m, dtype=np.int64)
-            return out[: discrete_fused.signs(x, uint64s(m, source), s, out)]
+            return out[: _loops().signs(x, uint64s(m, source), s, out)]
         y = x // s
         b = (uint64s(m, source) & np.uint64(1)).astype(bool)
         ok = ~(b & (y == 0))
@@ -401,10 +408,10 @@ def discrete_gaussian(
             u = uint64s(y.size, source)
             c = np.empty(y.size, dtype=np.bool_)
             amb = np.empty(y.size, dtype=np.bool_)
-            if discrete_fused.gauss_accept(y, c_f, two_s2_f, u, _MARGIN, c, amb):
+            if _loops().gauss_accept(y, c_f, two_s2_f, u, _MARGIN, c, amb):
                 for i in np.flatnonzero(amb).tolist():  # pragma: no cover - probability ~2^-39 per draw
                     c[i] = _exact_uniform_below_exp(int(u[i]), exact(i), source)
-            have = discrete_fused.take(y, c, out, have)
+            have = _loops().take(y, c, out, have)
         else:
             d = np.abs(y).astype(np.float64) - c_f
             got = y[_bernoulli_exp_neg_fast(d * d / two_s2_f, exact, source)][: n - have]

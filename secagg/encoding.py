@@ -21,7 +21,6 @@ import math
 import os
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from secagg.errors import BudgetError
@@ -104,7 +103,9 @@ class FixedPoint:
             if arr.size >= _FUSE_FROM:  # one compiled pass: the range check, the scaling and the rounding
                 flat = np.ascontiguousarray(arr).reshape(-1)
                 out = np.empty(flat.shape, dtype=np.int64)
-                if _encode_nearest(flat, self.scale, float(self.clip), out) >= 0:
+                from secagg.encoding_fused import encode_nearest  # numba: imported on the first large encode
+
+                if encode_nearest(flat, self.scale, float(self.clip), out) >= 0:
                     self._check_range(arr)  # raises, with the worst value in the message
                 return out.view(np.uint64).reshape(arr.shape)
             self._check_range(arr)
@@ -140,20 +141,6 @@ class FixedPoint:
 
 
 _FUSE_FROM = 4096  # below this many values numpy's passes cost less than a call into the compiled loop
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _encode_nearest(x, scale, clip, out):  # noqa: ANN001, ANN202
-    """``out[i] = rint(x[i] * scale)`` (round half to even, as ``numpy.rint``) for every ``|x[i]| <=
-    clip``; returns the index of the first value that is NaN, infinite or beyond ``clip`` (the caller
-    raises), or -1. One pass and one output instead of numpy's six passes and four temporaries; the
-    words are numpy's bit for bit (tests/secagg/test_encoding.py)."""
-    for i in range(x.shape[0]):
-        v = x[i]
-        if not abs(v) <= clip:  # also NaN
-            return i
-        out[i] = np.int64(np.rint(v * scale))
-    return -1
 
 
 def sign_extend(u: np.ndarray, ring_bits: int) -> np.ndarray:

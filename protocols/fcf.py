@@ -51,11 +51,10 @@ import numpy as np
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
 from protocols.registry import ProtocolSpec, register
-from protocols.sampled_secure import SampledSecureConfig
+from protocols.sampled_secure import SampledSecureConfig, check_checkpoint_config
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
-from secagg.encoding import check_budget
 
 __all__ = ["FCF", "FCFConfig", "FCFUpdate", "client_gradient", "solve_user"]
 
@@ -156,9 +155,7 @@ class FCF:
             raise ValueError("fcf needs at least one user with training interactions")
         self.round = 0
         self._x: np.ndarray | None = None  # factors solved against the current Y (evaluation cache)
-        if config.secure_aggregation != "none":
-            check_budget(n_summands=config.clients_in_round(len(self._clients)), clip=config.value_clip,
-                         frac_bits=config.frac_bits)
+        config.check_secure_budget(len(self._clients))
 
     def rated(self, u: int) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = self._start[u], self._start[u + 1]
@@ -264,8 +261,7 @@ class FCF:
                 "rng": self.rng.bit_generator.state, "config": asdict(self.config)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if {**asdict(FCFConfig()), **state["config"]} != asdict(self.config):
-            raise ValueError("checkpoint was written with a different fcf configuration")
+        check_checkpoint_config(self.config, state, "fcf")
         self.round, self.steps = int(state["round"]), int(state["steps"])
         self.y, self.m, self.v = (np.array(state[k], np.float64, copy=True) for k in ("y", "m", "v"))
         self.rng.bit_generator.state = state["rng"]

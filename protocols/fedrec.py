@@ -66,12 +66,11 @@ from dp.events import NonPrivate
 from dp.rng import RandomSource, resolve_source, uint64s
 from protocols.base import Release, RoundStats
 from protocols.registry import ProtocolSpec, register_with_rank
-from protocols.sampled_secure import SampledSecureConfig
+from protocols.sampled_secure import SampledSecureConfig, check_checkpoint_config
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
 from recmodels.mf import mae, rmse
-from secagg.encoding import check_budget
 
 __all__ = ["FILLINGS", "FedRec", "FedRecConfig", "FedRecUpload", "draw_filled"]
 
@@ -185,9 +184,7 @@ class FedRec:
         self.fu = np.repeat(np.arange(train.n_users), [len(f) for f in filled]).astype(np.int64)
         self.fi = np.concatenate(filled).astype(np.int64) if filled else np.zeros(0, np.int64)
         self.round = 0
-        if config.secure_aggregation != "none":
-            check_budget(n_summands=config.clients_in_round(len(self._clients)), clip=config.value_clip,
-                         frac_bits=config.frac_bits)
+        config.check_secure_budget(len(self._clients))
 
     @property
     def model_bytes(self) -> int:
@@ -304,8 +301,7 @@ class FedRec:
                 "fi": self.fi.copy(), "rng": self.rng.bit_generator.state, "config": asdict(self.config)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if {**asdict(FedRecConfig()), **state["config"]} != asdict(self.config):
-            raise ValueError("checkpoint was written with a different fedrec configuration")
+        check_checkpoint_config(self.config, state, "fedrec")
         self.round = int(state["round"])
         self.p, self.q = np.array(state["p"], np.float64, copy=True), np.array(state["q"], np.float64, copy=True)
         self.fu, self.fi = np.array(state["fu"], np.int64, copy=True), np.array(state["fi"], np.int64, copy=True)

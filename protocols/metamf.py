@@ -66,13 +66,12 @@ import torch
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
 from protocols.registry import ProtocolSpec, register_with_rank
-from protocols.sampled_secure import SampledSecureConfig
+from protocols.sampled_secure import SampledSecureConfig, check_checkpoint_config
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions
 from recmodels.metamf import SPARSE, init_params, item_rows, param_shapes, predict
 from recmodels.mf import mae, rmse
-from secagg.encoding import check_budget
 
 __all__ = ["MetaMF", "MetaMFConfig", "MetaMFUpload", "client_gradient", "summed_gradients"]
 
@@ -223,9 +222,7 @@ class MetaMF:
         self._start = np.concatenate([[0], np.cumsum(counts)])
         self._clients = np.flatnonzero(counts > 0)
         self.round = 0
-        if config.secure_aggregation != "none":
-            check_budget(n_summands=config.clients_in_round(len(self._clients)), clip=config.value_clip,
-                         frac_bits=config.frac_bits)
+        config.check_secure_budget(len(self._clients))
 
     @property
     def model_bytes(self) -> int:
@@ -408,8 +405,7 @@ class MetaMF:
                 "e_steps": self.e_steps.copy(), "rng": self.rng.bit_generator.state, "config": asdict(self.config)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if {**asdict(MetaMFConfig()), **state["config"]} != asdict(self.config):
-            raise ValueError("checkpoint was written with a different metamf configuration")
+        check_checkpoint_config(self.config, state, "metamf")
         for part in ("params", "m", "v"):
             if set(state[part]) != set(self.params) or any(
                     tuple(state[part][k].shape) != tuple(v.shape) for k, v in self.params.items()):

@@ -50,12 +50,11 @@ import torch
 from dp.events import NonPrivate
 from protocols.base import Release, RoundStats
 from protocols.registry import ProtocolSpec, register
-from protocols.sampled_secure import SampledSecureConfig
+from protocols.sampled_secure import SampledSecureConfig, check_checkpoint_config
 from protocols.secure_sum import secure_sum
 from protocols.transport import SERVER, InProcessTransport, client
 from recmodels.data import Interactions, pair_keys
 from recmodels.neumf import USER_PARAMS, NCFConfig, draw_examples, init_neumf, neumf_logits, train_examples
-from secagg.encoding import check_budget
 
 __all__ = ["NCFCentral", "NCFFed", "NCFFedConfig", "NCFUpdate", "forbidden_keys"]
 
@@ -108,11 +107,6 @@ def _scores(params: dict[str, torch.Tensor], users: np.ndarray, items: np.ndarra
         return neumf_logits(params, u, torch.as_tensor(items)).numpy()
 
 
-def _state_config_check(config: Any, state: dict[str, Any], name: str) -> None:
-    if {**asdict(type(config)()), **state["config"]} != asdict(config):
-        raise ValueError(f"checkpoint was written with a different {name} configuration")
-
-
 class NCFCentral:
     """Centralised NeuMF; one :meth:`run_round` is one epoch (see the module docstring)."""
 
@@ -146,7 +140,7 @@ class NCFCentral:
                 "optimizer": self.optimizer.state_dict(), "config": asdict(self.config)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _state_config_check(self.config, state, "ncf-central")
+        check_checkpoint_config(self.config, state, "ncf-central")
         self.round = int(state["round"])
         with torch.no_grad():
             for k, v in self.params.items():
@@ -185,9 +179,7 @@ class NCFFed:
         if not len(self._clients):
             raise ValueError("ncf-fed needs at least one user with training interactions")
         self.round = 0
-        if config.secure_aggregation != "none":
-            check_budget(n_summands=config.clients_in_round(len(self._clients)), clip=config.value_clip,
-                         frac_bits=config.frac_bits)
+        config.check_secure_budget(len(self._clients))
 
     @property
     def model_bytes(self) -> int:
@@ -297,7 +289,7 @@ class NCFFed:
                 "config": asdict(self.config)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        _state_config_check(self.config, state, "ncf-fed")
+        check_checkpoint_config(self.config, state, "ncf-fed")
         self.round = int(state["round"])
         self.users = {k: state["users"][k].clone() for k in USER_PARAMS}
         self.shared = {k: state["shared"][k].clone() for k in self.shared}

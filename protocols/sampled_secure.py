@@ -3,17 +3,20 @@
 
 Each of their ``[section]`` configurations samples a fraction (or a count) of the clients per round
 and optionally sums the uploads through SecAgg or SecAgg+; :class:`SampledSecureConfig` checks those
-fields once for all of them, naming the offending key, and says how many clients a round samples.
+fields once for all of them, naming the offending key, says how many clients a round samples and
+checks the secure sum's budget; :func:`check_checkpoint_config` is their resume check.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
+from secagg.encoding import check_budget
 from secagg.params import check_fraction
 
-__all__ = ["SECURE_CHOICES", "SampledSecureConfig"]
+__all__ = ["SECURE_CHOICES", "SampledSecureConfig", "check_checkpoint_config"]
 
 #: The secure-aggregation choices of the baselines (no chain, no DPF: they sum dense vectors).
 SECURE_CHOICES = ("none", "secagg", "secagg+")
@@ -53,3 +56,16 @@ class SampledSecureConfig:
         if self.clients_per_round:
             return min(self.clients_per_round, n)
         return max(1, min(n, math.ceil(self.client_fraction * n - 1e-9)))
+
+    def check_secure_budget(self, clients: int) -> None:
+        """Under secure aggregation, that a round's sum over ``clients`` candidates fits the ring
+        (:func:`secagg.encoding.check_budget`, raising ``BudgetError`` at build time, not mid-run)."""
+        if self.secure_aggregation != "none":
+            check_budget(n_summands=self.clients_in_round(clients), clip=self.value_clip, frac_bits=self.frac_bits)
+
+
+def check_checkpoint_config(config: Any, state: dict[str, Any], name: str) -> None:
+    """Refuse a checkpoint whose saved configuration (defaults filled in for keys it predates) is not
+    ``config``: resuming under other settings would silently change the run."""
+    if {**asdict(type(config)()), **state["config"]} != asdict(config):
+        raise ValueError(f"checkpoint was written with a different {name} configuration")

@@ -41,7 +41,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from secagg.dpf_keys import (  # noqa: F401 - re-exported: secagg.dpf is the public face of both modules
     _CLEAR, _LOW, CHECK_BLOCKS, MAX_DEPTH, MAX_POINTS, MAX_WIDTH, VERSION, DpfError, KeySet, LeafSecret,
     _RIGHT, _aes, _blocks, _check_hash, _children, _encryptor, _expand, _gen, _rows, _sigma, _tweaks, _value,
-    _words, attach_values, gen,
+    _words, attach_values, gen, gen_many,
 )
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "eval_points",
     "expand_forest",
     "gen",
+    "gen_many",
 ]
 
 
@@ -373,6 +374,7 @@ class Accumulator:
         self._acc = np.empty((self.blocks, forest.leaves, 2), np.uint64)
         self._acc.fill(0)  # touch every page now (once per sum), not inside the first key's evaluation
         self._chunk, self._batch, self.fused = chunk, batch, bool(fused)
+        self._scratch: dict[str, np.ndarray] = {}  # the fused loops' buffers, reused by the batches of one add_many
         self._mac = None if challenge is None else Cipher(algorithms.AES(challenge), modes.ECB()).encryptor()
         self._mac_pos: np.ndarray | None = None
         if self._mac is not None:
@@ -405,6 +407,7 @@ class Accumulator:
         out: list[bytes | None] = []
         for b0 in range(0, len(keys), self._batch):
             out += self._add_batch(keys[b0:b0 + self._batch], sign)
+        self._scratch.clear()  # the batches of one call share their buffers; nothing is held after it
         return out
 
     def _add_batch(self, keys: list[KeySet], sign: int) -> list[bytes | None]:

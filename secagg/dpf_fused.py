@@ -55,11 +55,12 @@ def _roots(nodes, inp, bits):  # noqa: ANN001, ANN202
 
 
 @_jit
-def _level(out, inp, bits, cw, parents, children, nxt, nbits):  # noqa: ANN001, ANN202, PLR0913
+def _level(out, inp, bits, seed_cw, t_cw, level, parents, children, nxt, nbits):  # noqa: ANN001, ANN202, PLR0913
     """One tree level after its AES call (``out``, of the input ``inp``, both ``[K, 4n]`` words: left
     and right child per parent): each kept child's seed ``AES(x) XOR x``, XOR-ed with its tree's
-    correction (``cw [K, T, 2 sides, 2 words]``, the control-bit correction in word 0's low bit)
-    under a parent whose bit (``bits [K, n]``) is 1; per tree, ``parents[tree]`` parents and the
+    correction at ``level`` (``seed_cw [K, T, D, 2 words]``, the keys' seed corrections, low bit clear,
+    and ``t_cw [K, T, D, 2 sides]``, the control-bit correction, into word 0's low bit) under a parent
+    whose bit (``bits [K, n]``) is 1; per tree, ``parents[tree]`` parents and the
     first ``children[tree]`` children are kept (the nodes whose subtree meets the tree's positions).
     Writes each kept child's control bit (``nbits [K, n']``) and its ``sigma``: ``nxt [K, 4n']`` (with
     the right tweak: the next level's input) or ``[K, 2n']`` (the leaves: the value hash's input).
@@ -76,8 +77,9 @@ def _level(out, inp, bits, cw, parents, children, nxt, nbits):  # noqa: ANN001, 
                 for side in range(2):
                     if 2 * r + side < kept:
                         u = 4 * p + 2 * side
-                        w0 = out[q, u] ^ inp[q, u] ^ (cw[q, tree, side, 0] & mask)
-                        w1 = out[q, u + 1] ^ inp[q, u + 1] ^ (cw[q, tree, side, 1] & mask)
+                        c0 = seed_cw[q, tree, level, 0] | np.uint64(t_cw[q, tree, level, side])
+                        w0 = out[q, u] ^ inp[q, u] ^ (c0 & mask)
+                        w1 = out[q, u + 1] ^ inp[q, u + 1] ^ (seed_cw[q, tree, level, 1] & mask)
                         nbits[q, c] = np.uint8(w0 & _LOW)
                         s0 = w0 & _CLEAR
                         v = width * c
@@ -90,32 +92,48 @@ def _level(out, inp, bits, cw, parents, children, nxt, nbits):  # noqa: ANN001, 
                 p += 1
 
 
-def _expand(keys: list[KeySet], j0: int, j1: int, forest) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+def _buf(scratch: dict, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """A scratch array of ``shape`` kept in ``scratch`` (the accumulator's) and reused by the next batch:
+    fresh multi-MB arrays per batch cost their page faults every time (a quarter of a small domain's
+    evaluation). Contents are arbitrary."""
+    need = int(np.prod(shape))
+    got = scratch.get(name)
+    if got is None or got.size < need or got.dtype != dtype:
+        got = scratch[name] = np.empty(need, dtype)
+    return got[:need].reshape(shape)
+
+
+def _stack(scratch: dict, name: str, arrays: list[np.ndarray]) -> np.ndarray:
+    """``np.stack(arrays)`` into a reused scratch array."""
+    return np.stack(arrays, out=_buf(scratch, name, (len(arrays), *arrays[0].shape), arrays[0].dtype))
+
+
+def _expand(keys: list[KeySet], j0: int, j1: int, forest, scratch: dict | None = None) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
     """``sigma`` of the leaf seeds and the control bits of trees ``j0 .. j1-1`` of every key
     (``forest``: those trees): ``(uint64 [K, leaves, 2], uint8 [K, leaves])``; the leaves' seeds are
-    those of :func:`secagg.dpf._expand_many`, one AES call and one loop per level."""
+    those of :func:`secagg.dpf._expand_many`, one AES call and one loop per level. ``scratch``: where
+    the buffers are kept between calls (the results are scratch too: read them before the next call)."""
     k = len(keys)
+    scratch = {} if scratch is None else scratch
     live = forest.sizes > 0
-    nodes = np.stack([key.roots[j0:j1][live] for key in keys])
+    nodes = _stack(scratch, "nodes", [key.roots[j0:j1][live] for key in keys])
     nodes[..., 0] |= np.uint64(keys[0].party)
-    trees = j1 - j0
-    cw = np.empty((forest.depth, k, trees, 2, 2), np.uint64)  # [D, K, T, side, word]
-    cw[...] = np.stack([key.seed_cw[j0:j1] for key in keys]).transpose(2, 0, 1, 3)[:, :, :, None, :]
-    cw[..., 0] |= np.stack([key.t_cw[j0:j1] for key in keys]).transpose(2, 0, 1, 3).astype(np.uint64)
+    seed_cw = _stack(scratch, "seed_cw", [key.seed_cw[j0:j1] for key in keys])  # [K, T, D, word]
+    t_cw = _stack(scratch, "t_cw", [key.t_cw[j0:j1] for key in keys])  # [K, T, D, side]
     n = nodes.shape[1]
-    inp = np.empty((k, n, 4), np.uint64)
-    bits = np.empty((k, n), np.uint8)
+    inp = _buf(scratch, "inp/0", (k, n, 4), np.uint64)
+    bits = _buf(scratch, "bits/0", (k, n), np.uint8)
     _roots(nodes, inp, bits)
     enc = _encryptor(b"tree")
     for level in range(forest.depth):
-        out = np.empty((k * n + 1, 4), np.uint64)  # one row of slack for update_into
+        out = _buf(scratch, "out", (k * n + 1, 4), np.uint64)  # one row of slack for update_into
         enc.update_into(memoryview(inp).cast("B"), memoryview(out).cast("B"))
         counts = forest.level_counts(level + 1)
         n = int(counts.sum())
         last = level == forest.depth - 1
-        nxt = np.empty((k, n, 2 if last else 4), np.uint64)
-        nbits = np.empty((k, n), np.uint8)
-        _level(out[:-1].reshape(k, -1), inp.reshape(k, -1), bits, cw[level], forest.level_counts(level), counts,
+        nxt = _buf(scratch, f"inp/{(level + 1) % 2}", (k, n, 2 if last else 4), np.uint64)
+        nbits = _buf(scratch, f"bits/{(level + 1) % 2}", (k, n), np.uint8)
+        _level(out[:-1].reshape(k, -1), inp.reshape(k, -1), bits, seed_cw, t_cw, level, forest.level_counts(level), counts,
                nxt.reshape(k, -1), nbits)
         inp, bits = nxt, nbits
     return inp, bits
@@ -154,12 +172,12 @@ def _subsets(t, lo, n, out):  # noqa: ANN001, ANN202
 
 
 @_jit
-def _values(y, sig, subset, vc, owner, offsets, a, acc, negate, table):  # noqa: ANN001, ANN202, PLR0913
+def _values(y, sig, subset, vc, blk, owner, offsets, a, acc, negate, table):  # noqa: ANN001, ANN202, PLR0913
     """``acc[j] +=`` (``-=`` with ``negate``) ``sum_q (y[q, j] XOR sig[q, j]) + t[q, j] vc[q, owner[j]]``.
 
-    ``y``, ``sig``: one value block's AES output and input, ``[K, 2n]`` words; ``acc``: that block's
-    slice of the sum (leaves ``a .. a+n-1``), ``[2n]`` words; ``vc``: that block of the keys' value
-    corrections, ``[K, m, 2]``; ``subset``: :func:`_subsets` of the chunk. The feed-forward sums run
+    ``y``, ``sig``: value block ``blk``'s AES output and input, ``[K, 2n]`` words; ``acc``: that block's
+    slice of the sum (leaves ``a .. a+n-1``), ``[2n]`` words; ``vc``: the keys' value corrections,
+    ``[K, m, 2 blocks]`` (words ``2 blk, 2 blk + 1`` are this block's); ``subset``: :func:`_subsets` of the chunk. The feed-forward sums run
     key by key over contiguous words (vectorized); the corrections per run of leaves of one tree,
     from a table of the ``2^K`` subset sums of its corrections (``table``: ``[2^K, 2]`` scratch), or,
     for a run shorter than ``2^K / K`` leaves (the small trees of a small domain, where building the
@@ -173,6 +191,7 @@ def _values(y, sig, subset, vc, owner, offsets, a, acc, negate, table):  # noqa:
             for w in range(words):
                 acc[w] += y[q, w] ^ sig[q, w]
     n = words // 2
+    v0 = 2 * blk
     j = 0
     while j < n:
         tree = owner[j]
@@ -184,8 +203,8 @@ def _values(y, sig, subset, vc, owner, offsets, a, acc, negate, table):  # noqa:
                 c1 = _ZERO
                 for q in range(k):
                     mask = _ZERO - np.uint64((row >> q) & 1)
-                    c0 += vc[q, tree, 0] & mask
-                    c1 += vc[q, tree, 1] & mask
+                    c0 += vc[q, tree, v0] & mask
+                    c1 += vc[q, tree, v0 + 1] & mask
                 if negate:
                     acc[2 * i] -= c0
                     acc[2 * i + 1] -= c1
@@ -199,8 +218,8 @@ def _values(y, sig, subset, vc, owner, offsets, a, acc, negate, table):  # noqa:
         for q in range(k):
             half = 1 << q
             for r in range(half):
-                table[half + r, 0] = table[r, 0] + vc[q, tree, 0]
-                table[half + r, 1] = table[r, 1] + vc[q, tree, 1]
+                table[half + r, 0] = table[r, 0] + vc[q, tree, v0]
+                table[half + r, 1] = table[r, 1] + vc[q, tree, v0 + 1]
         if negate:
             for r in range(1 << k):
                 table[r, 0] = _ZERO - table[r, 0]
@@ -213,14 +232,14 @@ def _values(y, sig, subset, vc, owner, offsets, a, acc, negate, table):  # noqa:
 
 
 @_jit
-def _check(x, y, t, lo, cs, owner, state, first, use_first, sig, tweak_next, has_next, mac_in):  # noqa: ANN001, ANN202, PLR0913
+def _check(x, y, t, lo, cs, c, owner, state, first, use_first, sig, tweak_next, has_next, mac_in):  # noqa: ANN001, ANN202, PLR0913
     """One check block ``c``: ``mac_in = state XOR pi_c`` with ``pi_c = AES_c(x) XOR x XOR t[:, lo:] cs_c``
     (``y = AES_c(x)``; ``state`` is ``first``, the MAC's first block, when ``use_first``), then
     ``x = sig XOR tweak_next`` (the next block's input) when ``has_next``.
 
     ``x``, ``y``, ``state``, ``sig``, ``mac_in``: ``[K, 2n]`` words (leaf ``i`` is words ``2i, 2i+1``;
     flat indices vectorize better than ``[K, n, 2]``); ``first``, ``tweak_next``: ``[2n]``; ``cs``:
-    ``[K, m, 2]``, block ``c`` of the keys' check corrections."""
+    ``[K, m, CHECK_BLOCKS, 2]``, the keys' check corrections (block ``c`` is used)."""
     k, n = x.shape[0], x.shape[1] // 2
     for q in range(k):
         for i in range(n):
@@ -233,8 +252,8 @@ def _check(x, y, t, lo, cs, owner, state, first, use_first, sig, tweak_next, has
             else:
                 st0 = state[q, w]
                 st1 = state[q, w + 1]
-            mac_in[q, w] = x[q, w] ^ y[q, w] ^ (cs[q, tree, 0] & mask) ^ st0
-            mac_in[q, w + 1] = x[q, w + 1] ^ y[q, w + 1] ^ (cs[q, tree, 1] & mask) ^ st1
+            mac_in[q, w] = x[q, w] ^ y[q, w] ^ (cs[q, tree, c, 0] & mask) ^ st0
+            mac_in[q, w + 1] = x[q, w + 1] ^ y[q, w + 1] ^ (cs[q, tree, c, 1] & mask) ^ st1
             if has_next:
                 x[q, w] = sig[q, w] ^ tweak_next[w]
                 x[q, w + 1] = sig[q, w + 1] ^ tweak_next[w + 1]
@@ -262,27 +281,31 @@ def add_batch(acc, keys: list[KeySet], sign: int, chunk: int, group: int) -> lis
     negate = (acc.party == 1) != (sign == -1)
     offsets, owner = forest.offsets, forest.owner
     values = [_encryptor(b"value/%d" % i) for i in range(blocks)]
-    vc = np.zeros((k, forest.points, 2 * blocks), np.uint64)  # the keys' value corrections, zero-padded
-    for q, key in enumerate(keys):
-        vc[q, :, :acc.width] = key.value_cw
-    vc = np.ascontiguousarray(vc.reshape(k, forest.points, blocks, 2).transpose(2, 0, 1, 3))  # [blocks, K, m, 2]
+    scratch = acc._scratch
+    if acc.width == 2 * blocks:  # the keys' value corrections, [K, m, 2 blocks] (zero-padded to whole blocks)
+        vc = _stack(scratch, "vc", [key.value_cw for key in keys])
+    else:
+        vc = _buf(scratch, "vc", (k, forest.points, 2 * blocks), np.uint64)
+        vc[:, :, acc.width:] = 0
+        for q, key in enumerate(keys):
+            vc[q, :, :acc.width] = key.value_cw
     per = max(1, chunk // k)  # leaves per key per pass
-    sigbuf = np.empty((k * per, 2), np.uint64)
-    buf = np.empty((k * per + 1, 2), np.uint64)  # AES output (one row of slack for update_into)
+    sigbuf = _buf(scratch, "sig", (k * per, 2), np.uint64)
+    buf = _buf(scratch, "y", (k * per + 1, 2), np.uint64)  # AES output (one row of slack for update_into)
     out = memoryview(buf).cast("B")
     subset = np.empty(per, np.int64)
     table = np.empty((1 << k, 2), np.uint64)
     if mac is not None:
         tweaks, first = forest.tweaks(), acc._positions()
         checks = [_encryptor(b"check/%d" % c) for c in range(CHECK_BLOCKS)]
-        cs = np.ascontiguousarray(np.stack([key.check_cw for key in keys]).transpose(2, 0, 1, 3))  # [C, K, m, 2]
-        xbuf = np.empty((k * per, 2), np.uint64)
-        mbuf = np.empty((k * per, 2), np.uint64)
-        sbuf = np.empty((k * per + 1, 2), np.uint64)  # the MAC's state (its AES output)
+        cs = _stack(scratch, "cs", [key.check_cw for key in keys])  # [K, m, C, 2]
+        xbuf = _buf(scratch, "x", (k * per, 2), np.uint64)
+        mbuf = _buf(scratch, "m", (k * per, 2), np.uint64)
+        sbuf = _buf(scratch, "state", (k * per + 1, 2), np.uint64)  # the MAC's state (its AES output)
         sout = memoryview(sbuf).cast("B")
         folded = np.zeros((k, 2), np.uint64)
     for j0, j1, sub in forest.groups(max(1, group // k)):
-        sigs, t = _expand(keys, j0, j1, sub)
+        sigs, t = _expand(keys, j0, j1, sub, scratch)
         base, count = int(offsets[j0]), t.shape[1]
         for lo in range(0, count, per):
             hi = min(lo + per, count)
@@ -300,7 +323,7 @@ def add_batch(acc, keys: list[KeySet], sign: int, chunk: int, group: int) -> lis
             flat_y, flat_sig = y.reshape(k, 2 * n), sig.reshape(k, 2 * n)
             for i, enc in enumerate(values):  # G(s): the MMO of sigma(s) under key value/i
                 enc.update_into(src, out)
-                _values(flat_y, flat_sig, subset, vc[i], own, offsets, a, total[i, a:b].reshape(-1), negate, table)
+                _values(flat_y, flat_sig, subset, vc, i, own, offsets, a, total[i, a:b].reshape(-1), negate, table)
             if mac is not None:
                 m = mbuf[:k * n].reshape(k, n, 2)
                 state = sbuf[:k * n].reshape(k, n, 2)
@@ -308,7 +331,7 @@ def add_batch(acc, keys: list[KeySet], sign: int, chunk: int, group: int) -> lis
                 for c, enc in enumerate(checks):  # pi(x) = H'(x, s) XOR t cs, then one CBC step
                     enc.update_into(memoryview(x).cast("B"), out)
                     last = c == CHECK_BLOCKS - 1
-                    _check(flat_x, flat_y, t, lo, cs[c], own, flat_state, first[a:b].reshape(-1), c == 0, flat_sig,
+                    _check(flat_x, flat_y, t, lo, cs, c, own, flat_state, first[a:b].reshape(-1), c == 0, flat_sig,
                            tweaks[c if last else c + 1][a:b].reshape(-1), not last, flat_m)
                     mac.update_into(memoryview(m).cast("B"), sout)
                 _fold(state, folded)

@@ -34,7 +34,7 @@ import numpy as np
 from protocols.transport import SERVER, InProcessTransport
 from secagg import params
 from secagg.bonawitz import MaskedInput
-from secagg.dpf_sum import DpfSpec, run_dpf_rows
+from secagg.dpf_run import DpfSpec, run_dpf_rows
 from secagg.encoding import FixedPoint, check_budget, choose_ring_bits
 from secagg.reuse_sim import ReuseSession
 from secagg.runner import PROTOCOLS, EncodedRows, RunSpec
@@ -148,7 +148,7 @@ def observe(callback: Callable[[dict], None]) -> Iterator[None]:
     masking instance against its cryptographic bound; the run loop adds each client's seconds to its
     device time). A ``"dpf"`` instance has ``k`` and ``t`` ``None`` and no masks, agreements or
     signatures; its ``client_seconds`` are each client's key generation, and ``prg_bytes``,
-    ``dense_bytes`` and ``hashed_bytes`` the AES and SHA-256 bytes its two servers processed (:class:`secagg.dpf_sum.DpfSumResult`, what
+    ``dense_bytes`` and ``hashed_bytes`` the AES and SHA-256 bytes its two servers processed (:class:`secagg.dpf_run.DpfSumResult`, what
     :func:`secagg.costmodel.instance_cost` prices). ``instance`` holds public parameters and costs only: ``protocol``, ``n``, ``dim``, ``k``
     (neighbours; the chain's successors), ``t``, ``survivors``, ``senders`` (party names),
     ``client_seconds`` (list), ``server_seconds``, ``masks_expanded``, ``key_agreements`` and
@@ -526,7 +526,7 @@ def secure_row_sum(
 def _run_rows(updates, codec: FixedPoint, *, rows: int, row_width: int, points: int, max_parts: int, pad_parts: bool,
               round: int, dense_above: int = 0, transport: InProcessTransport, senders: Sequence[str], kind: str, receiver: str,
               receiver2: str, dropouts, min_survivors: int) -> SecureSumResult:  # noqa: ANN001
-    """Run :func:`secagg.dpf_sum.run_dpf_rows` on encoded sparse updates and record its messages."""
+    """Run :func:`secagg.dpf_run.run_dpf_rows` on encoded sparse updates and record its messages."""
     keep = bool(transport.transcript.keep_payloads)
     # without kept payloads the uploads are recorded by size: the servers' parsed key sets are their only copy
     res = run_dpf_rows(updates, DpfSpec(rows, row_width, min(points, rows), round=round, min_survivors=min_survivors,

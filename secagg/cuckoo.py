@@ -215,7 +215,13 @@ class CuckooLayout:
         if xs.size == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         h = self.choices(xs)
-        graph = csr_matrix((np.ones(h.size, np.int8), (np.repeat(np.arange(xs.size), CHOICES), h.ravel())),
+        # each point's distinct choices, sorted: the CSR arrays directly (canonical, no COO conversion)
+        hs = np.sort(h, axis=1)
+        keep = np.ones(hs.shape, bool)
+        keep[:, 1:] = hs[:, 1:] != hs[:, :-1]
+        indptr = np.zeros(xs.size + 1, np.int32)
+        np.cumsum(keep.sum(axis=1), out=indptr[1:])
+        graph = csr_matrix((np.ones(int(indptr[-1]), np.int8), hs[keep].astype(np.int32), indptr),
                            shape=(xs.size, self.buckets))
         match = maximum_bipartite_matching(graph, perm_type="column")
         if (match < 0).any():

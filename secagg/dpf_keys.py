@@ -62,6 +62,7 @@ __all__ = [
     "LeafSecret",
     "attach_values",
     "gen",
+    "gen_many",
 ]
 
 VERSION = 1
@@ -74,6 +75,7 @@ _FLAG_CHECK = 1
 _FLAG_VALUE = 2
 _HEADER = struct.Struct(">4sBBBBIII")
 _PUBLIC_DOMAIN = b"secagg/dpf/public/v1"
+_GEN_CHUNK = 4096  #: trees per pass of :func:`gen_many` (a level's arrays and a value block stay in cache)
 _LOW = np.uint64(1)
 _CLEAR = np.uint64(0xFFFFFFFFFFFFFFFE)
 
@@ -153,6 +155,11 @@ def _expand(seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     return both[0::2], t[0::2], both[1::2], t[1::2]
 
 
+def _items(a: np.ndarray) -> np.ndarray:
+    """A ``uint64 [n, 2]`` array whose rows are contiguous (any row stride) as ``complex128 [n]`` without a copy."""
+    return a.view(np.complex128).reshape(-1)
+
+
 def _rows(a: np.ndarray) -> np.ndarray:
     """A ``uint64 [n, 2]`` array as ``complex128 [n]`` (one 16-byte item per row: fast gathers)."""
     return np.ascontiguousarray(a).view(np.complex128).reshape(-1)
@@ -170,6 +177,30 @@ def _value(seeds: np.ndarray, width: int) -> np.ndarray:
     for i in range(blocks):
         out[:, 2 * i:2 * i + 2] = _mmo(_encryptor(b"value/%d" % i), sig)
     return out[:, :width]
+
+
+def _value_cw(s0: np.ndarray, s1: np.ndarray, t1: np.ndarray, betas: np.ndarray) -> np.ndarray:
+    """``(-1)^t1 (beta - G(s0) + G(s1))`` per row (``uint64 [n, d]``): :func:`_value` of both seeds
+    and the combination, block by block (no ``n x d`` temporaries; the negation is ``(x XOR m) - m``
+    with ``m`` all ones where ``t1``)."""
+    n, d = betas.shape
+    blocks = -(-d // 2)
+    padded = np.zeros((n, 2 * blocks), np.uint64) if d % 2 else np.ascontiguousarray(betas)
+    if d % 2:
+        padded[:, :d] = betas
+    major = padded.view(np.complex128).T.copy().view(np.uint64).reshape(blocks, n, 2)  # block i of every row contiguous
+    sig0, sig1 = _sigma(s0), _sigma(s1)
+    neg = np.repeat(np.uint64(0) - t1.astype(np.uint64), 2).reshape(n, 2)
+    y0, y1 = np.empty((n + 1, 2), np.uint64), np.empty((n + 1, 2), np.uint64)
+    for i in range(blocks):
+        enc = _encryptor(b"value/%d" % i)
+        g0, g1 = _mmo(enc, sig0, y0), _mmo(enc, sig1, y1)
+        view = major[i]
+        view -= g0
+        view += g1
+        view ^= neg
+        view -= neg
+    return major.view(np.complex128).reshape(blocks, n).T.copy().view(np.uint64).reshape(n, 2 * blocks)[:, :d]
 
 
 def _tweaks(trees: np.ndarray, positions: np.ndarray) -> list[np.ndarray]:
@@ -191,6 +222,11 @@ def _check_hash(seeds: np.ndarray, tweaks: list[np.ndarray]) -> np.ndarray:
 
 def _words(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a, dtype="<u8").tobytes()
+
+
+def _view(a: np.ndarray) -> memoryview:
+    """The words of ``a`` little-endian, as a buffer (no copy when ``a`` is already contiguous ``<u8``): for joins."""
+    return memoryview(np.ascontiguousarray(a, dtype="<u8")).cast("B")
 
 
 @dataclass(frozen=True, eq=False)
@@ -228,22 +264,27 @@ class KeySet:
     def _flags(self) -> int:
         return (_FLAG_CHECK if self.check_cw is not None else 0) | (_FLAG_VALUE if self.value_cw is not None else 0)
 
-    def _public_parts(self) -> list[bytes]:
-        parts = [_words(self.seed_cw), np.packbits(self.t_cw.ravel(), bitorder="little").tobytes()]
+    def _public_parts(self) -> list[bytes | memoryview]:
+        parts: list[bytes | memoryview] = [_view(self.seed_cw), np.packbits(self.t_cw.ravel(), bitorder="little").tobytes()]
         if self.check_cw is not None:
-            parts.append(_words(self.check_cw))
+            parts.append(_view(self.check_cw))
         if self.value_cw is not None:
-            parts.append(_words(self.value_cw))
+            parts.append(_view(self.value_cw))
         return parts
+
+    def _public_head(self) -> bytes:
+        return struct.pack(">BBII", self.depth, self._flags(), self.width, self.points)
 
     def public_bytes(self) -> bytes:
         """Everything both parties' keys must share: depth, flags, shapes and correction words."""
-        head = struct.pack(">BBII", self.depth, self._flags(), self.width, self.points)
-        return b"".join([head, *self._public_parts()])
+        return b"".join([self._public_head(), *self._public_parts()])
 
     def public_digest(self) -> bytes:
         """SHA-256 of :meth:`public_bytes` (the servers compare it: one client, one function)."""
-        return hashlib.sha256(_PUBLIC_DOMAIN + self.public_bytes()).digest()
+        h = hashlib.sha256(_PUBLIC_DOMAIN + self._public_head())
+        for part in self._public_parts():  # part by part: no joined copy
+            h.update(part)
+        return h.digest()
 
     @staticmethod
     def public_size(*, depth: int, points: int, width: int, check: bool = True) -> int:
@@ -252,8 +293,12 @@ class KeySet:
                 + (16 * CHECK_BLOCKS * points if check else 0) + 8 * width * points)
 
     def to_bytes(self) -> bytes:
+        return b"".join(self.to_parts())
+
+    def to_parts(self) -> list[bytes | memoryview]:
+        """:meth:`to_bytes` as the buffers it joins (views of the arrays): a message copies them once."""
         head = _HEADER.pack(MAGIC, VERSION, self.party, self.depth, self._flags(), self.width, self.points, 0)
-        return b"".join([head, _words(self.roots), *self._public_parts()])
+        return [head, _view(self.roots), *self._public_parts()]
 
     @staticmethod
     def size(*, depth: int, points: int, width: int, check: bool = True) -> int:
@@ -272,7 +317,10 @@ class KeySet:
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise DpfError(f"DPF key: expected bytes; found {type(data).__name__}")
-        data = bytes(data)
+        if not (isinstance(data, memoryview) and data.readonly and data.contiguous):
+            data = bytes(data)  # immutable bytes (a read-only view of a message's bytes is parsed in place)
+        if isinstance(data, memoryview):
+            data = data.cast("B")
         if len(data) < _HEADER.size:
             raise DpfError(f"DPF key: truncated header ({len(data)} of {_HEADER.size} bytes)")
         magic, version, p, d, flags, w, m, reserved = _HEADER.unpack_from(data)
@@ -304,7 +352,8 @@ class KeySet:
 
         def take(nwords: int) -> np.ndarray:
             nonlocal pos
-            arr = np.frombuffer(data, dtype="<u8", count=nwords, offset=pos).astype(np.uint64)
+            # read-only views of the immutable input (no copy on little-endian hosts)
+            arr = np.frombuffer(data, dtype="<u8", count=nwords, offset=pos).astype(np.uint64, copy=False)
             pos += 8 * nwords
             return arr
 
@@ -373,9 +422,64 @@ def gen(alphas: np.ndarray, depth: int, betas: np.ndarray | None = None, *, chec
     return _gen(a, depth, betas, _random_roots(a.size), check=check)
 
 
-def _gen(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.ndarray, *, check: bool
-         ) -> tuple[KeySet, KeySet, LeafSecret]:
-    """Known-answer core of :func:`gen`: the root seeds (``uint64 [2, m, 2]``, low bits clear) given."""
+def gen_many(alphas: list[np.ndarray], depth: int, betas: list[np.ndarray], *, check: bool = True
+             ) -> list[tuple[KeySet, KeySet]]:
+    """:func:`gen` for many key sets at once (with values): one pass over all their trees.
+
+    Every tree's generation is independent of the others' (its own root seeds from the OS CSPRNG,
+    its own correction words; only the check's tweak names its index within its key set), so the
+    key sets are exactly those :func:`gen` makes from the same root seeds: a simulation generates
+    many clients' key sets in one set of array passes instead of one per client
+    (``tests/secagg/test_dpf_batch.py`` checks it byte for byte). Each key set's arrays are views of
+    the batch's.
+
+    Args:
+        alphas: per key set, ``int [m_i]`` points in ``[0, 2^depth)``.
+        depth: tree depth ``D`` (every key set's).
+        betas: per key set, ``uint64 [m_i, d]`` values (one ``d`` for all).
+        check: add the verification correction words.
+
+    Returns:
+        per key set, ``(key for party 0, key for party 1)``.
+    """
+    if len(alphas) != len(betas) or not alphas:
+        raise ValueError(f"gen_many needs as many value arrays as point arrays, at least one; found {len(alphas)}, {len(betas)}")
+    a = [_check_points(x, depth) for x in alphas]
+    return _gen_many(a, depth, betas, _random_roots(sum(x.size for x in a)), check=check)
+
+
+def _gen_many(alphas: list[np.ndarray], depth: int, betas: list[np.ndarray], roots: np.ndarray, *, check: bool
+              ) -> list[tuple[KeySet, KeySet]]:
+    """Known-answer core of :func:`gen_many`: the root seeds of every tree, key sets concatenated, given.
+    Whole key sets of about :data:`_GEN_CHUNK` trees go through :func:`_gen` together, so every array
+    of a level stays in cache and each key set is a view of its pass's arrays (no copy)."""
+    sizes = [x.size for x in alphas]
+    bs = [np.asarray(b) for b in betas]
+    if any(b.dtype != np.uint64 or b.ndim != 2 or b.shape != (m, bs[0].shape[1]) for b, m in zip(bs, sizes)):
+        raise ValueError(f"betas must be uint64 [m_i, d] with one d; found {[(b.dtype, b.shape) for b in bs][:4]}")
+    out: list[tuple[KeySet, KeySet]] = []
+    first, at = 0, 0
+    while first < len(sizes):
+        last, trees = first + 1, sizes[first]
+        while last < len(sizes) and trees + sizes[last] <= _GEN_CHUNK:
+            trees += sizes[last]
+            last += 1
+        ends = np.cumsum(sizes[first:last])
+        index = np.arange(trees) - np.repeat(ends - sizes[first:last], sizes[first:last])  # tree index in its key set
+        both = _gen(np.concatenate(alphas[first:last]), depth, np.concatenate(bs[first:last]), roots[:, at:at + trees],
+                    check=check, trees=index)[:2]
+        for lo, hi in zip(ends - sizes[first:last], ends):
+            k0, k1 = (KeySet(k.party, depth, k.roots[lo:hi], k.seed_cw[lo:hi], k.t_cw[lo:hi],
+                             None if k.check_cw is None else k.check_cw[lo:hi], k.value_cw[lo:hi]) for k in both)
+            out.append((k0, k1))
+        first, at = last, at + trees
+    return out
+
+
+def _gen(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.ndarray, *, check: bool,
+         trees: np.ndarray | None = None) -> tuple[KeySet, KeySet, LeafSecret]:
+    """Known-answer core of :func:`gen`: the root seeds (``uint64 [2, m, 2]``, low bits clear) given;
+    ``trees``: each point's tree index within its key set (default ``0 .. m-1``: one key set)."""
     m = alphas.size
     s = [roots[0].copy(), roots[1].copy()]
     t = [np.zeros(m, np.uint8), np.ones(m, np.uint8)]
@@ -383,22 +487,25 @@ def _gen(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.nda
     t_cw = np.empty((m, depth, 2), np.uint8)
     for level in range(depth):
         bit = ((alphas >> (depth - 1 - level)) & 1).astype(np.uint8)
-        right = bit.astype(bool)[:, None]
+        right = bit.astype(bool)
+        # seeds as one 16-byte item per row (complex128 views): the selections run over [m], not [m, 2]
         kids = [_expand(s[0]), _expand(s[1])]
-        lose = [np.where(right, k[0], k[2]) for k in kids]
-        keep = [np.where(right, k[2], k[0]) for k in kids]
-        t_keep = [np.where(bit == 1, k[3], k[1]) for k in kids]
-        seed_cw[:, level] = lose[0] ^ lose[1]
+        items = [(_items(k[0]), _items(k[2])) for k in kids]
+        lose = [np.where(right, left, r).view(np.uint64).reshape(m, 2) for left, r in items]
+        keep = [np.where(right, r, left).view(np.uint64).reshape(m, 2) for left, r in items]
+        t_keep = [np.where(right, k[3], k[1]) for k in kids]
+        cw = lose[0] ^ lose[1]
+        seed_cw[:, level] = cw
         t_cw[:, level, 0] = kids[0][1] ^ kids[1][1] ^ bit ^ 1
         t_cw[:, level, 1] = kids[0][3] ^ kids[1][3] ^ bit
-        t_keep_cw = np.where(bit == 1, t_cw[:, level, 1], t_cw[:, level, 0])
+        t_keep_cw = np.where(right, t_cw[:, level, 1], t_cw[:, level, 0])
         for b in (0, 1):
-            on = t[b].astype(bool)[:, None]
-            s[b] = np.where(on, keep[b] ^ seed_cw[:, level], keep[b])
+            fixed = (keep[b] ^ cw).view(np.complex128).reshape(m)
+            s[b] = np.where(t[b].astype(bool), fixed, keep[b].view(np.complex128).reshape(m)).view(np.uint64).reshape(m, 2)
             t[b] = t_keep[b] ^ (t[b] & t_keep_cw)
     check_cw = None
     if check:
-        tw = _tweaks(np.arange(m), alphas)
+        tw = _tweaks(np.arange(m) if trees is None else trees, alphas)
         check_cw = _check_hash(s[0], tw) ^ _check_hash(s[1], tw)
     secret = LeafSecret(np.stack(s), t[1].copy())
     keys = [KeySet(b, depth, roots[b].copy(), seed_cw, t_cw, check_cw, None) for b in (0, 1)]
@@ -413,9 +520,6 @@ def attach_values(k0: KeySet, k1: KeySet, secret: LeafSecret, betas: np.ndarray)
     m = k0.points
     if betas.dtype != np.uint64 or betas.ndim != 2 or betas.shape[0] != m or not 1 <= betas.shape[1] <= MAX_WIDTH:
         raise ValueError(f"betas must be uint64 [{m}, d] with 1 <= d <= {MAX_WIDTH}; found {betas.dtype} {betas.shape}")
-    d = betas.shape[1]
-    cw = betas - _value(secret.seeds[0], d) + _value(secret.seeds[1], d)
-    neg = secret.t1.astype(bool)
-    cw[neg] = np.uint64(0) - cw[neg]
+    cw = _value_cw(secret.seeds[0], secret.seeds[1], secret.t1, betas)
     return (KeySet(0, k0.depth, k0.roots, k0.seed_cw, k0.t_cw, k0.check_cw, cw),
             KeySet(1, k1.depth, k1.roots, k1.seed_cw, k1.t_cw, k1.check_cw, cw))

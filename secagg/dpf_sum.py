@@ -54,14 +54,12 @@ import enum
 import hashlib
 import hmac
 import os
-import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from secagg.cuckoo import CuckooError, CuckooLayout
-from secagg.dpf import Accumulator, DpfError, Forest, KeySet, gen, prg_bytes_per_key_set
+from secagg.cuckoo import CuckooLayout
+from secagg.dpf import Accumulator, DpfError, Forest, KeySet, gen
 from secagg.errors import AbortError, MessageError
 from secagg.messages import INSTANCE_BYTES, SERVER, Message, Reader, Writer, decode, register
 from secagg.prg import SEED_BYTES, expand
@@ -74,14 +72,10 @@ __all__ = [
     "DpfDigests",
     "DpfIds",
     "DpfShare",
-    "DpfSpec",
     "DpfSumClient",
     "DpfSumConfig",
-    "DpfSumResult",
     "DpfSumServer",
     "DpfUpload",
-    "run_dpf",
-    "run_dpf_rows",
 ]
 
 SERVER_A = SERVER  #: party id of server A (the receiver) in message headers
@@ -180,11 +174,21 @@ class DpfUpload(Message):
         w.u32(self.floor).u32(self.part).u32(self.parts).u32(len(self.key)).raw(self.key)
 
     @classmethod
+    def wire(cls, instance: bytes, round: int, sender: int, receiver: int, *, floor: int, key: KeySet, part: int,  # noqa: A002
+             parts: int) -> bytes:
+        """``DpfUpload(..., key=key.to_bytes()).to_bytes()``, the key's arrays copied once (into the message)."""
+        msg = cls(instance, round, sender, receiver, floor=floor, part=part, parts=parts)
+        body = key.to_parts()
+        size = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in body)
+        return msg._framed(Writer().u32(floor).u32(part).u32(parts).u32(size).buffers(body))
+
+    @classmethod
     def _read_body(cls, r: Reader, head: dict) -> DpfUpload:
         floor, part, parts = r.u32(), r.u32(), r.u32()
         if not 1 <= parts <= _MAX_PARTS or part >= parts:
             raise MessageError(f"DpfUpload: part {part} of {parts} (at most {_MAX_PARTS} parts)")
-        return cls(**head, floor=floor, key=r.raw(r.u32()), part=part, parts=parts)
+        # the key stays a view of the message (no copy); KeySet.from_bytes parses it in place
+        return cls(**head, floor=floor, key=r.view(r.u32()), part=part, parts=parts)
 
 
 @register
@@ -319,9 +323,8 @@ class DpfSumClient:
             raise ValueError(f"values must be uint64 [{rows.size}, {self.cfg.width}]; found {values.dtype} {values.shape}")
         if self.cfg.pad_parts and self.cfg.max_parts != 1:
             raise ValueError("pad_parts: send every key set with upload_parts")
-        out = self._parts([(rows, values)], 1)
-        self.sent = True
-        return out[0]
+        alpha, beta = self.cfg.layout.spread(rows, values)
+        return self.encode([gen(alpha, self.cfg.layout.depth, beta, check=self.cfg.check)[:2]])[0]
 
     def upload_parts(self, rows: np.ndarray, values: np.ndarray) -> list[tuple[bytes, bytes]]:
         """The uploads (to A, to B) of every key set of an update with ``values[i]`` at row ``rows[i]``:
@@ -334,6 +337,16 @@ class DpfSumClient:
             CuckooError: some part's rows admit no placement (the client sits out).
             MessageError: called twice.
         """
+        plan = self.plan(rows, values)
+        if plan is None:
+            self.sent = True
+            return [self._dense(rows, values)]
+        return self.encode([gen(alpha, self.cfg.layout.depth, beta, check=self.cfg.check)[:2] for alpha, beta in plan])
+
+    def plan(self, rows: np.ndarray, values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """:meth:`upload_parts` up to the key generation: the update checked and placed, per key set
+        its points and values (:meth:`secagg.cuckoo.CuckooLayout.spread`, decoys from the OS CSPRNG);
+        ``None``: the client sends a dense share (``dense_above``). Raises as :meth:`upload_parts`."""
         if self.sent:
             raise MessageError(f"client {self.id}: already uploaded in round {self.cfg.round}")
         c = self.cfg
@@ -349,13 +362,19 @@ class DpfSumClient:
             raise ValueError(f"client {self.id}: rows must be distinct and in [0, {c.layout.domain})")
         count = c.max_parts if c.pad_parts else max(1, -(-rows.size // c.points))
         if c.dense_above and count > c.dense_above:
-            self.sent = True
-            return [self._dense(rows, values)]
-        chunks = [(rows[i * c.points:(i + 1) * c.points], values[i * c.points:(i + 1) * c.points])
-                  for i in range(count)]
-        out = self._parts(chunks, count)
+            return None
+        return [c.layout.spread(rows[i * c.points:(i + 1) * c.points], values[i * c.points:(i + 1) * c.points])
+                for i in range(count)]
+
+    def encode(self, keys: list[tuple[KeySet, KeySet]]) -> list[tuple[bytes, bytes]]:
+        """The uploads (to A, to B) of the key sets (A's, B's) generated for :meth:`plan`'s parts."""
+        if self.sent:
+            raise MessageError(f"client {self.id}: already uploaded in round {self.cfg.round}")
+        c = self.cfg
+        out = [tuple(DpfUpload.wire(c.instance, c.round, self.id, to, floor=self.floor, key=k, part=part, parts=len(keys))
+                     for to, k in ((SERVER_A, k0), (SERVER_B, k1))) for part, (k0, k1) in enumerate(keys)]
         self.sent = True
-        return out
+        return out  # type: ignore[return-value]
 
     def _dense(self, rows: np.ndarray, values: np.ndarray) -> tuple[bytes, bytes]:
         """The dense two-server share: ``x - PRG(seed)`` to A, ``seed`` (OS CSPRNG) to B."""
@@ -363,20 +382,9 @@ class DpfSumClient:
         seed = os.urandom(SEED_BYTES)
         share = np.uint64(0) - expand(seed, c.layout.domain * c.width, label=_DENSE_LABEL)
         table = share.reshape(c.layout.domain, c.width)
-        table[rows] += values
+        table[np.asarray(rows, dtype=np.int64)] += values
         return (DpfDense(c.instance, c.round, self.id, SERVER_A, floor=self.floor, share=share).to_bytes(),
                 DpfDense(c.instance, c.round, self.id, SERVER_B, floor=self.floor, seed=seed).to_bytes())
-
-    def _parts(self, chunks: list[tuple[np.ndarray, np.ndarray]], count: int) -> list[tuple[bytes, bytes]]:
-        c = self.cfg
-        out = []
-        for part, (rows, values) in enumerate(chunks):
-            alpha, beta = c.layout.spread(rows, values)
-            k0, k1, _ = gen(alpha, c.layout.depth, beta, check=c.check)
-            out.append(tuple(DpfUpload(c.instance, c.round, self.id, to, floor=self.floor, key=k.to_bytes(),
-                                       part=part, parts=count).to_bytes()
-                             for to, k in ((SERVER_A, k0), (SERVER_B, k1))))
-        return out  # type: ignore[return-value]
 
 
 class DpfSumServer:
@@ -607,191 +615,3 @@ class DpfSumServer:
             total += dense
         total += msg.share.reshape(rows, self.cfg.width)
         return total
-
-
-# -- in-process runner -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DpfSpec:
-    """What :func:`run_dpf` simulates.
-
-    Attributes:
-        rows, width: the table shape ``N x d`` (inputs are ``uint64 [n, N * d]``).
-        points: ``P``, rows a client may declare (more nonzero rows: that client is refused).
-        round: the round number.
-        min_survivors: every client's floor.
-        dropouts: ``"A"`` / ``"B"`` / ``"upload"`` -> client indices whose upload to that server
-            (both, for ``"upload"``) is lost.
-        seed: the layout's public seed (``None``: zeros).
-        check: verify the keys.
-        failure_bits: the cuckoo failure target (buckets from :func:`secagg.cuckoo.buckets_for`).
-        tamper: ``client -> (key_A, key_B) -> (key_A, key_B)`` replacing a client's keys (tests of
-            malicious clients), applied to the parsed key sets before encoding (every part's).
-        max_parts, pad_parts, dense_above: as :class:`DpfSumConfig`'s (a client with more than
-            ``points`` rows sends several key sets, or above ``dense_above`` of them a dense share).
-        keep_messages: ``records`` hold every message's bytes; ``False``: each upload's size (an int) in
-            place of its bytes, so no client's upload outlives the servers' parsed copy of it.
-    """
-
-    rows: int
-    width: int
-    points: int
-    round: int = 0
-    min_survivors: int = 2
-    dropouts: Mapping[str, frozenset[int]] = field(default_factory=dict)
-    seed: bytes | None = None
-    check: bool = True
-    failure_bits: int = 40
-    tamper: Mapping[int, object] = field(default_factory=dict)
-    max_parts: int = 1
-    pad_parts: bool = False
-    dense_above: int = 0
-    keep_messages: bool = True
-
-
-@dataclass(frozen=True)
-class DpfSumResult:
-    """Outcome and costs of one simulated two-server sum.
-
-    Attributes:
-        total: ``uint64 [N * d]`` sum over ``survivors`` (``None`` after an abort, reason in ``abort``).
-        survivors: clients in the sum; refused: ``client -> reason`` (bad rows, placement failure,
-            failed check).
-        client_s: seconds per client (placement and key generation).
-        server_s: seconds at A and at B (everything after the uploads, including the check).
-        bytes_up: ``[n, 2]`` bytes each client sent to A and to B.
-        parts: ``[n]`` key sets each client sent (0: refused before sending or dense).
-        records: ``(sender, receiver, stage, blob)`` for every message, in order; parties ``"A"``,
-            ``"B"`` or a client index (an upload's ``blob`` is its size without ``keep_messages``).
-        prg_bytes: the AES-128 output bytes A and B expanded to evaluate the survivors' key sets
-            (:func:`secagg.dpf.prg_bytes_per_key_set` each); dense_bytes: the AES-256-CTR bytes each expanded
-            from dense shares' seeds; hashed_bytes: the SHA-256 input of each server's public digests of
-            the key sets (with the check). The priced cryptographic work of the sum (``secagg bench secure``).
-    """
-
-    total: np.ndarray | None
-    survivors: frozenset[int]
-    refused: dict[int, str]
-    abort: str | None
-    client_s: np.ndarray
-    server_s: tuple[float, float]
-    bytes_up: np.ndarray
-    records: list[tuple[object, object, str, bytes]]
-    buckets: int = 0
-    parts: np.ndarray | None = None
-    prg_bytes: tuple[int, int] = (0, 0)
-    dense_bytes: tuple[int, int] = (0, 0)
-    hashed_bytes: tuple[int, int] = (0, 0)
-
-
-def _split_rows(x: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    table = x.reshape(-1, width)
-    rows = np.flatnonzero(table.any(axis=1))
-    return rows, table[rows]
-
-
-def run_dpf(inputs: np.ndarray, spec: DpfSpec) -> DpfSumResult:
-    """Simulate one two-server sum over ``inputs`` (``uint64 [n, N * d]``, client ``i`` in row ``i``).
-
-    A client whose update has more than ``max_parts x points`` nonzero rows, or whose rows cannot be
-    placed, is refused (listed in ``refused``) and sends nothing. Every message crosses as wire bytes.
-    """
-    x = np.asarray(inputs)
-    if x.dtype != np.uint64 or x.ndim != 2 or x.shape[1] != spec.rows * spec.width:
-        raise ValueError(f"inputs must be uint64 [n, {spec.rows} x {spec.width}]; found {x.dtype} {x.shape}")
-    return run_dpf_rows([_split_rows(row, spec.width) for row in x], spec)
-
-
-def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) -> DpfSumResult:
-    """:func:`run_dpf` on sparse updates: ``updates[i] = (rows int64 [k_i], values uint64 [k_i, d])``,
-    client ``i``'s nonzero rows (distinct, below ``spec.rows``) and their values; ``total`` is
-    ``uint64 [N * d]``. The clients' work is proportional to their rows, not to the table."""
-    n = len(updates)
-    layout = CuckooLayout.for_points(spec.rows, spec.points, seed=spec.seed or bytes(32),
-                                     failure_bits=spec.failure_bits)
-    cfg = DpfSumConfig(n, layout, spec.width, spec.points, os.urandom(INSTANCE_BYTES), spec.round, spec.check,
-                       max_parts=spec.max_parts, pad_parts=spec.pad_parts, dense_above=spec.dense_above)
-    servers = (DpfSumServer(cfg, 0), DpfSumServer(cfg, 1))
-    records: list[tuple[object, object, str, bytes]] = []
-    refused: dict[int, str] = {}
-    client_s = np.zeros(n)
-    bytes_up = np.zeros((n, 2), np.int64)
-    parts = np.zeros(n, np.int64)
-    lost = {name: set(spec.dropouts.get(name, ())) for name in ("A", "B")}
-    for name in spec.dropouts:
-        if name not in ("A", "B", "upload"):
-            raise ValueError(f"unknown dropout stage {name!r}; use 'A', 'B' or 'upload'")
-    for i in spec.dropouts.get("upload", ()):
-        lost["A"].add(i)
-        lost["B"].add(i)
-    for i, (rows, vals) in enumerate(updates):
-        t0 = time.perf_counter()
-        try:
-            sent = DpfSumClient(cfg, i, floor=spec.min_survivors).upload_parts(rows, vals)
-        except (ValueError, CuckooError) as exc:
-            refused[i] = str(exc)
-            continue
-        if i in spec.tamper and parts_of(sent):
-            sent = [_tampered(cfg, blobs, spec.tamper[i]) for blobs in sent]
-        client_s[i] = time.perf_counter() - t0
-        parts[i] = 0 if isinstance(decode(sent[0][1]), DpfDense) else len(sent)
-        for blobs in sent:
-            for b, name in enumerate(("A", "B")):
-                if i in lost[name]:
-                    continue
-                records.append((i, name, "upload", blobs[b] if spec.keep_messages else len(blobs[b])))
-                bytes_up[i, b] += len(blobs[b])
-                try:
-                    servers[b].receive(blobs[b])
-                except MessageError as exc:
-                    refused[i] = f"server {name}: {exc}"
-    timers = [0.0, 0.0]
-
-    def timed(b: int, fn, *args):  # noqa: ANN001, ANN202
-        t0 = time.perf_counter()
-        out = fn(*args)
-        timers[b] += time.perf_counter() - t0
-        return out
-
-    ids = [timed(b, servers[b].received) for b in (0, 1)]
-    records += [("A", "B", "ids", ids[0]), ("B", "A", "ids", ids[1])]
-    timed(0, servers[0].agree, ids[1])
-    timed(1, servers[1].agree, ids[0])
-    chal = timed(0, servers[0].draw_challenge)
-    records.append(("A", "B", "challenge", chal))
-    timed(1, servers[1].take_challenge, chal)
-    digests = [timed(b, servers[b].evaluate) for b in (0, 1)]
-    sets = [sum(srv.declared[c] for c in srv.survivors or () if c not in srv.dense) for srv in servers]
-    prg = tuple(prg_bytes_per_key_set(cfg.forest, cfg.width, cfg.check) * x for x in sets)
-    public = KeySet.public_size(depth=layout.depth, points=layout.buckets, width=cfg.width) if cfg.check else 0
-    hashed = tuple(public * x for x in sets)  # each key set's public digest (the check's one-function test)
-    # a dense share's seed is expanded (AES-256-CTR) by the server that received the seed, not the vector
-    dense = tuple(8 * cfg.layout.domain * cfg.width * sum(1 for c in srv.survivors or () if c in srv.dense and srv.dense[c].seed)
-                  for srv in servers)
-    records += [("A", "B", "digests", digests[0]), ("B", "A", "digests", digests[1])]
-    for b in (0, 1):
-        for c in timed(b, servers[b].reconcile, digests[1 - b]):
-            refused[c] = "its key sets failed the check (not point functions, or different for A and B)"
-    total, abort = None, None
-    try:
-        share = timed(1, servers[1].share)
-        records.append(("B", "A", "share", share))
-        total = timed(0, servers[0].combine, share).reshape(-1)
-    except AbortError as exc:
-        abort = str(exc)
-    return DpfSumResult(total, frozenset(servers[0].survivors or ()), refused, abort, client_s,
-                        (timers[0], timers[1]), bytes_up, records, layout.buckets, parts, prg, dense, hashed)
-
-
-def parts_of(sent: list[tuple[bytes, bytes]]) -> bool:
-    """Whether a client's uploads are key sets (not a dense share)."""
-    return not isinstance(decode(sent[0][1]), DpfDense)
-
-
-def _tampered(cfg: DpfSumConfig, blobs: tuple[bytes, bytes], fn) -> tuple[bytes, bytes]:  # noqa: ANN001
-    """Re-encode a client's uploads after ``fn`` replaced its parsed key sets (malicious-client tests)."""
-    msgs = [DpfUpload.from_bytes(b) for b in blobs]
-    keys = fn(*(KeySet.from_bytes(m.key) for m in msgs))
-    return tuple(DpfUpload(m.instance, m.round, m.sender, m.receiver, floor=m.floor, key=k.to_bytes(),
-                           part=m.part, parts=m.parts).to_bytes()
-                 for m, k in zip(msgs, keys))  # type: ignore[return-value]

@@ -77,6 +77,11 @@ class Writer:
         self._parts.append(bytes(b))
         return self
 
+    def buffers(self, parts: list[bytes | memoryview]) -> Writer:
+        """Append ``parts`` without copying them (read by the one join, before the caller returns)."""
+        self._parts.extend(p if isinstance(p, bytes) else memoryview(p).cast("B") for p in parts)
+        return self
+
     def u32_array(self, values: np.ndarray | list[int]) -> Writer:
         arr = np.asarray(values, dtype=np.int64)
         if arr.size and (arr.min() < 0 or arr.max() >= 2**32):
@@ -130,6 +135,10 @@ class Reader:
 
     def raw(self, n: int) -> bytes:
         return bytes(self._take(n))
+
+    def view(self, n: int) -> memoryview:
+        """The next ``n`` bytes without a copy (read-only when the message is ``bytes``)."""
+        return self._take(n)
 
     def u32_array(self, *, max_len: int) -> np.ndarray:
         n = self.u32()
@@ -200,6 +209,10 @@ class Message:
         """Serialise header and body (one join: a body's vector is copied once)."""
         w = Writer()
         self._write_body(w)
+        return self._framed(w)
+
+    def _framed(self, w: Writer) -> bytes:
+        """The header and the body ``w`` wrote, joined."""
         head = _HEADER.pack(MAGIC, VERSION, self.KIND, self.STAGE, self.instance, self.round, self.sender, self.receiver,
                             w.nbytes)
         return b"".join([head, *w._parts])

@@ -172,7 +172,7 @@ def test_dpf_evaluation_bytes_count_every_surviving_key_set() -> None:
 
     from secagg.cuckoo import CuckooLayout
     from secagg.dpf import Forest, prg_bytes_per_key_set
-    from secagg.dpf_sum import DpfSpec, run_dpf_rows
+    from secagg.dpf_run import DpfSpec, run_dpf_rows
 
     rng = np.random.default_rng(0)  # CSPRNG-OK: simulated rows and values only
     ups = [(np.sort(rng.choice(50, 3, replace=False)), rng.integers(0, 9, (3, 2)).astype(np.uint64)) for _ in range(4)]

@@ -162,7 +162,7 @@ def test_dpf_is_fedavg_gmfs_own_option():
 
 def test_a_tampered_key_is_rejected_with_a_clear_error_and_the_round_goes_on_without_it(monkeypatch):
     """A client whose key set is not point functions is left out of both sums (the VDPF check)."""
-    import secagg.dpf_sum as ds
+    import secagg.dpf_run as ds
 
     real = ds.run_dpf_rows
 

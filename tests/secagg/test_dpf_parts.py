@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from secagg.cuckoo import CuckooLayout
-from secagg.dpf_sum import DpfDense, DpfSpec, DpfSumClient, DpfSumConfig, DpfSumServer, DpfUpload, run_dpf_rows
+from secagg.dpf_run import DpfSpec, run_dpf_rows
+from secagg.dpf_sum import DpfDense, DpfSumClient, DpfSumConfig, DpfSumServer, DpfUpload
 from secagg.errors import MessageError
 
 

@@ -12,15 +12,14 @@ from scipy.stats import chi2_contingency
 from secagg import dpf
 from secagg.cuckoo import CuckooLayout
 from secagg.dpf import Forest, KeySet
+from secagg.dpf_run import DpfSpec, run_dpf
 from secagg.dpf_sum import (
     SERVER_A,
     SERVER_B,
-    DpfSpec,
     DpfSumClient,
     DpfSumConfig,
     DpfSumServer,
     DpfUpload,
-    run_dpf,
 )
 from secagg.errors import AbortError, MessageError
 

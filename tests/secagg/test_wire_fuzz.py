@@ -25,7 +25,7 @@ from secagg.chain_sim import simulate
 from secagg.channel import associated_data, open_sealed, seal
 from secagg.errors import AbortError, AuthenticationError, MessageError, SecAggError
 from secagg.messages import HEADER_BYTES, decode
-from secagg.dpf_sum import DpfSpec, run_dpf
+from secagg.dpf_run import DpfSpec, run_dpf
 from secagg.plain import PlainClient, PlainConfig, PlainServer
 from secagg.reuse import ReuseClient, ReuseServer
 

@@ -179,9 +179,11 @@ def _values(y, sig, subset, vc, blk, owner, offsets, a, acc, negate, table):  # 
     slice of the sum (leaves ``a .. a+n-1``), ``[2n]`` words; ``vc``: the keys' value corrections,
     ``[K, m, 2 blocks]`` (words ``2 blk, 2 blk + 1`` are this block's); ``subset``: :func:`_subsets` of the chunk. The feed-forward sums run
     key by key over contiguous words (vectorized); the corrections per run of leaves of one tree,
-    from a table of the ``2^K`` subset sums of its corrections (``table``: ``[2^K, 2]`` scratch), or,
-    for a run shorter than ``2^K / K`` leaves (the small trees of a small domain, where building the
-    table cost more than the run), each leaf's ``K`` corrections masked by its control bits."""
+    from a table of the ``2^K`` subset sums of its corrections (``table``: ``[2^K, 2]`` scratch) for a
+    run of at least ``2^K`` leaves, from two tables of 16 (keys 0-3 and 4-7, for ``K > 4``) for a
+    shorter one, or, for a run of fewer than ``min(64, 2^K) / K`` leaves (the small trees of a small
+    domain, where any table cost more than the run), each leaf's ``K`` corrections masked by its
+    control bits."""
     k, words = y.shape[0], y.shape[1]
     for q in range(k):
         if negate:
@@ -196,7 +198,8 @@ def _values(y, sig, subset, vc, blk, owner, offsets, a, acc, negate, table):  # 
     while j < n:
         tree = owner[j]
         end = min(n, offsets[tree + 1] - a)
-        if (end - j) * k < (1 << k):  # a short run (small trees): each leaf's K masked corrections directly
+        run = end - j
+        if run * k < min(64, 1 << k):  # a short run (small trees): each leaf's K masked corrections directly
             for i in range(j, end):
                 row = subset[i]
                 c0 = _ZERO
@@ -205,6 +208,30 @@ def _values(y, sig, subset, vc, blk, owner, offsets, a, acc, negate, table):  # 
                     mask = _ZERO - np.uint64((row >> q) & 1)
                     c0 += vc[q, tree, v0] & mask
                     c1 += vc[q, tree, v0 + 1] & mask
+                if negate:
+                    acc[2 * i] -= c0
+                    acc[2 * i + 1] -= c1
+                else:
+                    acc[2 * i] += c0
+                    acc[2 * i + 1] += c1
+            j = end
+            continue
+        if k > 4 and run < (1 << k):  # a middle run: two tables of 16 subset sums (keys 0-3, 4-7), two lookups a leaf
+            for g in range(2):
+                base = 16 * g
+                table[base, 0] = _ZERO
+                table[base, 1] = _ZERO
+                for q in range(4 * g, min(k, 4 * g + 4)):
+                    half = 1 << (q - 4 * g)
+                    for r in range(half):
+                        table[base + half + r, 0] = table[base + r, 0] + vc[q, tree, v0]
+                        table[base + half + r, 1] = table[base + r, 1] + vc[q, tree, v0 + 1]
+            for i in range(j, end):
+                row = subset[i]
+                lo = row & 15
+                hi = 16 + (row >> 4)
+                c0 = table[lo, 0] + table[hi, 0]
+                c1 = table[lo, 1] + table[hi, 1]
                 if negate:
                     acc[2 * i] -= c0
                     acc[2 * i + 1] -= c1

@@ -45,6 +45,7 @@ from secagg.dpf_keys import (  # noqa: F401 - re-exported: secagg.dpf is the pub
 )
 
 __all__ = [
+    "keygen_prg_bytes",
     "prg_bytes_per_key_set",
     "CHECK_BLOCKS",
     "MAX_DEPTH",
@@ -535,6 +536,15 @@ class Accumulator:
         """This server's share of the sum: ``uint64 [leaves, width]`` in bucket space."""
         return np.ascontiguousarray(self._acc.transpose(1, 0, 2).reshape(self.forest.leaves, 2 * self.blocks)
                                     [:, :self.width])
+
+
+def keygen_prg_bytes(*, depth: int, points: int, width: int, check: bool) -> int:
+    """The AES output bytes a client computes to generate one key set (:func:`gen`): per tree and
+    level both parties' two children (four blocks), per tree both parties' ``ceil(width / 2)`` value
+    blocks and, with the check, both parties' ``CHECK_BLOCKS`` check-hash blocks and the
+    ``CHECK_BLOCKS`` public tweaks (``tests/secagg/test_dpf_batch.py`` counts them)."""
+    blocks = 4 * points * depth + 2 * points * (-(-width // 2)) + (3 * CHECK_BLOCKS * points if check else 0)
+    return 16 * blocks
 
 
 def prg_bytes_per_key_set(forest: Forest, width: int, check: bool) -> int:

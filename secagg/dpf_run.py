@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from secagg.cuckoo import CuckooError, CuckooLayout
-from secagg.dpf import KeySet, gen_many, prg_bytes_per_key_set
+from secagg.dpf import KeySet, gen_many, keygen_prg_bytes, prg_bytes_per_key_set
 from secagg.dpf_sum import DpfDense, DpfSumClient, DpfSumConfig, DpfSumServer, DpfUpload
 from secagg.errors import AbortError, MessageError
 from secagg.messages import INSTANCE_BYTES, decode
@@ -136,7 +136,9 @@ class DpfSumResult:
         prg_bytes: the AES-128 output bytes A and B expanded to evaluate the survivors' key sets
             (:func:`secagg.dpf.prg_bytes_per_key_set` each); dense_bytes: the AES-256-CTR bytes each expanded
             from dense shares' seeds; hashed_bytes: the SHA-256 input of each server's public digests of
-            the key sets (with the check). The priced cryptographic work of the sum (``secagg bench secure``).
+            the key sets (with the check); client_prg_bytes: the AES-128 output bytes every client together
+            computed to generate its key sets (:func:`secagg.dpf.keygen_prg_bytes` each). The priced
+            cryptographic work of the sum (``secagg bench secure``).
     """
 
     total: np.ndarray | None
@@ -152,6 +154,7 @@ class DpfSumResult:
     prg_bytes: tuple[int, int] = (0, 0)
     dense_bytes: tuple[int, int] = (0, 0)
     hashed_bytes: tuple[int, int] = (0, 0)
+    client_prg_bytes: int = 0
 
 
 def _split_rows(x: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -257,7 +260,9 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
     except AbortError as exc:
         abort = str(exc)
     return DpfSumResult(total, frozenset(servers[0].survivors or ()), refused, abort, client_s,
-                        (timers[0], timers[1]), bytes_up, records, layout.buckets, parts, prg, dense, hashed)
+                        (timers[0], timers[1]), bytes_up, records, layout.buckets, parts, prg, dense, hashed,
+                        keygen_prg_bytes(depth=layout.depth, points=layout.buckets, width=cfg.width, check=cfg.check)
+                        * int(parts.sum()))
 
 
 def parts_of(sent: list[tuple[bytes, bytes]]) -> bool:

@@ -148,9 +148,10 @@ def test_the_per_client_plaintext_twin_turns_fedcls_summed_shortcut_off(monkeypa
     assert r["steady_per_client_round_cpu_over_bound"] == r["rounds"][1]["per_client_round_cpu_over_bound"]
 
 
-def test_a_dpf_preset_is_priced_at_its_servers_aes_evaluation() -> None:
+def test_a_dpf_preset_is_priced_at_its_servers_aes_evaluation_and_its_clients_key_generation() -> None:
     """The two-server DPF sum has no masks: its bound is the AES-128 bytes both servers expand to
-    evaluate the survivors' key sets over the whole domain, at the measured ECB throughput."""
+    evaluate the survivors' key sets over the whole domain, and the clients compute to generate them,
+    at the measured ECB throughput."""
     from secagg.costmodel import UnitCosts, instance_cost
 
     out = bench(["fedavg-gmf-dpf"], "synthetic", 1, False, users=30, items=40)
@@ -159,8 +160,11 @@ def test_a_dpf_preset_is_priced_at_its_servers_aes_evaluation() -> None:
     ecb, sha = out["units"]["aes128_ecb_gbps"] * 1e9, out["units"]["sha256_gbps"] * 1e9
     hashed = row["bound_parts_s"]["server_adds_hash"] * sha  # the key sets' public digests, with the check
     assert hashed > 0
-    assert row["simulation_bound_s"] == pytest.approx(row["dpf_prg_bytes"] / ecb + hashed / sha)
-    assert row["server_bound_s"] == pytest.approx(row["simulation_bound_s"]) and row["device_bound_s"] == 0
+    clients = row["bound_parts_s"]["clients_prg"]  # every client's key generation (each charged the mean)
+    assert 0 < clients < row["server_bound_s"]  # a few blocks per tree, beside the servers' whole domain
+    assert row["server_bound_s"] == pytest.approx(row["dpf_prg_bytes"] / ecb + hashed / sha)
+    assert row["simulation_bound_s"] == pytest.approx(row["server_bound_s"] + clients)
+    assert 0 < row["device_bound_s"] <= clients
     with pytest.raises(ValueError, match="AES-128-ECB"):  # never priced at zero by an unmeasured unit
         instance_cost("dpf", n=2, dim=4, k=None, t=None, survivors=2, masks_expanded=0, key_agreements=0,
                       signatures_verified=0, units=UnitCosts(1e9, 1e9, 1e9, 1e9, 0, 0, 0, 0), prg_bytes=16)
@@ -189,3 +193,7 @@ def test_dpf_evaluation_bytes_count_every_surviving_key_set() -> None:
     assert len(b"secagg/dpf/public/v1" + key.public_bytes()) == KeySet.public_size(
         depth=layout.depth, points=layout.buckets, width=2)
     assert res.hashed_bytes == (len(b"secagg/dpf/public/v1" + key.public_bytes()) * int(res.parts[:3].sum()),) * 2
+    # every client generated its key sets, the one whose upload was lost too
+    from secagg.dpf import keygen_prg_bytes
+
+    assert res.client_prg_bytes == keygen_prg_bytes(depth=layout.depth, points=layout.buckets, width=2, check=True) * 4

@@ -136,3 +136,21 @@ def test_the_one_copy_wire_form_is_the_messages_own_encoding_and_the_server_pars
         from_mutable = KeySet.from_bytes(memoryview(mutable)[len(wire) - len(k.to_bytes()):])
         mutable[-1] ^= 0xFF
         assert from_mutable.to_bytes() == copy.to_bytes() == k.to_bytes()
+
+
+@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("width", [1, 4, 5])
+def test_the_clients_priced_key_generation_bytes_are_the_aes_bytes_gen_computes(check, width, monkeypatch):
+    from secagg.dpf import keygen_prg_bytes
+
+    counted = [0]
+    real = dpf_keys._aes
+
+    def counting(enc, x, out=None):  # noqa: ANN001, ANN202
+        counted[0] += 16 * x.shape[0]
+        return real(enc, x, out)
+
+    monkeypatch.setattr(dpf_keys, "_aes", counting)
+    depth, m = 5, 7
+    dpf_keys.gen(np.arange(m) * 3 % 32, depth, np.ones((m, width), np.uint64), check=check)
+    assert counted[0] == keygen_prg_bytes(depth=depth, points=m, width=width, check=check)

@@ -51,6 +51,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from secagg.errors import MessageError
+from secagg.prg import SEED_BYTES, expand
 __all__ = [
     "CHECK_BLOCKS",
     "MAX_DEPTH",
@@ -100,6 +101,25 @@ def _encryptor(name: bytes):  # noqa: ANN202 - cryptography's private context ty
         key = hashlib.sha256(b"secagg/dpf/v1/" + name).digest()[:16]
         enc = cache[name] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
     return enc
+
+
+_FUSE_FROM = 1  #: trees from which key generation runs its passes in the compiled loops (numba; every key set)
+_GEN_LOOPS = None
+
+
+def _gen_loops():  # noqa: ANN202 - the module, or None
+    """:mod:`secagg.dpf_gen_fused` (key generation's compiled loops), or ``None`` where numba does not import;
+    imported on the first key set generated (not at import: a process that never generates one does not
+    load numba)."""
+    global _GEN_LOOPS
+    if _GEN_LOOPS is None:
+        try:
+            from secagg import dpf_gen_fused
+        except ImportError:
+            _GEN_LOOPS = False
+        else:
+            _GEN_LOOPS = dpf_gen_fused
+    return _GEN_LOOPS or None
 
 
 def _sigma(x: np.ndarray) -> np.ndarray:
@@ -185,6 +205,17 @@ def _value_cw(s0: np.ndarray, s1: np.ndarray, t1: np.ndarray, betas: np.ndarray)
     with ``m`` all ones where ``t1``)."""
     n, d = betas.shape
     blocks = -(-d // 2)
+    loops = _gen_loops() if n >= _FUSE_FROM else None
+    if loops is not None:  # per block one AES call over both parties' seeds, then one compiled pass
+        sig = np.empty((2, n, 2), np.uint64)
+        sig[0], sig[1] = _sigma(s0), _sigma(s1)
+        y = np.empty((2 * n * blocks + 1, 2), np.uint64)  # one row of slack for update_into
+        src = memoryview(sig).cast("B")
+        for i in range(blocks):
+            _encryptor(b"value/%d" % i).update_into(src, memoryview(y[2 * n * i:2 * n * (i + 1) + 1]).cast("B"))
+        out = np.empty((n, d), np.uint64)
+        loops.value_cw(y[:-1].reshape(blocks, 2, n, 2), sig, t1.astype(np.uint8), np.ascontiguousarray(betas), out)
+        return out
     padded = np.zeros((n, 2 * blocks), np.uint64) if d % 2 else np.ascontiguousarray(betas)
     if d % 2:
         padded[:, :d] = betas
@@ -399,6 +430,13 @@ def _check_points(alphas: np.ndarray, depth: int) -> np.ndarray:
 
 
 def _random_roots(m: int) -> np.ndarray:
+    """Both parties' root seeds of ``m`` trees (low bits clear): ``os.urandom`` for a small key set, the
+    AES-256-CTR keystream of a fresh ``os.urandom`` key for many trees at once (``getrandom`` gives
+    ~0.2 GB/s here, a tenth of a batch's key generation)."""
+    if m >= 1024:
+        roots = expand(os.urandom(SEED_BYTES), 4 * m, label=b"secagg/dpf/roots").reshape(2, m, 2)
+        roots[..., 0] &= _CLEAR
+        return roots
     roots = np.frombuffer(os.urandom(32 * m), dtype="<u8").astype(np.uint64).reshape(2, m, 2)
     roots[..., 0] &= _CLEAR
     return roots
@@ -481,10 +519,33 @@ def _gen(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.nda
     """Known-answer core of :func:`gen`: the root seeds (``uint64 [2, m, 2]``, low bits clear) given;
     ``trees``: each point's tree index within its key set (default ``0 .. m-1``: one key set)."""
     m = alphas.size
-    s = [roots[0].copy(), roots[1].copy()]
-    t = [np.zeros(m, np.uint8), np.ones(m, np.uint8)]
     seed_cw = np.empty((m, depth, 2), np.uint64)
     t_cw = np.empty((m, depth, 2), np.uint8)
+    loops = _gen_loops() if m >= _FUSE_FROM else None
+    if loops is not None:  # per level one AES call over both parties' children, then one compiled pass
+        both, bits = np.ascontiguousarray(roots, dtype=np.uint64).copy(), np.zeros((2, m), np.uint8)
+        bits[1] = 1
+        inp = np.empty((2, m, 2, 2), np.uint64)
+        out = np.empty((4 * m + 1, 2), np.uint64)  # one row of slack for update_into
+        enc = _encryptor(b"tree")
+        for level in range(depth):
+            loops.tree_input(both, _RIGHT, inp)
+            enc.update_into(memoryview(inp).cast("B"), memoryview(out).cast("B"))
+            loops.tree_level(out[:-1].reshape(2, m, 2, 2), inp, alphas, depth - 1 - level, both, bits, seed_cw, t_cw,
+                             level)
+        s, t = [both[0], both[1]], [bits[0], bits[1]]
+    else:
+        s, t = _levels(alphas, depth, roots, seed_cw, t_cw)
+    return _finish(alphas, depth, betas, roots, s, t, seed_cw, t_cw, check=check, trees=trees)
+
+
+def _levels(alphas: np.ndarray, depth: int, roots: np.ndarray, seed_cw: np.ndarray, t_cw: np.ndarray
+            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The tree levels of :func:`_gen` with numpy (filling ``seed_cw``, ``t_cw``): both parties' leaf
+    seeds and control bits."""
+    m = alphas.size
+    s = [roots[0].copy(), roots[1].copy()]
+    t = [np.zeros(m, np.uint8), np.ones(m, np.uint8)]
     for level in range(depth):
         bit = ((alphas >> (depth - 1 - level)) & 1).astype(np.uint8)
         right = bit.astype(bool)
@@ -503,6 +564,14 @@ def _gen(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.nda
             fixed = (keep[b] ^ cw).view(np.complex128).reshape(m)
             s[b] = np.where(t[b].astype(bool), fixed, keep[b].view(np.complex128).reshape(m)).view(np.uint64).reshape(m, 2)
             t[b] = t_keep[b] ^ (t[b] & t_keep_cw)
+    return s, t
+
+
+def _finish(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.ndarray, s: list[np.ndarray],
+            t: list[np.ndarray], seed_cw: np.ndarray, t_cw: np.ndarray, *, check: bool, trees: np.ndarray | None
+            ) -> tuple[KeySet, KeySet, LeafSecret]:
+    """:func:`_gen` after the levels: the check's and the values' correction words from the leaf seeds."""
+    m = alphas.size
     check_cw = None
     if check:
         tw = _tweaks(np.arange(m) if trees is None else trees, alphas)

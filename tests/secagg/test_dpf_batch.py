@@ -138,19 +138,46 @@ def test_the_one_copy_wire_form_is_the_messages_own_encoding_and_the_server_pars
         assert from_mutable.to_bytes() == copy.to_bytes() == k.to_bytes()
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize("width", [1, 4, 5])
-def test_the_clients_priced_key_generation_bytes_are_the_aes_bytes_gen_computes(check, width, monkeypatch):
+def test_the_clients_priced_key_generation_bytes_are_the_aes_bytes_gen_computes(fused, check, width, monkeypatch):
     from secagg.dpf import keygen_prg_bytes
 
     counted = [0]
-    real = dpf_keys._aes
+    real = dpf_keys._encryptor
 
-    def counting(enc, x, out=None):  # noqa: ANN001, ANN202
-        counted[0] += 16 * x.shape[0]
-        return real(enc, x, out)
+    class Counting:  # every AES call of key generation goes through an encryptor's update_into
+        def __init__(self, enc):  # noqa: ANN001
+            self.enc = enc
 
-    monkeypatch.setattr(dpf_keys, "_aes", counting)
+        def update_into(self, src, dst):  # noqa: ANN001, ANN202
+            counted[0] += memoryview(src).nbytes
+            return self.enc.update_into(src, dst)
+
+    monkeypatch.setattr(dpf_keys, "_encryptor", lambda name: Counting(real(name)))
+    monkeypatch.setattr(dpf_keys, "_FUSE_FROM", 1 if fused else 1 << 30)
     depth, m = 5, 7
     dpf_keys.gen(np.arange(m) * 3 % 32, depth, np.ones((m, width), np.uint64), check=check)
     assert counted[0] == keygen_prg_bytes(depth=depth, points=m, width=width, check=check)
+
+
+@PROPS
+@given(batches())
+def test_the_compiled_key_generation_is_the_numpy_one_word_for_word(case):
+    """secagg/dpf_gen_fused.py (numba) against the numpy levels and values, from the same roots."""
+    from secagg import dpf_gen_fused  # noqa: F401 - numba is a dependency: a missing one fails here
+
+    rng = np.random.default_rng(case["seed"])  # CSPRNG-OK: test points, values and known-answer roots only
+    depth, m, width = case["depth"], sum(case["sizes"]), case["width"]
+    alphas = rng.integers(0, 2**depth, m)
+    betas = rng.integers(0, 2**64, (m, width), dtype=np.uint64)
+    roots = rng.integers(0, 2**64, (2, m, 2), dtype=np.uint64)
+    roots[..., 0] &= dpf_keys._CLEAR
+    out = {}
+    for fused in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(dpf_keys, "_FUSE_FROM", 1 if fused else 1 << 30)
+            k0, k1, secret = dpf_keys._gen(alphas, depth, betas, roots.copy(), check=case["check"])
+        out[fused] = (k0.to_bytes(), k1.to_bytes(), secret.seeds.tobytes(), secret.t1.tobytes())
+    assert out[True] == out[False]

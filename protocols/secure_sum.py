@@ -543,7 +543,8 @@ def _run_rows(updates, codec: FixedPoint, *, rows: int, row_width: int, points: 
                   "client_seconds": [float(x) for x in res.client_s], "server_seconds": float(sum(res.server_s)),
                   "masks_expanded": 0, "key_agreements": 0, "signatures_verified": 0, "aborted": res.total is None,
                   "prg_bytes": int(sum(res.prg_bytes)), "dense_bytes": int(sum(res.dense_bytes)),
-                  "hashed_bytes": int(sum(res.hashed_bytes)), "client_prg_bytes": int(res.client_prg_bytes)})
+                  "hashed_bytes": int(sum(res.hashed_bytes)), "client_prg_bytes": int(res.client_prg_bytes),
+                  "client_dense_bytes": int(res.client_dense_bytes)})
     if res.total is None:
         raise SecureSumAborted(f"dpf aborted in round {round}: {res.abort}")
     return SecureSumResult(

@@ -46,8 +46,9 @@ MAC blocks; the run reports the total as ``prg_bytes``), priced at the measured 
 (``aes_ecb_bps``), plus the AES-256-CTR expansion of any dense share's seed and, with the check, the
 SHA-256 of each key set's public parts (the servers' one-client-one-function digest); each client's
 is the AES-128 output of generating its key sets (:func:`secagg.dpf.keygen_prg_bytes`: a few blocks
-per tree and level, and its values twice; the run reports the total as ``client_prg_bytes``, each
-client is charged the mean). Not counted: the clients' other array work and the servers' adds of the
+per tree and level, and its values twice; the run reports the total as ``client_prg_bytes``) and, for
+a client that sends a dense share, the AES-256-CTR expansion of its seed (``client_dense_bytes``);
+each client is charged the mean. Not counted: the clients' other array work and the servers' adds of the
 values into the sum, so the DPF bound is a floor too.
 """
 
@@ -196,19 +197,23 @@ class InstanceCost:
 def instance_cost(protocol: str, *, n: int, dim: int, k: int | None, t: int | None, survivors: int,
                   masks_expanded: int, key_agreements: int, signatures_verified: int,
                   units: UnitCosts, reuse: bool = False, setup: bool = True, prg_bytes: int = 0,
-                  dense_bytes: int = 0, hashed_bytes: int = 0, client_prg_bytes: int = 0) -> InstanceCost:
+                  dense_bytes: int = 0, hashed_bytes: int = 0, client_prg_bytes: int = 0,
+                  client_dense_bytes: int = 0) -> InstanceCost:
     """The bound of one instance (see the module docstring for the counts); ``reuse``: an instance of a
     key setup reused across the round (``setup``: the one that ran that setup); ``prg_bytes`` and
     ``dense_bytes``: a ``"dpf"`` instance's servers' AES-128 evaluation bytes and dense-seed expansion,
     ``hashed_bytes`` the SHA-256 input of their key sets' public digests, ``client_prg_bytes`` the AES-128
-    bytes all its ``n`` clients computed for their key sets (each client is charged the mean)."""
+    bytes all its ``n`` clients computed for their key sets and ``client_dense_bytes`` the AES-256-CTR
+    bytes its dense clients expanded (each client is charged the mean of both)."""
     word = 8 * dim
     if protocol == "dpf":
         if (prg_bytes or client_prg_bytes) and not units.aes_ecb_bps:
             raise ValueError("a dpf instance needs the AES-128-ECB throughput (UnitCosts.measure measures it)")
         s = {"prg": (prg_bytes / units.aes_ecb_bps if prg_bytes else 0.0) + dense_bytes / units.aes_ctr_bps,
              "adds_hash": hashed_bytes / units.sha256_bps}
-        c = {"prg": client_prg_bytes / max(n, 1) / units.aes_ecb_bps} if client_prg_bytes else {}
+        c = {"prg": (client_prg_bytes / units.aes_ecb_bps if client_prg_bytes else 0.0)
+             + client_dense_bytes / units.aes_ctr_bps}
+        c = {"prg": c["prg"] / max(n, 1)} if c["prg"] else {}
         return InstanceCost(sum(c.values()), sum(s.values()), c, s)
     if protocol in ("secagg", "secagg+") and reuse:
         k = n - 1 if k is None else k

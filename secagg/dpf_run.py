@@ -137,7 +137,8 @@ class DpfSumResult:
             (:func:`secagg.dpf.prg_bytes_per_key_set` each); dense_bytes: the AES-256-CTR bytes each expanded
             from dense shares' seeds; hashed_bytes: the SHA-256 input of each server's public digests of
             the key sets (with the check); client_prg_bytes: the AES-128 output bytes every client together
-            computed to generate its key sets (:func:`secagg.dpf.keygen_prg_bytes` each). The priced
+            computed to generate its key sets (:func:`secagg.dpf.keygen_prg_bytes` each);
+            client_dense_bytes: the AES-256-CTR bytes the dense clients expanded for their shares. The priced
             cryptographic work of the sum (``secagg bench secure``).
     """
 
@@ -155,6 +156,7 @@ class DpfSumResult:
     dense_bytes: tuple[int, int] = (0, 0)
     hashed_bytes: tuple[int, int] = (0, 0)
     client_prg_bytes: int = 0
+    client_dense_bytes: int = 0
 
 
 def _split_rows(x: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -197,6 +199,7 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
     for i in spec.dropouts.get("upload", ()):
         lost["A"].add(i)
         lost["B"].add(i)
+    dense_clients = 0  # clients that expanded a dense share (whether or not it arrived)
     per_batch = max(1, _BATCH_BYTES // cfg.key_bytes())  # key sets generated together (a few MB: the batch's keys stay small)
     lo = 0
     while lo < n:
@@ -213,7 +216,9 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
             if i in spec.tamper and parts_of(sent):
                 sent = [_tampered(cfg, blobs, spec.tamper[i]) for blobs in sent]
             client_s[i] = seconds + time.perf_counter() - t0
-            parts[i] = 0 if isinstance(decode(sent[0][1]), DpfDense) else len(sent)
+            made_dense = isinstance(decode(sent[0][1]), DpfDense)
+            dense_clients += made_dense
+            parts[i] = 0 if made_dense else len(sent)
             for blobs in sent:
                 for b, name in enumerate(("A", "B")):
                     if i in lost[name]:
@@ -262,7 +267,7 @@ def run_dpf_rows(updates: list[tuple[np.ndarray, np.ndarray]], spec: DpfSpec) ->
     return DpfSumResult(total, frozenset(servers[0].survivors or ()), refused, abort, client_s,
                         (timers[0], timers[1]), bytes_up, records, layout.buckets, parts, prg, dense, hashed,
                         keygen_prg_bytes(depth=layout.depth, points=layout.buckets, width=cfg.width, check=cfg.check)
-                        * int(parts.sum()))
+                        * int(parts.sum()), 8 * cfg.layout.domain * cfg.width * dense_clients)
 
 
 def parts_of(sent: list[tuple[bytes, bytes]]) -> bool:

@@ -62,7 +62,7 @@ from secagg.cuckoo import CuckooLayout
 from secagg.dpf import Accumulator, DpfError, Forest, KeySet, gen
 from secagg.errors import AbortError, MessageError
 from secagg.messages import INSTANCE_BYTES, SERVER, Message, Reader, Writer, decode, register
-from secagg.prg import SEED_BYTES, expand
+from secagg.prg import SEED_BYTES, expand, expand_into
 
 __all__ = [
     "SERVER_A",
@@ -380,7 +380,8 @@ class DpfSumClient:
         """The dense two-server share: ``x - PRG(seed)`` to A, ``seed`` (OS CSPRNG) to B."""
         c = self.cfg
         seed = os.urandom(SEED_BYTES)
-        share = np.uint64(0) - expand(seed, c.layout.domain * c.width, label=_DENSE_LABEL)
+        share = expand(seed, c.layout.domain * c.width, label=_DENSE_LABEL)
+        np.subtract(np.uint64(0), share, out=share)  # -PRG(seed), in place
         table = share.reshape(c.layout.domain, c.width)
         table[np.asarray(rows, dtype=np.int64)] += values
         return (DpfDense(c.instance, c.round, self.id, SERVER_A, floor=self.floor, share=share).to_bytes(),
@@ -480,7 +481,10 @@ class DpfSumServer:
         for cid in clients:
             if cid in self.dense:
                 msg = self.dense[cid]
-                out += msg.share if self.party == 0 else expand(msg.seed, out.size, label=_DENSE_LABEL)
+                if self.party == 0:
+                    out += msg.share
+                else:  # streamed into the sum, no vector-sized temporary
+                    expand_into(msg.seed, out, label=_DENSE_LABEL, add=True)
         return out.reshape(c.layout.domain, c.width)
 
     @property

@@ -265,7 +265,8 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
                                  reuse=inst.get("reuse", False), setup=inst.get("setup", True),
                                  prg_bytes=inst.get("prg_bytes", 0), dense_bytes=inst.get("dense_bytes", 0),
                                  hashed_bytes=inst.get("hashed_bytes", 0),
-                                 client_prg_bytes=inst.get("client_prg_bytes", 0))
+                                 client_prg_bytes=inst.get("client_prg_bytes", 0),
+                                 client_dense_bytes=inst.get("client_dense_bytes", 0))
             for name in inst["senders"]:
                 per_client[name] += cost.client_s
             if inst["protocol"] in ("secagg", "secagg+") and inst.get("setup", True):

@@ -115,9 +115,15 @@ def test_dense_shares_and_key_sets_sum_exactly_together(n, rows, width, points, 
     for i in survivors:
         want[ups[i][0]] += ups[i][1]
     assert np.array_equal(res.total.reshape(rows, width), want)
-    for i, (r, _) in enumerate(ups):
-        dense = -(-len(r) // points) > dense_above
-        assert (res.parts[i] == 0) == dense
+    dense = [-(-len(r) // points) > dense_above for r, _ in ups]
+    for i in range(n):
+        assert (res.parts[i] == 0) == dense[i]
+    # the clients' priced work: every dense client expanded its seed (a lost upload too), the others their keys
+    assert res.client_dense_bytes == 8 * res_domain(rows, points) * width * sum(dense)
+
+
+def res_domain(rows: int, points: int) -> int:
+    return CuckooLayout.for_points(rows, points, seed=bytes(32)).domain
 
 
 def test_a_dense_share_alone_is_uniform_or_a_seed_and_malformed_ones_are_refused():

@@ -103,6 +103,27 @@ def buckets_for(points: int, *, failure_bits: int = 40) -> int:
     return hi
 
 
+_PLACE = None
+
+
+def _insert(h: np.ndarray, buckets: int) -> np.ndarray | None:
+    """Cuckoo insertion with evictions (:func:`secagg.cuckoo_fused.place`, loaded on first use): a
+    valid bucket per point, or ``None`` when it gave up (after ``64 + 16 P`` evictions) or numba does not
+    import; the caller then runs the exact matching."""
+    global _PLACE
+    if _PLACE is None:
+        try:
+            from secagg import cuckoo_fused
+        except ImportError:
+            _PLACE = False
+        else:
+            _PLACE = cuckoo_fused.place
+    if not _PLACE:
+        return None
+    bucket = np.empty(h.shape[0], np.int64)
+    return bucket if _PLACE(np.ascontiguousarray(h, dtype=np.int64), buckets, 64 + 16 * h.shape[0], bucket) else None
+
+
 @dataclass(frozen=True)
 class CuckooLayout:
     """The public placement of ``domain`` elements into ``buckets`` buckets, three each.
@@ -215,6 +236,17 @@ class CuckooLayout:
         if xs.size == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         h = self.choices(xs)
+        bucket = _insert(h, self.buckets)  # cuckoo insertion first (compiled); None: it gave up
+        if bucket is None:
+            bucket = self._match(xs, h)
+        which = np.argmax(h == bucket[:, None], axis=1)
+        sizes, offsets, slot = self._slots()
+        position = slot[xs, which] - offsets[bucket]
+        return bucket, position
+
+    def _match(self, xs: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """The exact placement (a maximum bipartite matching): a bucket per point, or CuckooError when
+        no one-per-bucket assignment exists."""
         # each point's distinct choices, sorted: the CSR arrays directly (canonical, no COO conversion)
         hs = np.sort(h, axis=1)
         keep = np.ones(hs.shape, bool)
@@ -227,11 +259,7 @@ class CuckooLayout:
         if (match < 0).any():
             raise CuckooError(f"{int((match < 0).sum())} of {xs.size} points found no free bucket (no "
                               f"one-per-bucket assignment exists in this layout)")
-        bucket = match.astype(np.int64)
-        which = np.argmax(h == bucket[:, None], axis=1)
-        sizes, offsets, slot = self._slots()
-        position = slot[xs, which] - offsets[bucket]
-        return bucket, position
+        return match.astype(np.int64)
 
     def spread(self, xs: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Every bucket's point and value for a client: its points placed by :meth:`assign`, the

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from secagg.cuckoo import CHOICES, CuckooError, CuckooLayout, buckets_for, failure_bound_log2
 
@@ -128,3 +130,38 @@ def test_layout_parameters_are_checked():
         CuckooLayout(10, 5, seed=b"short")
     with pytest.raises(ValueError, match="points"):
         buckets_for(0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(domain=st.integers(5, 400), buckets=st.integers(3, 60), fill=st.floats(0.1, 1.0), seed=st.integers(0, 2**31))
+def test_cuckoo_insertion_places_validly_and_fails_exactly_when_the_matching_does(domain, buckets, fill, seed):
+    """The compiled insertion (secagg/cuckoo_fused.py) returns only valid placements, and assign, which
+    falls back to the exact matching when it gives up, refuses exactly the point sets the matching
+    refuses (a client sits out only when no placement exists)."""
+    from secagg import cuckoo, cuckoo_fused
+
+    lay = CuckooLayout(domain, buckets, seed=seed.to_bytes(4, "big") * 8)
+    rng = np.random.default_rng(seed)  # CSPRNG-OK: test points only
+    xs = rng.choice(domain, min(domain, max(1, int(fill * buckets))), replace=False)
+    h = lay.choices(xs)
+    out = np.empty(xs.size, np.int64)
+    if cuckoo_fused.place(h, buckets, 64 + 16 * xs.size, out):
+        assert len(set(out.tolist())) == xs.size and np.all((h == out[:, None]).any(axis=1))
+    try:
+        exact = lay._match(xs, h)
+    except CuckooError:
+        exact = None
+    try:
+        bucket, position = lay.assign(xs)
+    except CuckooError:
+        assert exact is None
+        return
+    assert exact is not None
+    assert len(set(bucket.tolist())) == xs.size and np.all((h == bucket[:, None]).any(axis=1))
+    alpha, _ = lay.spread(xs, np.ones((xs.size, 1), np.uint64))
+    assert np.array_equal(alpha[bucket], position)
+    # with the insertion giving up at once, assign takes the matching and places the same points
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cuckoo, "_PLACE", lambda h, m, steps, out: False)
+        b2, _ = lay.assign(xs)
+    assert len(set(b2.tolist())) == xs.size and np.all((h == b2[:, None]).any(axis=1))

@@ -4,7 +4,8 @@
 call over both parties' children (AES stays there, AES-NI through OpenSSL), then a dozen numpy passes
 over ``[m, 2]`` arrays to pick the kept and lost children, the correction words and the next seeds;
 at the leaves, per value block two AES calls and four passes. Here each of those steps is one loop
-over the trees (:func:`tree_input`, :func:`tree_level`, :func:`value_cw`): the same words, bit for bit
+over the trees (:func:`tree_input`, :func:`tree_level`, :func:`check_input` and :func:`check_cw`,
+:func:`value_cw`): the same words, bit for bit
 (``tests/secagg/test_dpf_batch.py`` runs both paths on the same roots). The loops are compiled on
 first use and cached on disk; this module imports nothing from :mod:`secagg.dpf_keys` (which imports
 it lazily, so that a client that never generates a large key set does not load numba).
@@ -15,7 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["tree_input", "tree_level", "value_cw"]
+__all__ = ["check_cw", "check_input", "tree_input", "tree_level", "value_cw"]
 
 _jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 _LOW = np.uint64(1)
@@ -86,3 +87,25 @@ def value_cw(y, sig, t1, betas, out):  # noqa: ANN001, ANN202
             h = col % 2
             v = betas[j, col] - (y[i, 0, j, h] ^ sig[0, j, h]) + (y[i, 1, j, h] ^ sig[1, j, h])
             out[j, col] = (v ^ neg) - neg
+
+
+@_jit
+def check_input(s, tweaks, inp):  # noqa: ANN001, ANN202
+    """The check hash's AES input: ``inp[c, b, j] = sigma(s[b, j]) XOR tweaks[c, j]`` for both parties'
+    leaf seeds ``s [2, m, 2]`` and the public tweaks ``[C, m, 2]``; ``inp``: ``[C, 2, m, 2]``."""
+    for c in range(tweaks.shape[0]):
+        for b in range(2):
+            for j in range(s.shape[1]):
+                x0 = s[b, j, 0]
+                inp[c, b, j, 0] = (x0 ^ s[b, j, 1]) ^ tweaks[c, j, 0]
+                inp[c, b, j, 1] = x0 ^ tweaks[c, j, 1]
+
+
+@_jit
+def check_cw(y, inp, out):  # noqa: ANN001, ANN202
+    """``out[j, c] = H'_c(s0_j) XOR H'_c(s1_j)``, each the MMO ``y XOR inp`` of :func:`check_input`'s
+    block (``y = AES_c(inp)``, ``[C, 2, m, 2]``); ``out``: ``[m, C, 2]``."""
+    for j in range(out.shape[0]):
+        for c in range(out.shape[1]):
+            for w in range(2):
+                out[j, c, w] = (y[c, 0, j, w] ^ inp[c, 0, j, w]) ^ (y[c, 1, j, w] ^ inp[c, 1, j, w])

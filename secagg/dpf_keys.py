@@ -575,7 +575,18 @@ def _finish(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.
     check_cw = None
     if check:
         tw = _tweaks(np.arange(m) if trees is None else trees, alphas)
-        check_cw = _check_hash(s[0], tw) ^ _check_hash(s[1], tw)
+        loops = _gen_loops() if m >= _FUSE_FROM else None
+        if loops is not None:  # per check block one AES call over both parties' inputs, then one compiled pass
+            inp = np.empty((CHECK_BLOCKS, 2, m, 2), np.uint64)
+            loops.check_input(np.stack(s), np.stack(tw), inp)
+            y = np.empty((CHECK_BLOCKS * 2 * m + 1, 2), np.uint64)  # one row of slack for update_into
+            for c in range(CHECK_BLOCKS):
+                _encryptor(b"check/%d" % c).update_into(memoryview(inp[c]).cast("B"),
+                                                        memoryview(y[2 * m * c:2 * m * (c + 1) + 1]).cast("B"))
+            check_cw = np.empty((m, CHECK_BLOCKS, 2), np.uint64)
+            loops.check_cw(y[:-1].reshape(CHECK_BLOCKS, 2, m, 2), inp, check_cw)
+        else:
+            check_cw = _check_hash(s[0], tw) ^ _check_hash(s[1], tw)
     secret = LeafSecret(np.stack(s), t[1].copy())
     keys = [KeySet(b, depth, roots[b].copy(), seed_cw, t_cw, check_cw, None) for b in (0, 1)]
     if betas is not None:

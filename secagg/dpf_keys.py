@@ -462,14 +462,16 @@ def gen(alphas: np.ndarray, depth: int, betas: np.ndarray | None = None, *, chec
 
 def gen_many(alphas: list[np.ndarray], depth: int, betas: list[np.ndarray], *, check: bool = True
              ) -> list[tuple[KeySet, KeySet]]:
-    """:func:`gen` for many key sets at once (with values): one pass over all their trees.
+    """:func:`gen` for many key sets at once (with values): whole key sets of about :data:`_GEN_CHUNK`
+    trees per pass.
 
-    Every tree's generation is independent of the others' (its own root seeds from the OS CSPRNG,
-    its own correction words; only the check's tweak names its index within its key set), so the
-    key sets are exactly those :func:`gen` makes from the same root seeds: a simulation generates
-    many clients' key sets in one set of array passes instead of one per client
+    Every tree's generation is independent of the others' (its own root seeds, from the CSPRNG:
+    ``os.urandom``, or for 1,024 trees or more the AES-256-CTR keystream of a fresh ``os.urandom`` key;
+    its own correction words; only the check's tweak names its index within its key set), so the key
+    sets are exactly those :func:`gen` makes from the same root seeds: a simulation generates many
+    clients' key sets in a few array passes instead of one pass per client
     (``tests/secagg/test_dpf_batch.py`` checks it byte for byte). Each key set's arrays are views of
-    the batch's.
+    its pass's.
 
     Args:
         alphas: per key set, ``int [m_i]`` points in ``[0, 2^depth)``.

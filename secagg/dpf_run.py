@@ -5,12 +5,14 @@ process, every message crossing as wire bytes, the clients' key sets generated i
 one pass over its ``m`` trees per key set). A simulation of hundreds of devices would pay that
 pass's fixed costs (a few dozen array operations per tree level, whatever ``m`` is) once per
 device; :func:`upload_many` instead places every client's rows one client at a time (each with its
-own CSPRNG decoys) and generates all their key sets in one pass over their concatenated trees
-(:func:`secagg.dpf.gen_many`), each tree with its own root seeds from the OS CSPRNG. The key sets are
-exactly those each client's own call would make from the same seeds (tested byte for byte), and each
-client is refused, in the same words, exactly when its own call would refuse it. The seconds a
-client is charged (``client_s``) are its share of the batch (by key sets); what one device pays
-alone is measured by ``secagg bench dpf`` and reported in docs/dpf.md.
+own CSPRNG decoys) and generates a batch of clients' key sets (about :data:`_BATCH_BYTES` of keys)
+together (:func:`secagg.dpf.gen_many`: whole key sets of about 4K trees per pass), each tree with its
+own root seeds from the CSPRNG (AES-256-CTR under a fresh ``os.urandom`` key for a large batch). The
+key sets are exactly those each client's own call would make from the same seeds (tested byte for
+byte), and each client is refused, in the same words, exactly when its own call would refuse it. The
+seconds a client is charged (``client_s``) are its own placement and encoding plus its share of the
+batch (by key sets); what one device pays alone is measured by ``secagg bench dpf`` and reported in
+docs/dpf.md.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def _sets(cfg: DpfSumConfig, rows: np.ndarray) -> int:
     """Key sets an update of these rows needs (an estimate for batching; :meth:`DpfSumClient.plan` decides)."""
     return cfg.max_parts if cfg.pad_parts else max(1, min(cfg.max_parts, -(-np.size(rows) // cfg.points)))
 
+
 @dataclass(frozen=True)
 class DpfSpec:
     """What :func:`run_dpf` simulates.
@@ -100,7 +103,8 @@ class DpfSpec:
         max_parts, pad_parts, dense_above: as :class:`DpfSumConfig`'s (a client with more than
             ``points`` rows sends several key sets, or above ``dense_above`` of them a dense share).
         keep_messages: ``records`` hold every message's bytes; ``False``: each upload's size (an int) in
-            place of its bytes, so no client's upload outlives the servers' parsed copy of it.
+            place of its bytes, so no client's upload outlives the sum (the servers' key sets are
+            read-only views of the upload bytes while it runs).
     """
 
     rows: int
@@ -127,7 +131,8 @@ class DpfSumResult:
         total: ``uint64 [N * d]`` sum over ``survivors`` (``None`` after an abort, reason in ``abort``).
         survivors: clients in the sum; refused: ``client -> reason`` (bad rows, placement failure,
             failed check).
-        client_s: seconds per client (placement and key generation).
+        client_s: seconds per client: its placement and encoding, plus its share of its batch's key
+            generation (:func:`upload_many`).
         server_s: seconds at A and at B (everything after the uploads, including the check).
         bytes_up: ``[n, 2]`` bytes each client sent to A and to B.
         parts: ``[n]`` key sets each client sent (0: refused before sending or dense).

@@ -103,25 +103,25 @@ def buckets_for(points: int, *, failure_bits: int = 40) -> int:
     return hi
 
 
-_PLACE = None
+@functools.cache
+def _placer():  # noqa: ANN202 - the compiled function, or None
+    """:func:`secagg.cuckoo_fused.place`, loaded on first use, or ``None`` where numba does not import."""
+    try:
+        from secagg import cuckoo_fused
+    except ImportError:
+        return None
+    return cuckoo_fused.place
 
 
 def _insert(h: np.ndarray, buckets: int) -> np.ndarray | None:
-    """Cuckoo insertion with evictions (:func:`secagg.cuckoo_fused.place`, loaded on first use): a
-    valid bucket per point, or ``None`` when it gave up (after ``64 + 16 P`` evictions) or numba does not
-    import; the caller then runs the exact matching."""
-    global _PLACE
-    if _PLACE is None:
-        try:
-            from secagg import cuckoo_fused
-        except ImportError:
-            _PLACE = False
-        else:
-            _PLACE = cuckoo_fused.place
-    if not _PLACE:
+    """Cuckoo insertion with evictions (:func:`secagg.cuckoo_fused.place`): a valid bucket per point,
+    or ``None`` when it gave up (after ``64 + 16 P`` evictions) or numba does not import; the caller
+    then runs the exact matching."""
+    place = _placer()
+    if place is None:
         return None
     bucket = np.empty(h.shape[0], np.int64)
-    return bucket if _PLACE(np.ascontiguousarray(h, dtype=np.int64), buckets, 64 + 16 * h.shape[0], bucket) else None
+    return bucket if place(np.ascontiguousarray(h, dtype=np.int64), buckets, 64 + 16 * h.shape[0], bucket) else None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ The construction, the PRG, the key encoding and key generation are in :mod:`seca
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,20 +72,16 @@ _GROUP_LEAVES = 1 << 16  #: leaves per group of trees expanded together (cache-s
 _FUSED_CHUNK = 1 << 14  #: leaves per pass (over a batch's keys) of the fused loops: their buffers stay in L2
 
 
+@functools.cache
 def _fused():  # noqa: ANN202 - the module, or None
     """:mod:`secagg.dpf_fused` (the evaluation's compiled loops), or ``None`` where numba does not import."""
-    global _FUSED_MODULE
-    if _FUSED_MODULE is None:
-        try:
-            from secagg import dpf_fused
-        except ImportError:
-            _FUSED_MODULE = False
-        else:
-            _FUSED_MODULE = dpf_fused
-    return _FUSED_MODULE or None
+    try:
+        from secagg import dpf_fused
+    except ImportError:
+        return None
+    return dpf_fused
 
 
-_FUSED_MODULE = None
 _FUSED_WARM = False
 
 

@@ -41,6 +41,7 @@ padding bits of the packed control bits must be zero, so every key has exactly o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import struct
@@ -103,23 +104,24 @@ def _encryptor(name: bytes):  # noqa: ANN202 - cryptography's private context ty
     return enc
 
 
-_FUSE_FROM = 1  #: trees from which key generation runs its passes in the compiled loops (numba; every key set)
-_GEN_LOOPS = None
+_FUSED = True  #: key generation runs its passes in the compiled loops wherever numba imports (False: numpy)
 
 
-def _gen_loops():  # noqa: ANN202 - the module, or None
+@functools.cache
+def _gen_module():  # noqa: ANN202 - the module, or None
     """:mod:`secagg.dpf_gen_fused` (key generation's compiled loops), or ``None`` where numba does not import;
     imported on the first key set generated (not at import: a process that never generates one does not
     load numba)."""
-    global _GEN_LOOPS
-    if _GEN_LOOPS is None:
-        try:
-            from secagg import dpf_gen_fused
-        except ImportError:
-            _GEN_LOOPS = False
-        else:
-            _GEN_LOOPS = dpf_gen_fused
-    return _GEN_LOOPS or None
+    try:
+        from secagg import dpf_gen_fused
+    except ImportError:
+        return None
+    return dpf_gen_fused
+
+
+def _gen_loops():  # noqa: ANN202 - the module, or None
+    """The compiled loops to use: :func:`_gen_module`, or ``None`` with :data:`_FUSED` off (the numpy reference)."""
+    return _gen_module() if _FUSED else None
 
 
 def _sigma(x: np.ndarray) -> np.ndarray:
@@ -205,7 +207,7 @@ def _value_cw(s0: np.ndarray, s1: np.ndarray, t1: np.ndarray, betas: np.ndarray)
     with ``m`` all ones where ``t1``)."""
     n, d = betas.shape
     blocks = -(-d // 2)
-    loops = _gen_loops() if n >= _FUSE_FROM else None
+    loops = _gen_loops()
     if loops is not None:  # per block one AES call over both parties' seeds, then one compiled pass
         sig = np.empty((2, n, 2), np.uint64)
         sig[0], sig[1] = _sigma(s0), _sigma(s1)
@@ -523,9 +525,9 @@ def _gen(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.nda
     m = alphas.size
     seed_cw = np.empty((m, depth, 2), np.uint64)
     t_cw = np.empty((m, depth, 2), np.uint8)
-    loops = _gen_loops() if m >= _FUSE_FROM else None
+    loops = _gen_loops()
     if loops is not None:  # per level one AES call over both parties' children, then one compiled pass
-        both, bits = np.ascontiguousarray(roots, dtype=np.uint64).copy(), np.zeros((2, m), np.uint8)
+        both, bits = np.array(roots, dtype=np.uint64), np.zeros((2, m), np.uint8)
         bits[1] = 1
         inp = np.empty((2, m, 2, 2), np.uint64)
         out = np.empty((4 * m + 1, 2), np.uint64)  # one row of slack for update_into
@@ -577,7 +579,7 @@ def _finish(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.
     check_cw = None
     if check:
         tw = _tweaks(np.arange(m) if trees is None else trees, alphas)
-        loops = _gen_loops() if m >= _FUSE_FROM else None
+        loops = _gen_loops()
         if loops is not None:  # per check block one AES call over both parties' inputs, then one compiled pass
             inp = np.empty((CHECK_BLOCKS, 2, m, 2), np.uint64)
             loops.check_input(np.stack(s), np.stack(tw), inp)

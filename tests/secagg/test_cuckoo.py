@@ -162,6 +162,6 @@ def test_cuckoo_insertion_places_validly_and_fails_exactly_when_the_matching_doe
     assert np.array_equal(alpha[bucket], position)
     # with the insertion giving up at once, assign takes the matching and places the same points
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cuckoo, "_PLACE", lambda h, m, steps, out: False)
+        mp.setattr(cuckoo, "_placer", lambda: lambda h, m, steps, out: False)
         b2, _ = lay.assign(xs)
     assert len(set(b2.tolist())) == xs.size and np.all((h == b2[:, None]).any(axis=1))

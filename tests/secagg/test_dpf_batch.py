@@ -156,7 +156,7 @@ def test_the_clients_priced_key_generation_bytes_are_the_aes_bytes_gen_computes(
             return self.enc.update_into(src, dst)
 
     monkeypatch.setattr(dpf_keys, "_encryptor", lambda name: Counting(real(name)))
-    monkeypatch.setattr(dpf_keys, "_FUSE_FROM", 1 if fused else 1 << 30)
+    monkeypatch.setattr(dpf_keys, "_FUSED", fused)
     depth, m = 5, 7
     dpf_keys.gen(np.arange(m) * 3 % 32, depth, np.ones((m, width), np.uint64), check=check)
     assert counted[0] == keygen_prg_bytes(depth=depth, points=m, width=width, check=check)
@@ -177,7 +177,7 @@ def test_the_compiled_key_generation_is_the_numpy_one_word_for_word(case):
     out = {}
     for fused in (True, False):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(dpf_keys, "_FUSE_FROM", 1 if fused else 1 << 30)
+            mp.setattr(dpf_keys, "_FUSED", fused)
             k0, k1, secret = dpf_keys._gen(alphas, depth, betas, roots.copy(), check=case["check"])
         out[fused] = (k0.to_bytes(), k1.to_bytes(), secret.seeds.tobytes(), secret.t1.tobytes())
     assert out[True] == out[False]

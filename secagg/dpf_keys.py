@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import struct
 import threading
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from secagg.errors import MessageError
-from secagg.prg import SEED_BYTES, expand
+from secagg.prg import random_words
 __all__ = [
     "CHECK_BLOCKS",
     "MAX_DEPTH",
@@ -432,14 +431,9 @@ def _check_points(alphas: np.ndarray, depth: int) -> np.ndarray:
 
 
 def _random_roots(m: int) -> np.ndarray:
-    """Both parties' root seeds of ``m`` trees (low bits clear): ``os.urandom`` for a small key set, the
-    AES-256-CTR keystream of a fresh ``os.urandom`` key for many trees at once (``getrandom`` gives
-    ~0.2 GB/s here, a tenth of a batch's key generation)."""
-    if m >= 1024:
-        roots = expand(os.urandom(SEED_BYTES), 4 * m, label=b"secagg/dpf/roots").reshape(2, m, 2)
-        roots[..., 0] &= _CLEAR
-        return roots
-    roots = np.frombuffer(os.urandom(32 * m), dtype="<u8").astype(np.uint64).reshape(2, m, 2)
+    """Both parties' root seeds of ``m`` trees (low bits clear), from the CSPRNG
+    (:func:`secagg.prg.random_words`: AES-256-CTR under a fresh ``os.urandom`` key for a large batch)."""
+    roots = random_words(4 * m, label=b"secagg/dpf/roots").reshape(2, m, 2)
     roots[..., 0] &= _CLEAR
     return roots
 
@@ -468,7 +462,7 @@ def gen_many(alphas: list[np.ndarray], depth: int, betas: list[np.ndarray], *, c
     trees per pass.
 
     Every tree's generation is independent of the others' (its own root seeds, from the CSPRNG:
-    ``os.urandom``, or for 1,024 trees or more the AES-256-CTR keystream of a fresh ``os.urandom`` key;
+    :func:`secagg.prg.random_words`, the AES-256-CTR keystream of a fresh ``os.urandom`` key beyond 128 trees;
     its own correction words; only the check's tweak names its index within its key set), so the key
     sets are exactly those :func:`gen` makes from the same root seeds: a simulation generates many
     clients' key sets in a few array passes instead of one pass per client

@@ -18,34 +18,25 @@ Rounding modes:
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from secagg.errors import BudgetError
-from secagg.prg import SEED_BYTES, expand
+from secagg.prg import random_words
 
 __all__ = ["FixedPoint", "check_budget", "choose_ring_bits", "csprng_uniform", "sign_extend"]
 
 _ROUNDINGS = ("stochastic", "nearest")
 
 
-_URANDOM_MAX = 4096  # bytes; larger draws expand a fresh os.urandom seed with AES-256-CTR
-
-
 def csprng_uniform(shape: int | tuple[int, ...]) -> np.ndarray:
-    """Uniform float64 in ``[0, 1)`` with 53 random bits each, from the operating system's CSPRNG.
-
-    Up to 512 values are ``os.urandom`` words; larger draws are the AES-256-CTR keystream
-    (:func:`secagg.prg.expand`) of a fresh 32-byte ``os.urandom`` seed used for that draw alone (a
-    block-cipher DRBG), because ``getrandom`` delivers about 0.2 GB/s here: 26 ms for one 647k-value
-    vector, where AES-NI takes about 1 ms."""
+    """Uniform float64 in ``[0, 1)`` with 53 random bits each, from the operating system's CSPRNG
+    (:func:`secagg.prg.random_words`: ``os.urandom`` for up to 512 values, beyond that the AES-256-CTR
+    keystream of a fresh ``os.urandom`` seed, since ``getrandom`` takes 26 ms for one 647k-value
+    vector, where AES-NI takes about 1 ms)."""
     size = int(np.prod(shape))
-    if 8 * size <= _URANDOM_MAX:
-        words = np.frombuffer(os.urandom(8 * size), dtype=np.uint64)
-    else:
-        words = expand(os.urandom(SEED_BYTES), size, label=b"stochastic-rounding")
+    words = random_words(size, label=b"stochastic-rounding")
     return ((words >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(shape)
 
 

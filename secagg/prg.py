@@ -12,15 +12,17 @@ against NIST SP 800-38A F.5.5.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-__all__ = ["SEED_BYTES", "accumulate", "expand", "expand_into"]
+__all__ = ["SEED_BYTES", "accumulate", "expand", "expand_into", "random_words"]
 
 SEED_BYTES = 32
 _DOMAIN = b"secagg/prg/v1"
+_URANDOM_MAX = 4096  #: bytes: :func:`random_words` draws up to this many from os.urandom, more through AES-256-CTR
 
 
 def _counter_block(label: bytes) -> bytes:
@@ -54,6 +56,19 @@ def expand(seed: bytes, n: int, *, label: bytes = b"") -> np.ndarray:
     out = np.empty(int(n), dtype=np.uint64)
     expand_into(seed, out, label=label, add=False)
     return out
+
+
+def random_words(n: int, *, label: bytes = b"") -> np.ndarray:
+    """``n`` fresh uniform ``uint64`` words from the CSPRNG (a fresh writable array).
+
+    Up to 512 words are ``os.urandom``'s; more are the AES-256-CTR keystream (:func:`expand`) of a fresh
+    32-byte ``os.urandom`` seed used for that draw alone (a block-cipher DRBG), because ``getrandom``
+    delivers about 0.2 GB/s here, a tenth of what AES-NI gives. ``label`` only names the draw's use.
+    """
+    n = int(n)
+    if 8 * n <= _URANDOM_MAX:
+        return np.frombuffer(os.urandom(8 * n), dtype=np.uint64).copy()
+    return expand(os.urandom(SEED_BYTES), n, label=label)
 
 
 def expand_into(

@@ -211,9 +211,8 @@ def instance_cost(protocol: str, *, n: int, dim: int, k: int | None, t: int | No
             raise ValueError("a dpf instance needs the AES-128-ECB throughput (UnitCosts.measure measures it)")
         s = {"prg": (prg_bytes / units.aes_ecb_bps if prg_bytes else 0.0) + dense_bytes / units.aes_ctr_bps,
              "adds_hash": hashed_bytes / units.sha256_bps}
-        c = {"prg": (client_prg_bytes / units.aes_ecb_bps if client_prg_bytes else 0.0)
-             + client_dense_bytes / units.aes_ctr_bps}
-        c = {"prg": c["prg"] / max(n, 1)} if c["prg"] else {}
+        clients = (client_prg_bytes / units.aes_ecb_bps if client_prg_bytes else 0.0) + client_dense_bytes / units.aes_ctr_bps
+        c = {"prg": clients / max(n, 1)} if clients else {}
         return InstanceCost(sum(c.values()), sum(s.values()), c, s)
     if protocol in ("secagg", "secagg+") and reuse:
         k = n - 1 if k is None else k

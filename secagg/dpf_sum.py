@@ -178,9 +178,8 @@ class DpfUpload(Message):
              parts: int) -> bytes:
         """``DpfUpload(..., key=key.to_bytes()).to_bytes()``, the key's arrays copied once (into the message)."""
         msg = cls(instance, round, sender, receiver, floor=floor, part=part, parts=parts)
-        body = key.to_parts()
-        size = sum(len(b) if isinstance(b, bytes) else b.nbytes for b in body)
-        return msg._framed(Writer().u32(floor).u32(part).u32(parts).u32(size).buffers(body))
+        size = KeySet.size(depth=key.depth, points=key.points, width=key.width, check=key.check_cw is not None)
+        return msg._framed(Writer().u32(floor).u32(part).u32(parts).u32(size).buffers(key.to_parts()))
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> DpfUpload:

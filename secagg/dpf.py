@@ -73,6 +73,16 @@ _FUSED_CHUNK = 1 << 14  #: leaves per pass (over a batch's keys) of the fused lo
 
 
 @functools.cache
+def _ni():  # noqa: ANN202 - the module, or None
+    """:mod:`secagg.dpf_ni` (the evaluation with AES inside its loops), or ``None`` without AES-NI."""
+    from secagg import aesni
+    if not aesni.available() or _fused() is None:
+        return None
+    from secagg import dpf_ni
+    return dpf_ni
+
+
+@functools.cache
 def _fused():  # noqa: ANN202 - the module, or None
     """:mod:`secagg.dpf_fused` (the evaluation's compiled loops), or ``None`` where numba does not import."""
     try:
@@ -95,7 +105,8 @@ def _warm_fused() -> None:
     forest = Forest.of(np.array([3, 0, 2]))
     key = gen(np.array([1, 0, 0]), forest.depth, np.ones((3, 3), np.uint64))[0]
     for challenge in (None, bytes(16)):
-        Accumulator(forest, 3, 0, challenge=challenge, fused=True).add_many([key, key])
+        for aesni in (False, True) if _ni() is not None else (False,):
+            Accumulator(forest, 3, 0, challenge=challenge, fused=True, aesni=aesni).add_many([key, key])
 
 
 # -- the forest and its evaluation -----------------------------------------------------------------
@@ -350,10 +361,14 @@ class Accumulator:
         batch: key sets evaluated together (1 to 8).
         fused: evaluate with the compiled loops of :mod:`secagg.dpf_fused` (``None``: wherever numba
             imports; ``False``: the numpy path below, the same words and digests).
+        aesni: with ``fused``, run AES inside those loops (:mod:`secagg.dpf_ni`; ``None``: wherever
+            :func:`secagg.aesni.available`; ``False``: ``cryptography``'s AES between them). The same
+            words and digests on every path.
     """
 
     def __init__(self, forest: Forest, width: int, party: int, *, challenge: bytes | None = None,
-                 chunk: int | None = None, batch: int = _GROUP, fused: bool | None = None) -> None:
+                 chunk: int | None = None, batch: int = _GROUP, fused: bool | None = None,
+                 aesni: bool | None = None) -> None:
         if type(width) is not int or not 1 <= width <= MAX_WIDTH:
             raise ValueError(f"width must be an int in [1, {MAX_WIDTH}]; found {width!r}")
         if party not in (0, 1):
@@ -364,6 +379,10 @@ class Accumulator:
             fused = _fused() is not None
         elif fused and _fused() is None:
             raise ValueError("fused=True needs numba (a dependency of this package; not importable here)")
+        if aesni is None:
+            aesni = bool(fused) and _ni() is not None
+        elif aesni and (not fused or _ni() is None):
+            raise ValueError("aesni=True needs the fused loops and a CPU with AES-NI (secagg.aesni.available)")
         chunk = (_FUSED_CHUNK if fused else 65536) if chunk is None else chunk
         if type(chunk) is not int or chunk < 1 or type(batch) is not int or not 1 <= batch <= _GROUP:
             raise ValueError(f"chunk must be a positive int and batch an int in [1, {_GROUP}]; found {chunk!r}, {batch!r}")
@@ -371,9 +390,10 @@ class Accumulator:
         self.blocks = -(-width // 2)
         self._acc = np.empty((self.blocks, forest.leaves, 2), np.uint64)
         self._acc.fill(0)  # touch every page now (once per sum), not inside the first key's evaluation
-        self._chunk, self._batch, self.fused = chunk, batch, bool(fused)
+        self._chunk, self._batch, self.fused, self.aesni = chunk, batch, bool(fused), bool(aesni)
         self._scratch: dict[str, np.ndarray] = {}  # the fused loops' buffers, reused by the batches of one add_many
         self._mac = None if challenge is None else Cipher(algorithms.AES(challenge), modes.ECB()).encryptor()
+        self._challenge, self._mac_keys = challenge, None
         self._mac_pos: np.ndarray | None = None
         if self._mac is not None:
             self._positions()  # depends on the round's challenge only: computed once here, not per key
@@ -411,6 +431,8 @@ class Accumulator:
     def _add_batch(self, keys: list[KeySet], sign: int) -> list[bytes | None]:
         if self.fused:
             self.count += sign * len(keys)
+            if self.aesni:
+                return _ni().add_batch(self, keys, sign, _GROUP_LEAVES)
             return _fused().add_batch(self, keys, sign, self._chunk, _GROUP_LEAVES)
         k, blocks, forest, acc, mac = len(keys), self.blocks, self.forest, self._acc, self._mac
         negate = (self.party == 1) != (sign == -1)
@@ -502,6 +524,13 @@ class Accumulator:
         if mac is None:
             return [None] * k
         return [_words(folded[q]) + key.public_digest() for q, key in enumerate(keys)]
+
+    def _challenge_keys(self) -> np.ndarray:
+        """The challenge's AES-128 round keys (:func:`secagg.aesni.round_keys`), expanded once."""
+        if self._mac_keys is None:
+            from secagg import aesni
+            self._mac_keys = aesni.round_keys(self._challenge)
+        return self._mac_keys
 
     def _positions(self) -> np.ndarray:
         """``AES_challenge(position block)`` per leaf: the first block of each leaf's CBC-MAC."""

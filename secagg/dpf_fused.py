@@ -108,11 +108,19 @@ def _stack(scratch: dict, name: str, arrays: list[np.ndarray]) -> np.ndarray:
     return np.stack(arrays, out=_buf(scratch, name, (len(arrays), *arrays[0].shape), arrays[0].dtype))
 
 
-def _expand(keys: list[KeySet], j0: int, j1: int, forest, scratch: dict | None = None) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+def _openssl_tree(inp: np.ndarray, out: np.ndarray) -> None:
+    """``out[:n] = AES_tree(inp)`` through ``cryptography`` (``out`` has a row of slack for ``update_into``)."""
+    _encryptor(b"tree").update_into(memoryview(inp).cast("B"), memoryview(out).cast("B"))
+
+
+def _expand(keys: list[KeySet], j0: int, j1: int, forest, scratch: dict | None = None,  # noqa: ANN001
+            aes=_openssl_tree) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
     """``sigma`` of the leaf seeds and the control bits of trees ``j0 .. j1-1`` of every key
     (``forest``: those trees): ``(uint64 [K, leaves, 2], uint8 [K, leaves])``; the leaves' seeds are
     those of :func:`secagg.dpf._expand_many`, one AES call and one loop per level. ``scratch``: where
-    the buffers are kept between calls (the results are scratch too: read them before the next call)."""
+    the buffers are kept between calls (the results are scratch too: read them before the next call);
+    ``aes(inp, out)``: the level's AES under the fixed key ``tree`` (``out``: one row longer than ``inp``),
+    ``cryptography``'s or :mod:`secagg.dpf_ni`'s."""
     k = len(keys)
     scratch = {} if scratch is None else scratch
     live = forest.sizes > 0
@@ -124,10 +132,9 @@ def _expand(keys: list[KeySet], j0: int, j1: int, forest, scratch: dict | None =
     inp = _buf(scratch, "inp/0", (k, n, 4), np.uint64)
     bits = _buf(scratch, "bits/0", (k, n), np.uint8)
     _roots(nodes, inp, bits)
-    enc = _encryptor(b"tree")
     for level in range(forest.depth):
         out = _buf(scratch, "out", (k * n + 1, 4), np.uint64)  # one row of slack for update_into
-        enc.update_into(memoryview(inp).cast("B"), memoryview(out).cast("B"))
+        aes(inp, out)
         counts = forest.level_counts(level + 1)
         n = int(counts.sum())
         last = level == forest.depth - 1

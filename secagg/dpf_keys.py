@@ -91,6 +91,11 @@ class DpfError(MessageError):
 _LOCAL = threading.local()
 
 
+def _fixed_key(name: bytes) -> bytes:
+    """The public fixed AES-128 key named ``name`` (``tree``, ``value/i``, ``check/c``, ``tweak/c``)."""
+    return hashlib.sha256(b"secagg/dpf/v1/" + name).digest()[:16]
+
+
 def _encryptor(name: bytes):  # noqa: ANN202 - cryptography's private context type
     """The ECB encryptor of the public fixed key named ``name`` (one per thread, reused)."""
     cache = getattr(_LOCAL, "enc", None)
@@ -98,8 +103,7 @@ def _encryptor(name: bytes):  # noqa: ANN202 - cryptography's private context ty
         cache = _LOCAL.enc = {}
     enc = cache.get(name)
     if enc is None:
-        key = hashlib.sha256(b"secagg/dpf/v1/" + name).digest()[:16]
-        enc = cache[name] = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+        enc = cache[name] = Cipher(algorithms.AES(_fixed_key(name)), modes.ECB()).encryptor()
     return enc
 
 

@@ -9,9 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from secagg import dpf, dpf_fused  # numba is a dependency (pyproject.toml): a missing one fails here
+from secagg import aesni, dpf, dpf_fused  # numba is a dependency (pyproject.toml): a missing one fails here
 from secagg.dpf import Accumulator, Forest
 
+#: the evaluation paths: numpy; compiled loops around cryptography's AES; AES inside the loops (where the CPU has AES-NI)
+MODES = {"numpy": (False, False), "fused": (True, False)} | ({"aesni": (True, True)} if aesni.available() else {})
 PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -49,22 +51,23 @@ def test_the_fused_evaluation_equals_the_numpy_path_and_the_reference(case):
     removed = pairs[:case["removed"]]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dpf, "_GROUP_LEAVES", case["group"])
-        accs = {fused: [Accumulator(forest, width, b, challenge=challenge, chunk=case["chunk"], batch=case["batch"],
-                                    fused=fused) for b in (0, 1)] for fused in (False, True)}
-        digests = {fused: [accs[fused][b].add_many([p[b] for p in pairs]) for b in (0, 1)] for fused in accs}
-        for fused in accs:
+        accs = {mode: [Accumulator(forest, width, b, challenge=challenge, chunk=case["chunk"], batch=case["batch"],
+                                   fused=fused, aesni=ni) for b in (0, 1)] for mode, (fused, ni) in MODES.items()}
+        digests = {mode: [accs[mode][b].add_many([p[b] for p in pairs]) for b in (0, 1)] for mode in accs}
+        for mode in accs:
             for b in (0, 1):
-                accs[fused][b].add_many([p[b] for p in removed], sign=-1)
-    assert all(acc.fused for acc in accs[True]) and not any(acc.fused for acc in accs[False])
-    assert digests[True] == digests[False]
-    assert digests[True][0] == digests[True][1]  # honest keys pass the check
-    for b in (0, 1):
-        assert np.array_equal(accs[True][b].total(), accs[False][b].total())
-        assert accs[True][b].count == accs[False][b].count == len(pairs) - len(removed)
-        reference = sum((dpf.eval_full(p[b], forest) for p in pairs[len(removed):]), np.zeros_like(points[0]))
-        assert np.array_equal(accs[True][b].total(), reference)
+                accs[mode][b].add_many([p[b] for p in removed], sign=-1)
+    assert all(acc.fused and not acc.aesni for acc in accs["fused"]) and not any(acc.fused for acc in accs["numpy"])
+    assert all(acc.aesni for acc in accs.get("aesni", []))
+    reference = [sum((dpf.eval_full(p[b], forest) for p in pairs[len(removed):]), np.zeros_like(points[0])) for b in (0, 1)]
     want = sum(points[len(removed):], np.zeros_like(points[0]))  # the point functions of the keys left in
-    assert np.array_equal(accs[True][0].total() + accs[True][1].total(), want)
+    for mode in accs:
+        assert digests[mode] == digests["numpy"], mode
+        assert digests[mode][0] == digests[mode][1]  # honest keys pass the check
+        for b in (0, 1):
+            assert np.array_equal(accs[mode][b].total(), reference[b]), mode
+            assert accs[mode][b].count == len(pairs) - len(removed)
+        assert np.array_equal(accs[mode][0].total() + accs[mode][1].total(), want)
 
 
 @PROPS

@@ -1,0 +1,201 @@
+"""AES-128 rounds as numba intrinsics (LLVM's ``llvm.x86.aesni.*``); see :mod:`secagg.aesni`.
+
+Import only where :func:`secagg.aesni.available` (LLVM cannot lower these intrinsics for a CPU
+without AES-NI). Every array given to an intrinsic is C-contiguous ``uint64`` (offsets ``int64``),
+addressed by flat word offsets; the intrinsics do no bounds checks, so their callers keep every
+offset in range (each caller's loops derive them from the shapes they were given).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
+
+__all__ = ["LANES", "aes8", "aes8_c", "ecb", "ecb8", "expand_key", "mmo8", "mmo8_add_c", "mmo8_c", "mmo8_sub_c", "mmo8_xor", "mmo8_xor_c", "subword"]
+
+LANES = 8  #: blocks per intrinsic call: AES-NI's latency over its issue interval (4 x 2 on Zen 3), so one call fills the pipeline
+
+_I64 = ir.IntType(64)
+_VEC = ir.VectorType(_I64, 2)
+_jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+
+
+def _round(builder: ir.IRBuilder, name: str) -> ir.Function:
+    return builder.module.declare_intrinsic(f"llvm.x86.aesni.{name}", fnty=ir.FunctionType(_VEC, [_VEC, _VEC]))
+
+
+def _words(ty: types.Type, dtype: types.Type) -> bool:
+    return isinstance(ty, types.Array) and ty.dtype == dtype and ty.layout == "C"
+
+
+def _lanes_intrinsic(feed_forward: bool, correct: str | None, out: str, *, contiguous: bool = False,  # noqa: ANN202
+                     tweak: bool = True):
+    """Eight AES-128 blocks under one key, with what the DPF does next fused in, as one intrinsic:
+
+    ``fn(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)``
+    computes, for each lane ``l`` (a 16-byte block is two words at a flat word offset):
+
+    * ``x = src[sbase + soff[l]] XOR tw[tbase + toff[l]]``;
+    * ``y = AES_k(x)``, ``XOR x`` with ``feed_forward`` (``k``: the round keys at ``rk[kbase .. +22]``,
+      shared by the lanes: each round key is loaded once per call);
+    * with ``correct``, ``y = y XOR c`` (``"xor"``) or ``y = y + c`` (``"add"``, per 64-bit word) with
+      ``c = cw[cbase + coff[l]] AND masks[l]`` (a control bit's all-ones or zero mask);
+    * ``dst[dbase + doff[l]] = y`` (``out = "store"``), ``+= y`` (``"add"``) or ``-= y`` (``"sub"``),
+      lane after lane (lanes may share a destination).
+
+    The eight states stay in registers through the ten rounds and every source is read before any
+    destination is written (``dst`` may be ``src`` or ``tw``). ``cw`` and ``masks`` are read only with
+    ``correct``; ``tw`` only with ``tweak``. With ``contiguous`` the lanes are consecutive blocks:
+    ``soff[l]``, ``toff[l]`` and ``doff[l]`` are taken as ``2 l`` (those arrays are not read), which
+    saves a load and an address per lane and operand (the hot loops' full groups)."""
+
+    def typer(typingctx, src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff):  # noqa: ANN001, ANN202, ARG001, PLR0913
+        for name, ty, dtype in (("src", src, types.uint64), ("tw", tw, types.uint64), ("rk", rk, types.uint64),
+                                ("cw", cw, types.uint64), ("masks", masks, types.uint64), ("dst", dst, types.uint64),
+                                ("soff", soff, types.int64), ("toff", toff, types.int64), ("coff", coff, types.int64),
+                                ("doff", doff, types.int64)):
+            if not _words(ty, dtype):
+                raise TypingError(f"{name} must be a C-contiguous {dtype} array; found {ty}")
+        ip = types.intp
+        sig = types.void(src, ip, soff, tw, ip, toff, rk, ip, cw, ip, coff, masks, dst, ip, doff)
+
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            ty = signature.args
+            ptr = [context.make_array(ty[i])(context, builder, args[i]).data if isinstance(ty[i], types.Array) else None
+                   for i in range(len(args))]
+            p_src, p_soff, p_tw, p_toff, p_rk, p_cw, p_coff, p_masks, p_dst, p_doff = (
+                ptr[0], ptr[2], ptr[3], ptr[5], ptr[6], ptr[8], ptr[10], ptr[11], ptr[12], ptr[14])
+            sbase, tbase, kbase, cbase, dbase = args[1], args[4], args[7], args[9], args[13]
+            enc, last = _round(builder, "aesenc"), _round(builder, "aesenclast")
+
+            def vec_at(base, offset):  # noqa: ANN001, ANN202
+                return builder.bitcast(builder.gep(base, [offset]), _VEC.as_pointer())
+
+            def word(base, lane: int):  # noqa: ANN001, ANN202
+                return builder.load(builder.gep(base, [ir.Constant(_I64, lane)]))
+
+            def block(base, offset):  # noqa: ANN001, ANN202
+                return builder.load(vec_at(base, offset), align=8)
+
+            def offset(base_v, offs, lane: int):  # noqa: ANN001, ANN202
+                return builder.add(base_v, ir.Constant(_I64, 2 * lane) if contiguous else word(offs, lane))
+
+            xs = []
+            for lane in range(LANES):
+                x = block(p_src, offset(sbase, p_soff, lane))
+                xs.append(builder.xor(x, block(p_tw, offset(tbase, p_toff, lane))) if tweak else x)
+            key = block(p_rk, kbase)
+            states = [builder.xor(x, key) for x in xs]
+            for r in range(1, 11):
+                key = block(p_rk, builder.add(kbase, ir.Constant(_I64, 2 * r)))
+                states = [builder.call(enc if r < 10 else last, [state, key]) for state in states]
+            for lane in range(LANES):
+                y = builder.xor(states[lane], xs[lane]) if feed_forward else states[lane]
+                if correct is not None:
+                    mask = word(p_masks, lane)
+                    mask = builder.insert_element(builder.insert_element(ir.Constant(_VEC, ir.Undefined), mask,
+                                                                         ir.Constant(ir.IntType(32), 0)),
+                                                  mask, ir.Constant(ir.IntType(32), 1))
+                    c = builder.and_(block(p_cw, builder.add(cbase, word(p_coff, lane))), mask)
+                    y = builder.xor(y, c) if correct == "xor" else builder.add(y, c)
+                target = vec_at(p_dst, offset(dbase, p_doff, lane))
+                if out != "store":
+                    old = builder.load(target, align=8)
+                    y = builder.add(old, y) if out == "add" else builder.sub(old, y)
+                builder.store(y, target, align=8)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(typer)
+
+
+aes8 = _lanes_intrinsic(False, None, "store")  #: ``dst = AES(x)``
+mmo8 = _lanes_intrinsic(True, None, "store")  #: ``dst = AES(x) XOR x``
+mmo8_xor = _lanes_intrinsic(True, "xor", "store")  #: ``dst = AES(x) XOR x XOR (cw AND mask)``
+aes8_c = _lanes_intrinsic(False, None, "store", contiguous=True)  #: :data:`aes8` on consecutive blocks
+ecb8 = _lanes_intrinsic(False, None, "store", contiguous=True, tweak=False)  #: ``dst = AES(src)``, consecutive blocks
+mmo8_c = _lanes_intrinsic(True, None, "store", contiguous=True, tweak=False)  #: :data:`mmo8` on consecutive blocks
+mmo8_xor_c = _lanes_intrinsic(True, "xor", "store", contiguous=True)  #: :data:`mmo8_xor` on consecutive blocks
+#: ``dst += (AES(src) XOR src) + (cw AND mask)`` on consecutive blocks (no tweak)
+mmo8_add_c = _lanes_intrinsic(True, "add", "add", contiguous=True, tweak=False)
+#: ``dst -= (AES(src) XOR src) + (cw AND mask)`` on consecutive blocks (no tweak)
+mmo8_sub_c = _lanes_intrinsic(True, "add", "sub", contiguous=True, tweak=False)
+
+
+@intrinsic
+def subword(typingctx, w):  # noqa: ANN001, ANN202, ARG001
+    """FIPS-197's ``SubWord`` of a 32-bit word (in the low 32 bits of a uint64; byte 0 is the low
+    byte): ``aesenclast`` with a zero round key of the word in all four columns (``ShiftRows`` moves
+    bytes between columns only, so on four equal columns it is the identity): no table lookups."""
+    if w != types.uint64:
+        raise TypingError(f"subword takes a uint64; found {w}")
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, ARG001
+        (word,) = args
+        low = builder.and_(word, ir.Constant(_I64, 0xFFFFFFFF))
+        both = builder.or_(low, builder.shl(low, ir.Constant(_I64, 32)))
+        vec = builder.insert_element(ir.Constant(_VEC, ir.Undefined), both, ir.Constant(ir.IntType(32), 0))
+        vec = builder.insert_element(vec, both, ir.Constant(ir.IntType(32), 1))
+        out = builder.call(_round(builder, "aesenclast"), [vec, ir.Constant(_VEC, [ir.Constant(_I64, 0)] * 2)])
+        first = builder.extract_element(out, ir.Constant(ir.IntType(32), 0))
+        return builder.and_(first, ir.Constant(_I64, 0xFFFFFFFF))
+
+    return types.uint64(w), codegen
+
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+@_jit
+def expand_key(key, out):  # noqa: ANN001, ANN202
+    """FIPS-197 key expansion of AES-128: ``key`` (``uint64 [2]``, the key's bytes in memory order)
+    into ``out`` (``uint64 [22]``, the 11 round keys likewise). Words are little-endian, so
+    ``RotWord`` is a rotation right by 8 bits and ``Rcon`` XORs the low byte."""
+    w = np.empty(44, np.uint64)
+    w[0] = key[0] & _MASK32
+    w[1] = key[0] >> np.uint64(32)
+    w[2] = key[1] & _MASK32
+    w[3] = key[1] >> np.uint64(32)
+    rcon = np.uint64(1)
+    for i in range(4, 44):
+        t = w[i - 1]
+        if i % 4 == 0:
+            t = ((t >> np.uint64(8)) | (t << np.uint64(24))) & _MASK32
+            t = subword(t) ^ rcon
+            rcon = ((rcon << np.uint64(1)) ^ (np.uint64(0x11B) if rcon & np.uint64(0x80) else np.uint64(0))) & np.uint64(0xFF)
+        w[i] = w[i - 4] ^ t
+    for r in range(22):
+        out[r] = w[2 * r] | (w[2 * r + 1] << np.uint64(32))
+
+
+_STEP = np.arange(0, 2 * LANES, 2, dtype=np.int64)  # lane l reads the l-th block after its base
+
+
+@_jit
+def ecb(x, rk, out, mmo):  # noqa: ANN001, ANN202
+    """``out = AES(x)`` (``AES(x) XOR x`` with ``mmo``) over flat ``uint64 [2n]`` blocks, eight at a
+    time; the last partial group through a padded copy (no read or write past the arrays)."""
+    n = x.size // 2
+    step = _STEP.copy()
+    none = np.zeros(LANES, np.int64)
+    zero = np.zeros(2, np.uint64)
+    full = n - n % LANES
+    for i in range(0, full, LANES):
+        if mmo:
+            mmo8_c(x, 2 * i, none, zero, 0, none, rk, 0, zero, 0, none, zero, out, 2 * i, none)
+        else:
+            ecb8(x, 2 * i, none, zero, 0, none, rk, 0, zero, 0, none, zero, out, 2 * i, none)
+    if full < n:
+        pad = np.zeros(2 * LANES, np.uint64)
+        res = np.empty(2 * LANES, np.uint64)
+        pad[:2 * (n - full)] = x[2 * full:]
+        if mmo:
+            mmo8(pad, 0, step, zero, 0, none, rk, 0, zero, 0, none, zero, res, 0, step)
+        else:
+            aes8(pad, 0, step, zero, 0, none, rk, 0, zero, 0, none, zero, res, 0, step)
+        out[2 * full:] = res[:2 * (n - full)]

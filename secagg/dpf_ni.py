@@ -1,0 +1,198 @@
+"""The server's full-domain evaluation with AES inside its loops (AES-NI, :mod:`secagg.aesni`).
+
+:mod:`secagg.dpf_fused` runs each step of a chunk as a compiled loop around ``cryptography``'s AES
+calls: every AES call writes a buffer that the next loop reads back, and Python sits between them.
+Here the AES rounds are in the loops themselves (eight independent blocks per :func:`mmo8` or
+:func:`aes8` call, states in registers), so per leaf and key:
+
+* the value hash (:func:`_values`): the ``ceil(d / 2)`` MMO blocks ``AES_value/i(sigma(s)) XOR
+  sigma(s)``, plus the control-bit correction ``t CW_j`` (a mask, no table), go straight into (or out
+  of) the round's sum; the lanes run over (leaf, key, block), so every call is full whatever ``d``;
+* the check (:func:`_checks`): the four MMO blocks of ``H'(x, s) = AES_check/c(sigma(s) XOR T_c(x))
+  XOR (sigma(s) XOR T_c(x))`` and ``t cs``, then the four CBC-MAC steps ``state = AES_challenge(state
+  XOR pi_c)`` over eight chains (leaf, key) at a time, and the XOR fold of the last states per key.
+
+The tree levels keep :func:`secagg.dpf_fused._expand`'s loops, with its AES calls on AES-NI too.
+Every word and digest is the one the other two paths compute (``tests/secagg/test_dpf_ni.py``).
+Used by :class:`secagg.dpf.Accumulator` wherever :func:`secagg.aesni.available`; import only there.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+
+from secagg import aesni
+from secagg.aesni_kernels import LANES, aes8, aes8_c, ecb, mmo8, mmo8_add_c, mmo8_sub_c, mmo8_xor, mmo8_xor_c
+from secagg.dpf_fused import _buf, _expand, _stack
+from secagg.dpf_keys import CHECK_BLOCKS, KeySet, _fixed_key, _words
+
+__all__ = ["add_batch", "fixed_round_keys"]
+
+_jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+_ZERO = np.uint64(0)
+_KW = aesni.KEY_WORDS
+
+
+@functools.cache
+def fixed_round_keys(names: tuple[bytes, ...]) -> np.ndarray:
+    """The round keys of the fixed keys ``names`` (:func:`secagg.dpf_keys._fixed_key`), ``uint64
+    [len(names), 22]``, read-only and computed once per process."""
+    out = np.stack([aesni.round_keys(_fixed_key(name)) for name in names])
+    out.flags.writeable = False
+    return out
+
+
+def _tree(inp: np.ndarray, out: np.ndarray) -> None:
+    """A tree level's AES (``out`` one row longer than ``inp``, as ``cryptography`` wants it)."""
+    ecb(inp.reshape(-1), fixed_round_keys((b"tree",))[0], out.reshape(-1)[:inp.size], False)
+
+
+_TILE = 64  #: leaves per tile: a tile's rows of the sum (blocks x 64 x 16 bytes) stay in L1 while every key of the batch adds to them
+
+
+@_jit
+def _values(sigs, t, rkv, vcf, trees, owner, base, accf, leaves, negate):  # noqa: ANN001, ANN202, PLR0913
+    """``acc[i, base + x] +=`` (``-=`` with ``negate``) ``sum_q (AES_i(sigma_q,x) XOR sigma_q,x) + t_q,x
+    vc[q, owner[base + x], 2i .. 2i+1]`` for every leaf ``x`` of the group and value block ``i``.
+
+    ``sigs``: ``uint64 [K, n, 2]``, the leaves' ``sigma(s)`` per key; ``t``: ``uint8 [K, n]``, their
+    control bits; ``rkv``: ``[blocks, 22]``, the value keys' round keys; ``vcf``: the keys' value
+    corrections ``[K, trees, 2 blocks]``, flat; ``accf``: the round's sum ``[blocks, leaves, 2]``, flat.
+    Leaves go a tile at a time and within a tile key by key, eight leaves per :func:`mmo8_add_c` (one
+    block's key, the feed-forward, the correction and the addition in one intrinsic); a group of
+    fewer than eight leaves (a key's last) goes through :func:`mmo8` and the same sums in a loop."""
+    k, n = t.shape
+    blocks = rkv.shape[0]
+    soff = np.empty(LANES, np.int64)
+    doff = np.empty(LANES, np.int64)
+    coff = np.empty(LANES, np.int64)
+    masks = np.empty(LANES, np.uint64)
+    step = np.arange(0, 2 * LANES, 2).astype(np.int64)
+    none = np.zeros(LANES, np.int64)
+    zero = np.zeros(2, np.uint64)
+    y = np.empty(2 * LANES, np.uint64)
+    stride = 2 * leaves
+    for x0 in range(0, n, _TILE):
+        x1 = min(n, x0 + _TILE)
+        for q in range(k):
+            for g in range(x0, x1, LANES):
+                m = min(LANES, x1 - g)
+                for lane in range(LANES):
+                    x = g + lane if lane < m else g  # padding (a partial group): recompute leaf g, not added
+                    soff[lane] = 2 * (q * n + x)
+                    doff[lane] = 2 * (base + x)
+                    coff[lane] = 2 * blocks * (q * trees + owner[base + x])
+                    masks[lane] = _ZERO - np.uint64(t[q, x])
+                if m == LANES:
+                    for blk in range(blocks):
+                        if negate:
+                            mmo8_sub_c(sigs, soff[0], none, zero, 0, none, rkv, _KW * blk, vcf, 2 * blk, coff, masks,
+                                       accf, blk * stride + doff[0], none)
+                        else:
+                            mmo8_add_c(sigs, soff[0], none, zero, 0, none, rkv, _KW * blk, vcf, 2 * blk, coff, masks,
+                                       accf, blk * stride + doff[0], none)
+                    continue
+                for blk in range(blocks):
+                    mmo8(sigs, 0, soff, zero, 0, none, rkv, _KW * blk, zero, 0, none, zero, y, 0, step)
+                    for lane in range(m):
+                        w = blk * stride + doff[lane]
+                        c = coff[lane] + 2 * blk
+                        y0 = y[2 * lane] + (vcf[c] & masks[lane])
+                        y1 = y[2 * lane + 1] + (vcf[c + 1] & masks[lane])
+                        if negate:
+                            accf[w] -= y0
+                            accf[w + 1] -= y1
+                        else:
+                            accf[w] += y0
+                            accf[w + 1] += y1
+
+
+@_jit
+def _checks(sigs, t, rkc, tweaks, csf, trees, owner, base, rkm, first, folded):  # noqa: ANN001, ANN202, PLR0913
+    """The check of every leaf ``x`` and key ``q`` of the group, XOR-folded into ``folded[q]``: per
+    block ``c``, ``pi_c = MMO_check/c(sigma_q,x XOR T_c(x)) XOR t_q,x cs[q, owner, c]``, and the CBC-MAC
+    ``state = AES_challenge(state XOR pi_c)`` from ``state = first[base + x]``.
+
+    ``tweaks``: ``[CHECK_BLOCKS, leaves, 2]``; ``rkc``: ``[CHECK_BLOCKS, 22]``; ``csf``: the keys'
+    check corrections ``[K, trees, CHECK_BLOCKS, 2]``, flat; ``rkm``: the challenge's round keys;
+    ``first``: ``[leaves, 2]``, the MAC's first block per leaf. Eight chains (leaves of one key) at a
+    time; a partial group's extra lanes recompute its first leaf and are not folded."""
+    k, n = t.shape
+    leaves = first.shape[0]
+    soff = np.empty(LANES, np.int64)
+    loff = np.empty(LANES, np.int64)
+    coff = np.empty(LANES, np.int64)
+    masks = np.empty(LANES, np.uint64)
+    step = np.arange(0, 2 * LANES, 2).astype(np.int64)
+    none = np.zeros(LANES, np.int64)
+    zero = np.zeros(2, np.uint64)
+    pi = np.empty(CHECK_BLOCKS * 2 * LANES, np.uint64)
+    state = np.empty(2 * LANES, np.uint64)
+    for q in range(k):
+        f0 = folded[q, 0]
+        f1 = folded[q, 1]
+        for g in range(0, n, LANES):
+            m = min(LANES, n - g)
+            for lane in range(LANES):
+                x = g + lane if lane < m else g
+                soff[lane] = 2 * (q * n + x)
+                loff[lane] = 2 * (base + x)
+                coff[lane] = 2 * CHECK_BLOCKS * (q * trees + owner[base + x])
+                masks[lane] = _ZERO - np.uint64(t[q, x])
+            if m == LANES:  # consecutive leaves: every operand is eight consecutive blocks
+                for c in range(CHECK_BLOCKS):
+                    mmo8_xor_c(sigs, soff[0], none, tweaks, 2 * c * leaves + loff[0], none, rkc, _KW * c, csf, 2 * c,
+                               coff, masks, pi, 2 * LANES * c, none)
+                aes8_c(first, loff[0], none, pi, 0, none, rkm, 0, zero, 0, none, zero, state, 0, none)
+                for c in range(1, CHECK_BLOCKS):
+                    aes8_c(state, 0, none, pi, 2 * LANES * c, none, rkm, 0, zero, 0, none, zero, state, 0, none)
+            else:
+                for c in range(CHECK_BLOCKS):
+                    mmo8_xor(sigs, 0, soff, tweaks, 2 * c * leaves, loff, rkc, _KW * c, csf, 2 * c, coff, masks,
+                             pi, 2 * LANES * c, step)
+                aes8(first, 0, loff, pi, 0, step, rkm, 0, zero, 0, none, zero, state, 0, step)
+                for c in range(1, CHECK_BLOCKS):
+                    aes8(state, 0, step, pi, 2 * LANES * c, step, rkm, 0, zero, 0, none, zero, state, 0, step)
+            for lane in range(m):
+                f0 ^= state[2 * lane]
+                f1 ^= state[2 * lane + 1]
+        folded[q, 0] = f0
+        folded[q, 1] = f1
+
+
+def add_batch(acc, keys: list[KeySet], sign: int, group: int) -> list[bytes | None]:  # noqa: ANN001
+    """:meth:`secagg.dpf.Accumulator._add_batch` on AES-NI: add (``sign = 1``) or subtract the
+    evaluations of ``keys`` (at most 8, already checked against ``acc``) into ``acc``'s sum; their
+    digests (``None`` without a challenge). ``group``: leaves per group of trees expanded together,
+    over all the keys."""
+    k, blocks, forest, total, challenge = len(keys), acc.blocks, acc.forest, acc._acc, acc._challenge
+    negate = (acc.party == 1) != (sign == -1)
+    offsets, owner = forest.offsets, forest.owner
+    scratch = acc._scratch
+    if acc.width == 2 * blocks:  # the keys' value corrections, [K, m, 2 blocks] (zero-padded to whole blocks)
+        vc = _stack(scratch, "vc", [key.value_cw for key in keys])
+    else:
+        vc = _buf(scratch, "vc", (k, forest.points, 2 * blocks), np.uint64)
+        vc[:, :, acc.width:] = 0
+        for q, key in enumerate(keys):
+            vc[q, :, :acc.width] = key.value_cw
+    rkv = fixed_round_keys(tuple(b"value/%d" % i for i in range(blocks)))
+    if challenge is not None:
+        rkc = fixed_round_keys(tuple(b"check/%d" % c for c in range(CHECK_BLOCKS)))
+        rkm = acc._challenge_keys()
+        tweaks = forest._get("tweaks/stacked", lambda: np.stack(forest.tweaks()))
+        first = acc._positions()
+        cs = _stack(scratch, "cs", [key.check_cw for key in keys])  # [K, m, C, 2]
+        folded = np.zeros((k, 2), np.uint64)
+    for j0, j1, sub in forest.groups(max(1, group // k)):
+        sigs, t = _expand(keys, j0, j1, sub, scratch, _tree)
+        base = int(offsets[j0])
+        _values(sigs, t, rkv, vc.reshape(-1), forest.points, owner, base, total.reshape(-1), forest.leaves, negate)
+        if challenge is not None:
+            _checks(sigs, t, rkc, tweaks, cs.reshape(-1), forest.points, owner, base, rkm, first, folded)
+    if challenge is None:
+        return [None] * k
+    return [_words(folded[q]) + key.public_digest() for q, key in enumerate(keys)]

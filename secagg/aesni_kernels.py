@@ -15,26 +15,47 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-__all__ = ["LANES", "aes8", "aes8_c", "ecb", "ecb8", "expand_key", "mmo8", "mmo8_add_c", "mmo8_c", "mmo8_sub_c", "mmo8_xor", "mmo8_xor_c", "subword"]
+__all__ = ["LANES", "WIDE", "aes8", "aes8_c", "ecb", "ecb8", "expand_key", "mmo8", "mmo8_add_c", "mmo8_c", "mmo8_sub_c",
+           "mmo8_xor", "mmo8_xor_c", "subword"]
 
-LANES = 8  #: blocks per intrinsic call: AES-NI's latency over its issue interval (4 x 2 on Zen 3), so one call fills the pipeline
+
+def _vaes() -> bool:
+    """Whether the CPU runs AES on 256-bit registers (VAES with AVX2: two blocks per instruction, at the
+    rate of one). Compiled code is cached per CPU model and features, so this is fixed per machine."""
+    import llvmlite.binding as ll
+    features = ll.get_host_cpu_features()
+    return bool(features.get("vaes", False) and features.get("avx2", False))
+
+
+WIDE = _vaes()  #: two blocks per AES instruction (VAES) in every intrinsic
+#: blocks per intrinsic call: eight registers in flight (AES's latency over its issue interval, 4 x 2 on
+#: Zen 3), each of one block (AES-NI) or two (VAES)
+LANES = 16 if WIDE else 8
 
 _I64 = ir.IntType(64)
+_I32 = ir.IntType(32)
 _VEC = ir.VectorType(_I64, 2)
+_PER = 2 if WIDE else 1  #: blocks per register
+_REG = ir.VectorType(_I64, 2 * _PER)
 _jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 
 
-def _round(builder: ir.IRBuilder, name: str) -> ir.Function:
-    return builder.module.declare_intrinsic(f"llvm.x86.aesni.{name}", fnty=ir.FunctionType(_VEC, [_VEC, _VEC]))
+def _round(builder: ir.IRBuilder, name: str, reg: ir.VectorType = _REG) -> ir.Function:
+    suffix = ".256" if reg.count == 4 else ""
+    return builder.module.declare_intrinsic(f"llvm.x86.aesni.{name}{suffix}", fnty=ir.FunctionType(reg, [reg, reg]))
 
 
 def _words(ty: types.Type, dtype: types.Type) -> bool:
     return isinstance(ty, types.Array) and ty.dtype == dtype and ty.layout == "C"
 
 
+def _shuffle(builder: ir.IRBuilder, a, b, order: list[int]):  # noqa: ANN001, ANN202
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(order)), order))
+
+
 def _lanes_intrinsic(feed_forward: bool, correct: str | None, out: str, *, contiguous: bool = False,  # noqa: ANN202
-                     tweak: bool = True):
-    """Eight AES-128 blocks under one key, with what the DPF does next fused in, as one intrinsic:
+                     tweak: bool = True, per: int = _PER):
+    """``8 per`` AES-128 blocks (:data:`LANES` by default) under one key, with what the DPF does next fused in, as one intrinsic:
 
     ``fn(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)``
     computes, for each lane ``l`` (a 16-byte block is two words at a flat word offset):
@@ -47,11 +68,16 @@ def _lanes_intrinsic(feed_forward: bool, correct: str | None, out: str, *, conti
     * ``dst[dbase + doff[l]] = y`` (``out = "store"``), ``+= y`` (``"add"``) or ``-= y`` (``"sub"``),
       lane after lane (lanes may share a destination).
 
-    The eight states stay in registers through the ten rounds and every source is read before any
-    destination is written (``dst`` may be ``src`` or ``tw``). ``cw`` and ``masks`` are read only with
-    ``correct``; ``tw`` only with ``tweak``. With ``contiguous`` the lanes are consecutive blocks:
-    ``soff[l]``, ``toff[l]`` and ``doff[l]`` are taken as ``2 l`` (those arrays are not read), which
-    saves a load and an address per lane and operand (the hot loops' full groups)."""
+    Eight registers of states (one block each, or two with VAES) stay in registers through the ten
+    rounds and every source is read before any destination is written (``dst`` may be ``src`` or
+    ``tw``). ``cw`` and ``masks`` are read only with ``correct``; ``tw`` only with ``tweak``. With
+    ``contiguous`` the lanes are consecutive blocks: ``soff[l]``, ``toff[l]`` and ``doff[l]`` are taken
+    as ``2 l`` (those arrays are not read), which saves a load and an address per lane and operand
+    (the hot loops' full groups) and, with VAES, loads and stores two blocks at once. ``per``: blocks per
+    register, 1 (AES-NI) or 2 (VAES, where :data:`WIDE`)."""
+    if per not in (1, 2):
+        raise ValueError("per is 1 (AES-NI) or 2 (VAES)")
+    lanes, reg = 8 * per, ir.VectorType(_I64, 2 * per)
 
     def typer(typingctx, src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff):  # noqa: ANN001, ANN202, ARG001, PLR0913
         for name, ty, dtype in (("src", src, types.uint64), ("tw", tw, types.uint64), ("rk", rk, types.uint64),
@@ -63,50 +89,76 @@ def _lanes_intrinsic(feed_forward: bool, correct: str | None, out: str, *, conti
         ip = types.intp
         sig = types.void(src, ip, soff, tw, ip, toff, rk, ip, cw, ip, coff, masks, dst, ip, doff)
 
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202, PLR0915
             ty = signature.args
             ptr = [context.make_array(ty[i])(context, builder, args[i]).data if isinstance(ty[i], types.Array) else None
                    for i in range(len(args))]
             p_src, p_soff, p_tw, p_toff, p_rk, p_cw, p_coff, p_masks, p_dst, p_doff = (
                 ptr[0], ptr[2], ptr[3], ptr[5], ptr[6], ptr[8], ptr[10], ptr[11], ptr[12], ptr[14])
             sbase, tbase, kbase, cbase, dbase = args[1], args[4], args[7], args[9], args[13]
-            enc, last = _round(builder, "aesenc"), _round(builder, "aesenclast")
+            enc, last = _round(builder, "aesenc", reg), _round(builder, "aesenclast", reg)
+            regs = lanes // per
 
-            def vec_at(base, offset):  # noqa: ANN001, ANN202
-                return builder.bitcast(builder.gep(base, [offset]), _VEC.as_pointer())
+            def at(base, offset, vty):  # noqa: ANN001, ANN202
+                return builder.bitcast(builder.gep(base, [offset]), vty.as_pointer())
 
             def word(base, lane: int):  # noqa: ANN001, ANN202
                 return builder.load(builder.gep(base, [ir.Constant(_I64, lane)]))
 
-            def block(base, offset):  # noqa: ANN001, ANN202
-                return builder.load(vec_at(base, offset), align=8)
-
             def offset(base_v, offs, lane: int):  # noqa: ANN001, ANN202
                 return builder.add(base_v, ir.Constant(_I64, 2 * lane) if contiguous else word(offs, lane))
 
+            def gather(base, base_v, offs, j: int):  # noqa: ANN001, ANN202 - register j's blocks
+                if contiguous or per == 1:
+                    return builder.load(at(base, offset(base_v, offs, per * j), reg), align=8)
+                lo = builder.load(at(base, offset(base_v, offs, 2 * j), _VEC), align=8)
+                hi = builder.load(at(base, offset(base_v, offs, 2 * j + 1), _VEC), align=8)
+                return _shuffle(builder, lo, hi, [0, 1, 2, 3])
+
+            def splat(values: list):  # noqa: ANN202 - one word per block of the register, each in both its words
+                vec = ir.Constant(reg, ir.Undefined)
+                for i in range(2 * per):
+                    vec = builder.insert_element(vec, values[i // 2], ir.Constant(_I32, i))
+                return vec
+
             xs = []
-            for lane in range(LANES):
-                x = block(p_src, offset(sbase, p_soff, lane))
-                xs.append(builder.xor(x, block(p_tw, offset(tbase, p_toff, lane))) if tweak else x)
-            key = block(p_rk, kbase)
+            for j in range(regs):
+                x = gather(p_src, sbase, p_soff, j)
+                xs.append(builder.xor(x, gather(p_tw, tbase, p_toff, j)) if tweak else x)
+
+            def round_key(r: int):  # noqa: ANN202
+                key = builder.load(at(p_rk, builder.add(kbase, ir.Constant(_I64, 2 * r)), _VEC), align=8)
+                return key if per == 1 else _shuffle(builder, key, key, [0, 1, 0, 1])
+
+            key = round_key(0)
             states = [builder.xor(x, key) for x in xs]
             for r in range(1, 11):
-                key = block(p_rk, builder.add(kbase, ir.Constant(_I64, 2 * r)))
+                key = round_key(r)
                 states = [builder.call(enc if r < 10 else last, [state, key]) for state in states]
-            for lane in range(LANES):
-                y = builder.xor(states[lane], xs[lane]) if feed_forward else states[lane]
+            for j in range(regs):
+                y = builder.xor(states[j], xs[j]) if feed_forward else states[j]
                 if correct is not None:
-                    mask = word(p_masks, lane)
-                    mask = builder.insert_element(builder.insert_element(ir.Constant(_VEC, ir.Undefined), mask,
-                                                                         ir.Constant(ir.IntType(32), 0)),
-                                                  mask, ir.Constant(ir.IntType(32), 1))
-                    c = builder.and_(block(p_cw, builder.add(cbase, word(p_coff, lane))), mask)
+                    c = gather(p_cw, cbase, p_coff, j) if not contiguous else None
+                    if contiguous:  # the corrections are per lane, never consecutive
+                        parts = [builder.load(at(p_cw, builder.add(cbase, word(p_coff, per * j + i)), _VEC), align=8)
+                                 for i in range(per)]
+                        c = parts[0] if per == 1 else _shuffle(builder, parts[0], parts[1], [0, 1, 2, 3])
+                    c = builder.and_(c, splat([word(p_masks, per * j + i) for i in range(per)]))
                     y = builder.xor(y, c) if correct == "xor" else builder.add(y, c)
-                target = vec_at(p_dst, offset(dbase, p_doff, lane))
-                if out != "store":
-                    old = builder.load(target, align=8)
-                    y = builder.add(old, y) if out == "add" else builder.sub(old, y)
-                builder.store(y, target, align=8)
+                if contiguous or per == 1:
+                    target = at(p_dst, offset(dbase, p_doff, per * j), reg)
+                    if out != "store":
+                        old = builder.load(target, align=8)
+                        y = builder.add(old, y) if out == "add" else builder.sub(old, y)
+                    builder.store(y, target, align=8)
+                    continue
+                for i in range(per):  # lane after lane: two lanes may share a destination
+                    half = _shuffle(builder, y, y, [2 * i, 2 * i + 1])
+                    target = at(p_dst, offset(dbase, p_doff, per * j + i), _VEC)
+                    if out != "store":
+                        old = builder.load(target, align=8)
+                        half = builder.add(old, half) if out == "add" else builder.sub(old, half)
+                    builder.store(half, target, align=8)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -141,7 +193,7 @@ def subword(typingctx, w):  # noqa: ANN001, ANN202, ARG001
         both = builder.or_(low, builder.shl(low, ir.Constant(_I64, 32)))
         vec = builder.insert_element(ir.Constant(_VEC, ir.Undefined), both, ir.Constant(ir.IntType(32), 0))
         vec = builder.insert_element(vec, both, ir.Constant(ir.IntType(32), 1))
-        out = builder.call(_round(builder, "aesenclast"), [vec, ir.Constant(_VEC, [ir.Constant(_I64, 0)] * 2)])
+        out = builder.call(_round(builder, "aesenclast", _VEC), [vec, ir.Constant(_VEC, [ir.Constant(_I64, 0)] * 2)])
         first = builder.extract_element(out, ir.Constant(ir.IntType(32), 0))
         return builder.and_(first, ir.Constant(_I64, 0xFFFFFFFF))
 

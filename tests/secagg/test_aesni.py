@@ -95,33 +95,28 @@ def test_ecb_and_mmo_equal_openssl_on_random_keys_and_blocks(key, n, seed):
 
 
 @functools.cache
-def _harness():  # noqa: ANN202 - the njit harness (compiled only where AES-NI is, once)
+def _harness(kind: int, per: int):  # noqa: ANN202 - an njit harness of one variant (compiled only where AES-NI is, once)
     import numba
 
     from secagg import aesni_kernels as ak
 
+    ff, correct, out, contiguous, tweak = KINDS[kind]
+    fn = ak._lanes_intrinsic(ff, correct, out, contiguous=contiguous, tweak=tweak, per=per)
+
     @numba.njit
-    def run(kind, src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff):  # noqa: ANN001, ANN202, PLR0913
-        if kind == 0:
-            ak.aes8(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)
-        elif kind == 1:
-            ak.mmo8(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)
-        elif kind == 2:
-            ak.mmo8_xor(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)
-        elif kind == 3:
-            ak.aes8_c(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)
-        elif kind == 4:
-            ak.mmo8_xor_c(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)
-        elif kind == 5:
-            ak.mmo8_add_c(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)
-        elif kind == 6:
-            ak.mmo8_sub_c(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)
-        elif kind == 7:
-            ak.ecb8(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)
-        else:
-            ak.mmo8_c(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)
+    def run(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff):  # noqa: ANN001, ANN202, PLR0913
+        fn(src, sbase, soff, tw, tbase, toff, rk, kbase, cw, cbase, coff, masks, dst, dbase, doff)
 
     return run
+
+
+def test_the_module_intrinsics_are_the_variants_the_harness_checks():
+    if not HERE:
+        return
+    from secagg import aesni_kernels as ak
+    assert ak.LANES == (16 if ak.WIDE else 8)
+    with pytest.raises(ValueError, match="per is 1"):
+        ak._lanes_intrinsic(True, None, "store", per=4)
 
 
 #: kind -> (feed-forward, correction, output, consecutive lanes, tweak)
@@ -131,29 +126,35 @@ KINDS = {0: (False, None, "store", False, True), 1: (True, None, "store", False,
 
 
 @PROPS
-@given(kind=st.sampled_from(sorted(KINDS)), seed=st.integers(0, 2**32 - 1), shared=st.booleans())
-def test_every_fused_intrinsic_equals_openssl_and_its_numpy_definition(kind, seed, shared):
+@given(kind=st.sampled_from(sorted(KINDS)), seed=st.integers(0, 2**32 - 1), shared=st.booleans(), wide=st.booleans())
+def test_every_fused_intrinsic_equals_openssl_and_its_numpy_definition(kind, seed, shared, wide):
     """Each lane: x = src XOR tw (tweak), y = AES(x) (XOR x), corrected by cw AND mask (XOR or add),
     stored into, added to or subtracted from dst; offsets per lane or consecutive, destinations that
-    coincide (``shared``: lanes adding into one block, in lane order)."""
+    coincide (``shared``: lanes adding into one block, in lane order). 8 lanes (AES-NI) and, where the
+    CPU has VAES, 16 (two blocks per register)."""
     if not HERE:
         return
+    from secagg.aesni_kernels import WIDE
+    per = 2 if wide and WIDE else 1
+    LANES = 8 * per  # noqa: N806
     ff, correct, out, contiguous, tweak = KINDS[kind]
     rng = np.random.default_rng(seed)  # CSPRNG-OK: test data only
     words = lambda n: rng.integers(0, 2**64, n, dtype=np.uint64)  # noqa: E731
     keys = [bytes(rng.integers(0, 256, 16, dtype=np.uint8)) for _ in range(3)]
     rk = np.concatenate([aesni.round_keys(k) for k in keys])
     which = int(rng.integers(0, 3))
-    src, tw, cw, dst = words(80), words(60), words(50), words(40)
-    pick = lambda size: (2 * rng.integers(0, size // 2, 8)).astype(np.int64)  # noqa: E731
-    soff, toff, coff = pick(40), pick(30), pick(20)
-    doff = np.zeros(8, np.int64) if shared and out != "store" else (2 * rng.permutation(10)[:8]).astype(np.int64)
+    room = 2 * LANES + 16  # words of each array beyond its base
+    src, tw, cw, dst = words(room + 16), words(room + 16), words(room + 4), words(room + 12)
+    pick = lambda: (2 * rng.integers(0, room // 2, LANES)).astype(np.int64)  # noqa: E731
+    soff, toff, coff = pick(), pick(), pick()
+    doff = (np.zeros(LANES, np.int64) if shared and out != "store"
+            else (2 * rng.permutation(room // 2)[:LANES]).astype(np.int64))
     sbase, tbase, cbase, dbase = 2 * int(rng.integers(0, 8)), 2 * int(rng.integers(0, 8)), int(rng.integers(0, 3)), 2 * int(rng.integers(0, 6))
     if contiguous:
-        soff = toff = doff = np.arange(0, 16, 2, dtype=np.int64)
-    masks = np.where(rng.integers(0, 2, 8).astype(bool), np.uint64(2**64 - 1), np.uint64(0))
+        soff = toff = doff = np.arange(0, 2 * LANES, 2, dtype=np.int64)
+    masks = np.where(rng.integers(0, 2, LANES).astype(bool), np.uint64(2**64 - 1), np.uint64(0))
     want = dst.copy()
-    for lane in range(8):
+    for lane in range(LANES):
         x = src[sbase + soff[lane]:sbase + soff[lane] + 2].copy()
         if tweak:
             x ^= tw[tbase + toff[lane]:tbase + toff[lane] + 2]
@@ -166,7 +167,7 @@ def test_every_fused_intrinsic_equals_openssl_and_its_numpy_definition(kind, see
         at = slice(dbase + doff[lane], dbase + doff[lane] + 2)
         want[at] = y if out == "store" else (want[at] + y if out == "add" else want[at] - y)
     got = dst.copy()
-    _harness()(kind, src, sbase, soff, tw, tbase, toff, rk, 22 * which, cw, cbase, coff, masks, got, dbase, doff)
+    _harness(kind, per)(src, sbase, soff, tw, tbase, toff, rk, 22 * which, cw, cbase, coff, masks, got, dbase, doff)
     assert np.array_equal(got, want)
 
 

@@ -96,6 +96,36 @@ def _fixed_key(name: bytes) -> bytes:
     return hashlib.sha256(b"secagg/dpf/v1/" + name).digest()[:16]
 
 
+@functools.cache
+def _fixed_round_keys(names: tuple[bytes, ...]) -> np.ndarray:
+    """The AES-NI round keys of the fixed keys ``names`` (:func:`secagg.aesni.round_keys`), ``uint64
+    [len(names), 22]``, read-only and computed once per process."""
+    from secagg import aesni
+    out = np.stack([aesni.round_keys(_fixed_key(name)) for name in names])
+    out.flags.writeable = False
+    return out
+
+
+@functools.cache
+def _gen_ni():  # noqa: ANN202 - the module, or None
+    """:mod:`secagg.dpf_gen_ni` (key generation's AES inside its loops), or ``None`` without AES-NI."""
+    from secagg import aesni
+    if not aesni.available() or _gen_module() is None:
+        return None
+    from secagg import dpf_gen_ni
+    return dpf_gen_ni
+
+
+def _aes_into(name: bytes, inp: np.ndarray, out: np.ndarray) -> None:
+    """``out[:n] = AES_name(inp)`` (``out``: a row longer than ``inp``'s ``n`` blocks): on AES-NI where the
+    compiled loops run (:func:`_gen_ni`), else through ``cryptography``. The same bytes."""
+    ni = _gen_ni() if _FUSED else None
+    if ni is None:
+        _encryptor(name).update_into(memoryview(inp).cast("B"), memoryview(out).cast("B"))
+    else:
+        ni.ecb_into(_fixed_round_keys((name,))[0], inp, out)
+
+
 def _encryptor(name: bytes):  # noqa: ANN202 - cryptography's private context type
     """The ECB encryptor of the public fixed key named ``name`` (one per thread, reused)."""
     cache = getattr(_LOCAL, "enc", None)
@@ -214,6 +244,12 @@ def _value_cw(s0: np.ndarray, s1: np.ndarray, t1: np.ndarray, betas: np.ndarray)
     if loops is not None:  # per block one AES call over both parties' seeds, then one compiled pass
         sig = np.empty((2, n, 2), np.uint64)
         sig[0], sig[1] = _sigma(s0), _sigma(s1)
+        ni = _gen_ni()
+        if ni is not None:  # AES inside the loop: no [blocks, 2, n] buffer
+            out = np.empty((n, d), np.uint64)
+            ni.value_cw(sig, _fixed_round_keys(tuple(b"value/%d" % i for i in range(blocks))), t1.astype(np.uint8),
+                        np.ascontiguousarray(betas), out)
+            return out
         y = np.empty((2 * n * blocks + 1, 2), np.uint64)  # one row of slack for update_into
         src = memoryview(sig).cast("B")
         for i in range(blocks):
@@ -529,10 +565,9 @@ def _gen(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.nda
         bits[1] = 1
         inp = np.empty((2, m, 2, 2), np.uint64)
         out = np.empty((4 * m + 1, 2), np.uint64)  # one row of slack for update_into
-        enc = _encryptor(b"tree")
         for level in range(depth):
             loops.tree_input(both, _RIGHT, inp)
-            enc.update_into(memoryview(inp).cast("B"), memoryview(out).cast("B"))
+            _aes_into(b"tree", inp, out)
             loops.tree_level(out[:-1].reshape(2, m, 2, 2), inp, alphas, depth - 1 - level, both, bits, seed_cw, t_cw,
                              level)
         s, t = [both[0], both[1]], [bits[0], bits[1]]
@@ -583,8 +618,7 @@ def _finish(alphas: np.ndarray, depth: int, betas: np.ndarray | None, roots: np.
             loops.check_input(np.stack(s), np.stack(tw), inp)
             y = np.empty((CHECK_BLOCKS * 2 * m + 1, 2), np.uint64)  # one row of slack for update_into
             for c in range(CHECK_BLOCKS):
-                _encryptor(b"check/%d" % c).update_into(memoryview(inp[c]).cast("B"),
-                                                        memoryview(y[2 * m * c:2 * m * (c + 1) + 1]).cast("B"))
+                _aes_into(b"check/%d" % c, inp[c], y[2 * m * c:2 * m * (c + 1) + 1])
             check_cw = np.empty((m, CHECK_BLOCKS, 2), np.uint64)
             loops.check_cw(y[:-1].reshape(CHECK_BLOCKS, 2, m, 2), inp, check_cw)
         else:

@@ -19,35 +19,24 @@ Used by :class:`secagg.dpf.Accumulator` wherever :func:`secagg.aesni.available`;
 
 from __future__ import annotations
 
-import functools
-
 import numba
 import numpy as np
 
 from secagg import aesni
 from secagg.aesni_kernels import LANES, aes8, aes8_c, ecb, mmo8, mmo8_add_c, mmo8_sub_c, mmo8_xor, mmo8_xor_c
 from secagg.dpf_fused import _buf, _expand, _stack
-from secagg.dpf_keys import CHECK_BLOCKS, KeySet, _fixed_key, _words
+from secagg.dpf_keys import CHECK_BLOCKS, KeySet, _fixed_round_keys, _words
 
-__all__ = ["add_batch", "fixed_round_keys"]
+__all__ = ["add_batch"]
 
 _jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 _ZERO = np.uint64(0)
 _KW = aesni.KEY_WORDS
 
 
-@functools.cache
-def fixed_round_keys(names: tuple[bytes, ...]) -> np.ndarray:
-    """The round keys of the fixed keys ``names`` (:func:`secagg.dpf_keys._fixed_key`), ``uint64
-    [len(names), 22]``, read-only and computed once per process."""
-    out = np.stack([aesni.round_keys(_fixed_key(name)) for name in names])
-    out.flags.writeable = False
-    return out
-
-
 def _tree(inp: np.ndarray, out: np.ndarray) -> None:
     """A tree level's AES (``out`` one row longer than ``inp``, as ``cryptography`` wants it)."""
-    ecb(inp.reshape(-1), fixed_round_keys((b"tree",))[0], out.reshape(-1)[:inp.size], False)
+    ecb(inp.reshape(-1), _fixed_round_keys((b"tree",))[0], out.reshape(-1)[:inp.size], False)
 
 
 _TILE = 64  #: leaves per tile: a tile's rows of the sum (blocks x 64 x 16 bytes) stay in L1 while every key of the batch adds to them
@@ -179,9 +168,9 @@ def add_batch(acc, keys: list[KeySet], sign: int, group: int) -> list[bytes | No
         vc[:, :, acc.width:] = 0
         for q, key in enumerate(keys):
             vc[q, :, :acc.width] = key.value_cw
-    rkv = fixed_round_keys(tuple(b"value/%d" % i for i in range(blocks)))
+    rkv = _fixed_round_keys(tuple(b"value/%d" % i for i in range(blocks)))
     if challenge is not None:
-        rkc = fixed_round_keys(tuple(b"check/%d" % c for c in range(CHECK_BLOCKS)))
+        rkc = _fixed_round_keys(tuple(b"check/%d" % c for c in range(CHECK_BLOCKS)))
         rkm = acc._challenge_keys()
         tweaks = forest._get("tweaks/stacked", lambda: np.stack(forest.tweaks()))
         first = acc._positions()

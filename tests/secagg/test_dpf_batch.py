@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from secagg import dpf_keys
+from secagg import aesni, dpf_keys
 from secagg.cuckoo import CuckooLayout
 from secagg.dpf import KeySet, eval_full, Forest, gen_many
 from secagg.dpf_run import DpfSpec, run_dpf_rows, upload_many
@@ -138,16 +138,26 @@ def test_the_one_copy_wire_form_is_the_messages_own_encoding_and_the_server_pars
         assert from_mutable.to_bytes() == copy.to_bytes() == k.to_bytes()
 
 
-@pytest.mark.parametrize("fused", [True, False])
+#: key generation's paths: numpy; compiled loops around cryptography's AES; AES inside the loops (AES-NI, where the CPU has it)
+GEN_MODES = ["numpy", "fused"] + (["aesni"] if aesni.available() else [])
+
+
+def _gen_mode(mp: pytest.MonkeyPatch, mode: str) -> None:
+    mp.setattr(dpf_keys, "_FUSED", mode != "numpy")
+    if mode == "fused":
+        mp.setattr(dpf_keys, "_gen_ni", lambda: None)
+
+
+@pytest.mark.parametrize("mode", GEN_MODES)
 @pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize("width", [1, 4, 5])
-def test_the_clients_priced_key_generation_bytes_are_the_aes_bytes_gen_computes(fused, check, width, monkeypatch):
+def test_the_clients_priced_key_generation_bytes_are_the_aes_bytes_gen_computes(mode, check, width, monkeypatch):
     from secagg.dpf import keygen_prg_bytes
 
     counted = [0]
     real = dpf_keys._encryptor
 
-    class Counting:  # every AES call of key generation goes through an encryptor's update_into
+    class Counting:  # every AES call through cryptography goes through an encryptor's update_into
         def __init__(self, enc):  # noqa: ANN001
             self.enc = enc
 
@@ -155,8 +165,24 @@ def test_the_clients_priced_key_generation_bytes_are_the_aes_bytes_gen_computes(
             counted[0] += memoryview(src).nbytes
             return self.enc.update_into(src, dst)
 
+    class CountingNi:  # and every one on AES-NI through dpf_gen_ni's two entry points
+        def __init__(self, ni):  # noqa: ANN001
+            self.ni = ni
+
+        def ecb_into(self, rk, inp, out):  # noqa: ANN001, ANN202
+            counted[0] += inp.nbytes
+            return self.ni.ecb_into(rk, inp, out)
+
+        def value_cw(self, sig, rkv, t1, betas, out):  # noqa: ANN001, ANN202 - one MMO block per party, tree and value key
+            counted[0] += sig.nbytes * rkv.shape[0]
+            return self.ni.value_cw(sig, rkv, t1, betas, out)
+
     monkeypatch.setattr(dpf_keys, "_encryptor", lambda name: Counting(real(name)))
-    monkeypatch.setattr(dpf_keys, "_FUSED", fused)
+    _gen_mode(monkeypatch, mode)
+    if mode == "aesni":
+        ni = dpf_keys._gen_ni()
+        assert ni is not None
+        monkeypatch.setattr(dpf_keys, "_gen_ni", lambda: CountingNi(ni))
     depth, m = 5, 7
     dpf_keys.gen(np.arange(m) * 3 % 32, depth, np.ones((m, width), np.uint64), check=check)
     assert counted[0] == keygen_prg_bytes(depth=depth, points=m, width=width, check=check)
@@ -175,9 +201,9 @@ def test_the_compiled_key_generation_is_the_numpy_one_word_for_word(case):
     roots = rng.integers(0, 2**64, (2, m, 2), dtype=np.uint64)
     roots[..., 0] &= dpf_keys._CLEAR
     out = {}
-    for fused in (True, False):
+    for mode in GEN_MODES:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(dpf_keys, "_FUSED", fused)
+            _gen_mode(mp, mode)
             k0, k1, secret = dpf_keys._gen(alphas, depth, betas, roots.copy(), check=case["check"])
-        out[fused] = (k0.to_bytes(), k1.to_bytes(), secret.seeds.tobytes(), secret.t1.tobytes())
-    assert out[True] == out[False]
+        out[mode] = (k0.to_bytes(), k1.to_bytes(), secret.seeds.tobytes(), secret.t1.tobytes())
+    assert all(out[mode] == out["numpy"] for mode in GEN_MODES)

@@ -96,7 +96,7 @@ def _buf(scratch: dict, name: str, shape: tuple[int, ...], dtype: type) -> np.nd
     """A scratch array of ``shape`` kept in ``scratch`` (the accumulator's) and reused by the next batch:
     fresh multi-MB arrays per batch cost their page faults every time (a quarter of a small domain's
     evaluation). Contents are arbitrary."""
-    need = int(np.prod(shape))
+    need = _size(shape)
     got = scratch.get(name)
     if got is None or got.size < need or got.dtype != dtype:
         got = scratch[name] = np.empty(need, dtype)
@@ -108,19 +108,32 @@ def _stack(scratch: dict, name: str, arrays: list[np.ndarray]) -> np.ndarray:
     return np.stack(arrays, out=_buf(scratch, name, (len(arrays), *arrays[0].shape), arrays[0].dtype))
 
 
-def _openssl_tree(inp: np.ndarray, out: np.ndarray) -> None:
-    """``out[:n] = AES_tree(inp)`` through ``cryptography`` (``out`` has a row of slack for ``update_into``)."""
+def _openssl_level(inp, bits, seed_cw, t_cw, level, parents, children, nxt, nbits, scratch) -> None:  # noqa: ANN001, PLR0913
+    """One tree level: its AES call through ``cryptography`` (into a scratch buffer with the row of slack
+    ``update_into`` wants), then :func:`_level`."""
+    k = inp.shape[0]
+    out = _buf(scratch, "out", (inp.size // 4 + 1, 4), np.uint64)
     _encryptor(b"tree").update_into(memoryview(inp).cast("B"), memoryview(out).cast("B"))
+    _level(out[:-1].reshape(k, -1), inp.reshape(k, -1), bits, seed_cw, t_cw, level, parents, children,
+           nxt.reshape(k, -1), nbits)
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    need = 1
+    for n in shape:
+        need *= n
+    return need
 
 
 def _expand(keys: list[KeySet], j0: int, j1: int, forest, scratch: dict | None = None,  # noqa: ANN001
-            aes=_openssl_tree) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+            step=_openssl_level) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
     """``sigma`` of the leaf seeds and the control bits of trees ``j0 .. j1-1`` of every key
     (``forest``: those trees): ``(uint64 [K, leaves, 2], uint8 [K, leaves])``; the leaves' seeds are
     those of :func:`secagg.dpf._expand_many`, one AES call and one loop per level. ``scratch``: where
     the buffers are kept between calls (the results are scratch too: read them before the next call);
-    ``aes(inp, out)``: the level's AES under the fixed key ``tree`` (``out``: one row longer than ``inp``),
-    ``cryptography``'s or :mod:`secagg.dpf_ni`'s."""
+    ``step``: one level, :func:`_openssl_level` or :mod:`secagg.dpf_ni`'s (AES inside the loop), called
+    as ``step(inp [K, n, 4], bits [K, n], seed_cw, t_cw, level, parents [T], children [T], nxt, nbits,
+    scratch)``."""
     k = len(keys)
     scratch = {} if scratch is None else scratch
     live = forest.sizes > 0
@@ -133,15 +146,12 @@ def _expand(keys: list[KeySet], j0: int, j1: int, forest, scratch: dict | None =
     bits = _buf(scratch, "bits/0", (k, n), np.uint8)
     _roots(nodes, inp, bits)
     for level in range(forest.depth):
-        out = _buf(scratch, "out", (k * n + 1, 4), np.uint64)  # one row of slack for update_into
-        aes(inp, out)
         counts = forest.level_counts(level + 1)
         n = int(counts.sum())
         last = level == forest.depth - 1
         nxt = _buf(scratch, f"inp/{(level + 1) % 2}", (k, n, 2 if last else 4), np.uint64)
         nbits = _buf(scratch, f"bits/{(level + 1) % 2}", (k, n), np.uint8)
-        _level(out[:-1].reshape(k, -1), inp.reshape(k, -1), bits, seed_cw, t_cw, level, forest.level_counts(level), counts,
-               nxt.reshape(k, -1), nbits)
+        step(inp, bits, seed_cw, t_cw, level, forest.level_counts(level), counts, nxt, nbits, scratch)
         inp, bits = nxt, nbits
     return inp, bits
 

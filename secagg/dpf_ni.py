@@ -12,7 +12,8 @@ Here the AES rounds are in the loops themselves (eight independent blocks per :f
   XOR (sigma(s) XOR T_c(x))`` and ``t cs``, then the four CBC-MAC steps ``state = AES_challenge(state
   XOR pi_c)`` over eight chains (leaf, key) at a time, and the XOR fold of the last states per key.
 
-The tree levels keep :func:`secagg.dpf_fused._expand`'s loops, with its AES calls on AES-NI too.
+The tree levels (:func:`_level`) run :func:`secagg.dpf_fused._expand`'s steps with the AES inside the
+loop as well: a level's input is read once, and no AES output buffer is written.
 Every word and digest is the one the other two paths compute (``tests/secagg/test_dpf_ni.py``).
 Used by :class:`secagg.dpf.Accumulator` wherever :func:`secagg.aesni.available`; import only there.
 """
@@ -23,9 +24,9 @@ import numba
 import numpy as np
 
 from secagg import aesni
-from secagg.aesni_kernels import LANES, aes8, aes8_c, ecb, mmo8, mmo8_add_c, mmo8_sub_c, mmo8_xor, mmo8_xor_c
+from secagg.aesni_kernels import LANES, aes8, aes8_c, mmo8, mmo8_add_c, mmo8_c, mmo8_sub_c, mmo8_xor, mmo8_xor_c
 from secagg.dpf_fused import _buf, _expand, _stack
-from secagg.dpf_keys import CHECK_BLOCKS, KeySet, _fixed_round_keys, _words
+from secagg.dpf_keys import _CLEAR, _LOW, _RIGHT, CHECK_BLOCKS, KeySet, _fixed_round_keys, _words
 
 __all__ = ["add_batch"]
 
@@ -34,9 +35,60 @@ _ZERO = np.uint64(0)
 _KW = aesni.KEY_WORDS
 
 
-def _tree(inp: np.ndarray, out: np.ndarray) -> None:
-    """A tree level's AES (``out`` one row longer than ``inp``, as ``cryptography`` wants it)."""
-    ecb(inp.reshape(-1), _fixed_round_keys((b"tree",))[0], out.reshape(-1)[:inp.size], False)
+@_jit
+def _level(inp, bits, seed_cw, t_cw, level, parents, children, nxt, nbits, rk):  # noqa: ANN001, ANN202, PLR0913
+    """:func:`secagg.dpf_fused._level` with the level's AES inside: per key, ``LANES / 2`` parents at a
+    time, their two children's inputs (``inp [K, 4n]`` words: left and right block per parent,
+    consecutive) through one :func:`mmo8_c` call into registers and a small buffer, then each kept
+    child's corrections, control bit and ``sigma`` into ``nxt``. The level's input is read once and no
+    ``[K, 4n]`` output is written (a quarter of the memory traffic of AES then loop)."""
+    k, n = bits.shape
+    half = LANES // 2
+    width = nxt.shape[1] // max(1, nbits.shape[1])  # 4 words per child (the next level's input) or 2 (leaves)
+    none = np.zeros(LANES, np.int64)
+    zero = np.zeros(2, np.uint64)
+    y = np.empty(2 * LANES, np.uint64)
+    pad = np.zeros(2 * LANES, np.uint64)
+    for q in range(k):
+        p = 0
+        c = 0
+        for tree in range(parents.shape[0]):
+            kept = children[tree]
+            cw1 = seed_cw[q, tree, level, 1]
+            cwl = seed_cw[q, tree, level, 0] | np.uint64(t_cw[q, tree, level, 0])
+            cwr = seed_cw[q, tree, level, 0] | np.uint64(t_cw[q, tree, level, 1])
+            for r in range(parents[tree]):
+                at = p % half
+                if at == 0:  # the next LANES children: MMO of their inputs
+                    if p + half <= n:
+                        mmo8_c(inp, 4 * (q * n + p), none, zero, 0, none, rk, 0, zero, 0, none, zero, y, 0, none)
+                    else:
+                        rest = 4 * (n - p)
+                        pad[:rest] = inp[q, 4 * p:4 * n]
+                        mmo8_c(pad, 0, none, zero, 0, none, rk, 0, zero, 0, none, zero, y, 0, none)
+                mask = _ZERO - np.uint64(bits[q, p])
+                for side in range(2):
+                    if 2 * r + side < kept:
+                        u = 4 * at + 2 * side
+                        w0 = y[u] ^ ((cwr if side else cwl) & mask)
+                        w1 = y[u + 1] ^ (cw1 & mask)
+                        nbits[q, c] = np.uint8(w0 & _LOW)
+                        s0 = w0 & _CLEAR
+                        v = width * c
+                        nxt[q, v] = s0 ^ w1
+                        nxt[q, v + 1] = s0
+                        if width == 4:
+                            nxt[q, v + 2] = s0 ^ w1 ^ _RIGHT
+                            nxt[q, v + 3] = s0
+                        c += 1
+                p += 1
+
+
+def _step(inp, bits, seed_cw, t_cw, level, parents, children, nxt, nbits, scratch) -> None:  # noqa: ANN001, PLR0913, ARG001
+    """One tree level for :func:`secagg.dpf_fused._expand`, AES inside (:func:`_level`)."""
+    k = inp.shape[0]
+    _level(inp.reshape(k, -1), bits, seed_cw, t_cw, level, parents, children, nxt.reshape(k, -1), nbits,
+           _fixed_round_keys((b"tree",))[0])
 
 
 _TILE = 64  #: leaves per tile: a tile's rows of the sum (blocks x 64 x 16 bytes) stay in L1 while every key of the batch adds to them
@@ -177,7 +229,7 @@ def add_batch(acc, keys: list[KeySet], sign: int, group: int) -> list[bytes | No
         cs = _stack(scratch, "cs", [key.check_cw for key in keys])  # [K, m, C, 2]
         folded = np.zeros((k, 2), np.uint64)
     for j0, j1, sub in forest.groups(max(1, group // k)):
-        sigs, t = _expand(keys, j0, j1, sub, scratch, _tree)
+        sigs, t = _expand(keys, j0, j1, sub, scratch, _step)
         base = int(offsets[j0])
         _values(sigs, t, rkv, vc.reshape(-1), forest.points, owner, base, total.reshape(-1), forest.leaves, negate)
         if challenge is not None:

@@ -231,6 +231,10 @@ class CuckooLayout:
             raise ValueError(f"points must be a 1-D array of elements of [0, {self.domain})")
         if len(np.unique(xs)) != xs.size:
             raise ValueError("points must be distinct")
+        return self._assign(xs)
+
+    def _assign(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`assign` of points already checked (``int64``, 1-D, distinct, in the domain)."""
         if xs.size > self.buckets:
             raise CuckooError(f"{xs.size} points cannot be placed into {self.buckets} buckets")
         if xs.size == 0:
@@ -261,13 +265,15 @@ class CuckooLayout:
                               f"one-per-bucket assignment exists in this layout)")
         return match.astype(np.int64)
 
-    def spread(self, xs: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def spread(self, xs: np.ndarray, values: np.ndarray, *, checked: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Every bucket's point and value for a client: its points placed by :meth:`assign`, the
         other buckets a zero value at a CSPRNG-drawn position.
 
         Args:
             xs: the client's distinct points.
             values: ``uint64 [P, d]``, the value of each point.
+            checked: the caller already checked ``xs`` as :meth:`assign` does (``int64``, 1-D, distinct,
+                in the domain), so it is not checked again.
 
         Returns:
             ``(alpha int64 [m], beta uint64 [m, d])``.
@@ -275,7 +281,7 @@ class CuckooLayout:
         values = np.asarray(values)
         if values.dtype != np.uint64 or values.ndim != 2 or values.shape[0] != np.size(xs):
             raise ValueError(f"values must be uint64 [points, d]; found {values.dtype} {values.shape}")
-        bucket, position = self.assign(xs)
+        bucket, position = self._assign(xs) if checked else self.assign(xs)
         alpha = self.decoys()
         beta = np.zeros((self.buckets, values.shape[1]), np.uint64)
         alpha[bucket] = position
@@ -285,19 +291,28 @@ class CuckooLayout:
     def decoys(self) -> np.ndarray:
         """A position per bucket drawn from the OS CSPRNG (0 for a bucket of no positions): where
         a bucket without a point puts its zero value."""
-        sizes = np.asarray(self.sizes, dtype=np.uint64)
-        out = np.zeros(sizes.size, np.int64)
-        todo = np.flatnonzero(sizes > 0)
-        span = sizes[todo]
+        todo, span, top = self._decoy_tables()
+        out = np.zeros(self.buckets, np.int64)
         # exactly uniform: accept a 64-bit draw below the largest multiple of the size (rejection is
         # below 2^-40 per bucket), in one CSPRNG call per pass rather than one per bucket
-        top = np.uint64(2**64 - 1) - ((np.uint64(2**64 - 1) % span) + np.uint64(1)) % span
         while todo.size:
             draw = np.frombuffer(os.urandom(8 * todo.size), dtype="<u8").astype(np.uint64)
             ok = draw <= top
             out[todo[ok]] = (draw[ok] % span[ok]).astype(np.int64)
             todo, span, top = todo[~ok], span[~ok], top[~ok]
         return out
+
+    def _decoy_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(buckets with positions, their sizes, the largest accepted draw per bucket)``: public, per
+        layout, so a client's decoys cost one CSPRNG call and three passes."""
+        got = self._tables.get("decoys")
+        if got is None:
+            sizes = np.asarray(self.sizes, dtype=np.uint64)
+            todo = np.flatnonzero(sizes > 0)
+            span = sizes[todo]
+            top = np.uint64(2**64 - 1) - ((np.uint64(2**64 - 1) % span) + np.uint64(1)) % span
+            got = self._tables["decoys"] = (todo, span, top)
+        return got
 
     # -- server: back to the domain ----------------------------------------------------------------
     def to_domain(self, flat: np.ndarray) -> np.ndarray:

@@ -362,8 +362,8 @@ class DpfSumClient:
         count = c.max_parts if c.pad_parts else max(1, -(-rows.size // c.points))
         if c.dense_above and count > c.dense_above:
             return None
-        return [c.layout.spread(rows[i * c.points:(i + 1) * c.points], values[i * c.points:(i + 1) * c.points])
-                for i in range(count)]
+        return [c.layout.spread(rows[i * c.points:(i + 1) * c.points], values[i * c.points:(i + 1) * c.points],
+                                checked=True) for i in range(count)]  # rows checked above: distinct, in the domain
 
     def encode(self, keys: list[tuple[KeySet, KeySet]]) -> list[tuple[bytes, bytes]]:
         """The uploads (to A, to B) of the key sets (A's, B's) generated for :meth:`plan`'s parts."""

@@ -216,8 +216,9 @@ class Forest:
                 sub.children_kept(level)
         _warm_fused()
 
-    def tweaks(self) -> list[np.ndarray]:
-        """The check hash's per-leaf tweaks (public; computed once per forest)."""
+    def tweaks(self) -> np.ndarray:
+        """The check hash's per-leaf tweaks, ``uint64 [CHECK_BLOCKS, leaves, 2]`` (public; computed once
+        per forest)."""
         return self._get("tweaks", lambda: _tweaks(self.owner, self.position))
 
 

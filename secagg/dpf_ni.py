@@ -224,7 +224,7 @@ def add_batch(acc, keys: list[KeySet], sign: int, group: int) -> list[bytes | No
     if challenge is not None:
         rkc = _fixed_round_keys(tuple(b"check/%d" % c for c in range(CHECK_BLOCKS)))
         rkm = acc._challenge_keys()
-        tweaks = forest._get("tweaks/stacked", lambda: np.stack(forest.tweaks()))
+        tweaks = forest.tweaks()  # [CHECK_BLOCKS, leaves, 2]
         first = acc._positions()
         cs = _stack(scratch, "cs", [key.check_cw for key in keys])  # [K, m, C, 2]
         folded = np.zeros((k, 2), np.uint64)

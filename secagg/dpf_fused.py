@@ -32,7 +32,7 @@ import numpy as np
 
 from secagg.dpf_keys import _CLEAR, _LOW, _RIGHT, CHECK_BLOCKS, KeySet, _encryptor, _words
 
-__all__ = ["add_batch"]
+__all__ = ["add_batch", "child", "value_corrections"]
 
 _jit = numba.njit(cache=True, nogil=True, boundscheck=False)
 _ZERO = np.uint64(0)
@@ -52,6 +52,21 @@ def _roots(nodes, inp, bits):  # noqa: ANN001, ANN202
             inp[q, p, 1] = s0
             inp[q, p, 2] = left ^ _RIGHT
             inp[q, p, 3] = s0
+
+
+@numba.njit(inline="always", cache=True, nogil=True, boundscheck=False)
+def child(nxt, nbits, q, c, w0, w1, width):  # noqa: ANN001, ANN202, PLR0913
+    """Write kept child ``c`` of key ``q`` from its corrected seed words ``w0, w1`` (control bit in
+    ``w0``'s low bit): its bit into ``nbits[q, c]`` and ``sigma`` of its seed into ``nxt[q]`` (with the
+    right child's tweak when ``width`` is 4: the next level's input; 2 at the leaves)."""
+    nbits[q, c] = np.uint8(w0 & _LOW)
+    s0 = w0 & _CLEAR
+    v = width * c
+    nxt[q, v] = s0 ^ w1
+    nxt[q, v + 1] = s0
+    if width == 4:
+        nxt[q, v + 2] = s0 ^ w1 ^ _RIGHT
+        nxt[q, v + 3] = s0
 
 
 @_jit
@@ -80,14 +95,7 @@ def _level(out, inp, bits, seed_cw, t_cw, level, parents, children, nxt, nbits):
                         c0 = seed_cw[q, tree, level, 0] | np.uint64(t_cw[q, tree, level, side])
                         w0 = out[q, u] ^ inp[q, u] ^ (c0 & mask)
                         w1 = out[q, u + 1] ^ inp[q, u + 1] ^ (seed_cw[q, tree, level, 1] & mask)
-                        nbits[q, c] = np.uint8(w0 & _LOW)
-                        s0 = w0 & _CLEAR
-                        v = width * c
-                        nxt[q, v] = s0 ^ w1
-                        nxt[q, v + 1] = s0
-                        if width == 4:
-                            nxt[q, v + 2] = s0 ^ w1 ^ _RIGHT
-                            nxt[q, v + 3] = s0
+                        child(nxt, nbits, q, c, w0, w1, width)
                         c += 1
                 p += 1
 
@@ -316,6 +324,18 @@ def _fold(state, folded):  # noqa: ANN001, ANN202
         folded[q, 1] = f1
 
 
+def value_corrections(acc, keys: list[KeySet]) -> np.ndarray:  # noqa: ANN001
+    """The keys' value corrections ``[K, m, 2 blocks]`` (zero-padded to whole blocks) in ``acc``'s scratch."""
+    blocks, scratch = acc.blocks, acc._scratch
+    if acc.width == 2 * blocks:
+        return _stack(scratch, "vc", [key.value_cw for key in keys])
+    vc = _buf(scratch, "vc", (len(keys), acc.forest.points, 2 * blocks), np.uint64)
+    vc[:, :, acc.width:] = 0
+    for q, key in enumerate(keys):
+        vc[q, :, :acc.width] = key.value_cw
+    return vc
+
+
 def add_batch(acc, keys: list[KeySet], sign: int, chunk: int, group: int) -> list[bytes | None]:  # noqa: ANN001
     """:meth:`secagg.dpf.Accumulator._add_batch` with fused loops: add (``sign = 1``) or subtract the
     evaluations of ``keys`` (at most 8, already checked against ``acc``) into ``acc``'s sum; their
@@ -326,13 +346,7 @@ def add_batch(acc, keys: list[KeySet], sign: int, chunk: int, group: int) -> lis
     offsets, owner = forest.offsets, forest.owner
     values = [_encryptor(b"value/%d" % i) for i in range(blocks)]
     scratch = acc._scratch
-    if acc.width == 2 * blocks:  # the keys' value corrections, [K, m, 2 blocks] (zero-padded to whole blocks)
-        vc = _stack(scratch, "vc", [key.value_cw for key in keys])
-    else:
-        vc = _buf(scratch, "vc", (k, forest.points, 2 * blocks), np.uint64)
-        vc[:, :, acc.width:] = 0
-        for q, key in enumerate(keys):
-            vc[q, :, :acc.width] = key.value_cw
+    vc = value_corrections(acc, keys)
     per = max(1, chunk // k)  # leaves per key per pass
     sigbuf = _buf(scratch, "sig", (k * per, 2), np.uint64)
     buf = _buf(scratch, "y", (k * per + 1, 2), np.uint64)  # AES output (one row of slack for update_into)

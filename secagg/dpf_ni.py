@@ -25,8 +25,8 @@ import numpy as np
 
 from secagg import aesni
 from secagg.aesni_kernels import LANES, aes8, aes8_c, mmo8, mmo8_add_c, mmo8_c, mmo8_sub_c, mmo8_xor, mmo8_xor_c
-from secagg.dpf_fused import _buf, _expand, _stack
-from secagg.dpf_keys import _CLEAR, _LOW, _RIGHT, CHECK_BLOCKS, KeySet, _fixed_round_keys, _words
+from secagg.dpf_fused import _expand, _stack, child, value_corrections
+from secagg.dpf_keys import CHECK_BLOCKS, KeySet, _fixed_round_keys, _words
 
 __all__ = ["add_batch"]
 
@@ -72,14 +72,7 @@ def _level(inp, bits, seed_cw, t_cw, level, parents, children, nxt, nbits, rk): 
                         u = 4 * at + 2 * side
                         w0 = y[u] ^ ((cwr if side else cwl) & mask)
                         w1 = y[u + 1] ^ (cw1 & mask)
-                        nbits[q, c] = np.uint8(w0 & _LOW)
-                        s0 = w0 & _CLEAR
-                        v = width * c
-                        nxt[q, v] = s0 ^ w1
-                        nxt[q, v + 1] = s0
-                        if width == 4:
-                            nxt[q, v + 2] = s0 ^ w1 ^ _RIGHT
-                            nxt[q, v + 3] = s0
+                        child(nxt, nbits, q, c, w0, w1, width)
                         c += 1
                 p += 1
 
@@ -89,6 +82,15 @@ def _step(inp, bits, seed_cw, t_cw, level, parents, children, nxt, nbits, scratc
     k = inp.shape[0]
     _level(inp.reshape(k, -1), bits, seed_cw, t_cw, level, parents, children, nxt.reshape(k, -1), nbits,
            _fixed_round_keys((b"tree",))[0])
+
+
+@_jit
+def _lanes():  # noqa: ANN202
+    """Per-lane scratch of the hot loops: two offset arrays and the correction offsets (``int64
+    [LANES]``), the masks (``uint64 [LANES]``), the consecutive offsets ``0, 2, 4, ...``, zero
+    offsets, and a zero block (the intrinsics' unused operands)."""
+    return (np.empty(LANES, np.int64), np.empty(LANES, np.int64), np.empty(LANES, np.int64), np.empty(LANES, np.uint64),
+            np.arange(0, 2 * LANES, 2).astype(np.int64), np.zeros(LANES, np.int64), np.zeros(2, np.uint64))
 
 
 _TILE = 64  #: leaves per tile: a tile's rows of the sum (blocks x 64 x 16 bytes) stay in L1 while every key of the batch adds to them
@@ -102,18 +104,12 @@ def _values(sigs, t, rkv, vcf, trees, owner, base, accf, leaves, negate):  # noq
     ``sigs``: ``uint64 [K, n, 2]``, the leaves' ``sigma(s)`` per key; ``t``: ``uint8 [K, n]``, their
     control bits; ``rkv``: ``[blocks, 22]``, the value keys' round keys; ``vcf``: the keys' value
     corrections ``[K, trees, 2 blocks]``, flat; ``accf``: the round's sum ``[blocks, leaves, 2]``, flat.
-    Leaves go a tile at a time and within a tile key by key, eight leaves per :func:`mmo8_add_c` (one
-    block's key, the feed-forward, the correction and the addition in one intrinsic); a group of
-    fewer than eight leaves (a key's last) goes through :func:`mmo8` and the same sums in a loop."""
+    Leaves go a tile at a time and within a tile key by key, ``LANES`` leaves (8, or 16 with VAES) per
+    :func:`mmo8_add_c` (one block's key, the feed-forward, the correction and the addition in one
+    intrinsic); a group of fewer (a key's last) goes through :func:`mmo8` and the same sums in a loop."""
     k, n = t.shape
     blocks = rkv.shape[0]
-    soff = np.empty(LANES, np.int64)
-    doff = np.empty(LANES, np.int64)
-    coff = np.empty(LANES, np.int64)
-    masks = np.empty(LANES, np.uint64)
-    step = np.arange(0, 2 * LANES, 2).astype(np.int64)
-    none = np.zeros(LANES, np.int64)
-    zero = np.zeros(2, np.uint64)
+    soff, doff, coff, masks, step, none, zero = _lanes()
     y = np.empty(2 * LANES, np.uint64)
     stride = 2 * leaves
     for x0 in range(0, n, _TILE):
@@ -159,17 +155,11 @@ def _checks(sigs, t, rkc, tweaks, csf, trees, owner, base, rkm, first, folded): 
 
     ``tweaks``: ``[CHECK_BLOCKS, leaves, 2]``; ``rkc``: ``[CHECK_BLOCKS, 22]``; ``csf``: the keys'
     check corrections ``[K, trees, CHECK_BLOCKS, 2]``, flat; ``rkm``: the challenge's round keys;
-    ``first``: ``[leaves, 2]``, the MAC's first block per leaf. Eight chains (leaves of one key) at a
+    ``first``: ``[leaves, 2]``, the MAC's first block per leaf. ``LANES`` chains (leaves of one key) at a
     time; a partial group's extra lanes recompute its first leaf and are not folded."""
     k, n = t.shape
     leaves = first.shape[0]
-    soff = np.empty(LANES, np.int64)
-    loff = np.empty(LANES, np.int64)
-    coff = np.empty(LANES, np.int64)
-    masks = np.empty(LANES, np.uint64)
-    step = np.arange(0, 2 * LANES, 2).astype(np.int64)
-    none = np.zeros(LANES, np.int64)
-    zero = np.zeros(2, np.uint64)
+    soff, loff, coff, masks, step, none, zero = _lanes()
     pi = np.empty(CHECK_BLOCKS * 2 * LANES, np.uint64)
     state = np.empty(2 * LANES, np.uint64)
     for q in range(k):
@@ -213,13 +203,7 @@ def add_batch(acc, keys: list[KeySet], sign: int, group: int) -> list[bytes | No
     negate = (acc.party == 1) != (sign == -1)
     offsets, owner = forest.offsets, forest.owner
     scratch = acc._scratch
-    if acc.width == 2 * blocks:  # the keys' value corrections, [K, m, 2 blocks] (zero-padded to whole blocks)
-        vc = _stack(scratch, "vc", [key.value_cw for key in keys])
-    else:
-        vc = _buf(scratch, "vc", (k, forest.points, 2 * blocks), np.uint64)
-        vc[:, :, acc.width:] = 0
-        for q, key in enumerate(keys):
-            vc[q, :, :acc.width] = key.value_cw
+    vc = value_corrections(acc, keys)
     rkv = _fixed_round_keys(tuple(b"value/%d" % i for i in range(blocks)))
     if challenge is not None:
         rkc = _fixed_round_keys(tuple(b"check/%d" % c for c in range(CHECK_BLOCKS)))

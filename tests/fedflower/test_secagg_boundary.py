@@ -246,10 +246,15 @@ def test_client_refuses_bad_server_records(secagg_round, stage, fn, reason):
     _assert_dropped_and_correct(res, stage, "ClientFailed", reason)
 
 
-def test_train_message_without_our_record_is_refused():
+def test_train_message_without_our_record_is_refused(monkeypatch):
     """A client with the mod never trains (and uploads) outside secure aggregation."""
     from flwr.app import Context
+    from flwr.supercore.task_identity import TaskIdentity
 
+    # what a ServerApp's runtime sets before it creates messages (fedflower.loopback sets it too, so
+    # without this the test passed only after another test in the same worker had built a grid)
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 0)):
+        monkeypatch.setattr(TaskIdentity, name, value)
     msg = Message(RecordDict(), dst_node_id=5, message_type=MessageType.TRAIN)
     ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
     called = []

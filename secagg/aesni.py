@@ -18,7 +18,7 @@ of the word broadcast to the four columns, where ``ShiftRows`` is the identity),
 
 **Where it runs.** x86-64 CPUs with AES-NI, detected through llvmlite (:func:`available`). Elsewhere
 (e.g. ARM) nothing here is compiled and the DPF keeps its ``cryptography`` path: the same words.
-Setting ``SECAGG_AESNI=0`` turns it off on any machine.
+Setting ``SECAGG_AESNI=0`` in the environment turns it off on any machine (read once per process, at the first use).
 """
 
 from __future__ import annotations

@@ -37,12 +37,13 @@ def value_cw(sig, rkv, t1, betas, out):  # noqa: ANN001, ANN202
     """``out[j] = (-1)^t1[j] (betas[j] - G(s0_j) + G(s1_j))``, block ``i`` of ``G(s)`` the MMO
     ``AES_value/i(sigma(s)) XOR sigma(s)`` (round keys ``rkv [blocks, 22]``) of ``sig [2, m, 2]``, both
     parties' ``sigma`` of their leaf seeds; ``betas``, ``out``: ``[m, d]``. ``LANES`` trees at a time
-    (a last partial group through a padded copy)."""
+    (a last partial group through a padded copy): every block of both parties into a small buffer
+    (``[blocks, 2, LANES, 2]`` words, in L1), then each tree's row of ``out`` in one contiguous pass."""
     m, d = betas.shape
     blocks = rkv.shape[0]
     none = np.zeros(LANES, np.int64)
     zero = np.zeros(2, np.uint64)
-    y = np.empty(4 * LANES, np.uint64)  # party 0's outputs, then party 1's
+    y = np.empty(blocks * 4 * LANES, np.uint64)  # per block: party 0's outputs, then party 1's
     pad = np.zeros(4 * LANES, np.uint64)  # a partial group's inputs: party 0's, then party 1's
     flat = sig.reshape(-1)
     for g in range(0, m, LANES):
@@ -55,14 +56,12 @@ def value_cw(sig, rkv, t1, betas, out):  # noqa: ANN001, ANN202
             pad[2 * LANES:2 * (LANES + n)] = flat[2 * (m + g):2 * (m + g + n)]
             src, b0, b1 = pad, 0, 2 * LANES
         for i in range(blocks):
-            mmo8_c(src, b0, none, zero, 0, none, rkv, _KW * i, zero, 0, none, zero, y, 0, none)
-            mmo8_c(src, b1, none, zero, 0, none, rkv, _KW * i, zero, 0, none, zero, y, 2 * LANES, none)
-            for lane in range(n):
-                j = g + lane
-                neg = _ZERO - np.uint64(t1[j])
-                col = 2 * i
-                v = betas[j, col] - y[2 * lane] + y[2 * LANES + 2 * lane]
+            mmo8_c(src, b0, none, zero, 0, none, rkv, _KW * i, zero, 0, none, zero, y, 4 * LANES * i, none)
+            mmo8_c(src, b1, none, zero, 0, none, rkv, _KW * i, zero, 0, none, zero, y, 4 * LANES * i + 2 * LANES, none)
+        for lane in range(n):
+            j = g + lane
+            neg = _ZERO - np.uint64(t1[j])
+            for col in range(d):
+                at = 4 * LANES * (col >> 1) + 2 * lane + (col & 1)
+                v = betas[j, col] - y[at] + y[at + 2 * LANES]
                 out[j, col] = (v ^ neg) - neg
-                if col + 1 < d:
-                    v = betas[j, col + 1] - y[2 * lane + 1] + y[2 * LANES + 2 * lane + 1]
-                    out[j, col + 1] = (v ^ neg) - neg

@@ -225,15 +225,11 @@ def expand_key(key, out):  # noqa: ANN001, ANN202
         out[r] = w[2 * r] | (w[2 * r + 1] << np.uint64(32))
 
 
-_STEP = np.arange(0, 2 * LANES, 2, dtype=np.int64)  # lane l reads the l-th block after its base
-
-
 @_jit
 def ecb(x, rk, out, mmo):  # noqa: ANN001, ANN202
-    """``out = AES(x)`` (``AES(x) XOR x`` with ``mmo``) over flat ``uint64 [2n]`` blocks, eight at a
+    """``out = AES(x)`` (``AES(x) XOR x`` with ``mmo``) over flat ``uint64 [2n]`` blocks, ``LANES`` at a
     time; the last partial group through a padded copy (no read or write past the arrays)."""
     n = x.size // 2
-    step = _STEP.copy()
     none = np.zeros(LANES, np.int64)
     zero = np.zeros(2, np.uint64)
     full = n - n % LANES
@@ -247,7 +243,7 @@ def ecb(x, rk, out, mmo):  # noqa: ANN001, ANN202
         res = np.empty(2 * LANES, np.uint64)
         pad[:2 * (n - full)] = x[2 * full:]
         if mmo:
-            mmo8(pad, 0, step, zero, 0, none, rk, 0, zero, 0, none, zero, res, 0, step)
+            mmo8_c(pad, 0, none, zero, 0, none, rk, 0, zero, 0, none, zero, res, 0, none)
         else:
-            aes8(pad, 0, step, zero, 0, none, rk, 0, zero, 0, none, zero, res, 0, step)
+            ecb8(pad, 0, none, zero, 0, none, rk, 0, zero, 0, none, zero, res, 0, none)
         out[2 * full:] = res[:2 * (n - full)]

@@ -24,7 +24,7 @@ import numba
 import numpy as np
 
 from secagg import aesni
-from secagg.aesni_kernels import LANES, aes8, aes8_c, mmo8, mmo8_add_c, mmo8_c, mmo8_sub_c, mmo8_xor, mmo8_xor_c
+from secagg.aesni_kernels import LANES, aes8, aes8_c, mmo8, mmo8_c, mmo8_xor, mmo8_xor_c, mmo_blocks_add, mmo_blocks_sub
 from secagg.dpf_fused import _expand, _stack, child, value_corrections
 from secagg.dpf_keys import CHECK_BLOCKS, KeySet, _fixed_round_keys, _words
 
@@ -105,8 +105,9 @@ def _values(sigs, t, rkv, vcf, trees, owner, base, accf, leaves, negate):  # noq
     control bits; ``rkv``: ``[blocks, 22]``, the value keys' round keys; ``vcf``: the keys' value
     corrections ``[K, trees, 2 blocks]``, flat; ``accf``: the round's sum ``[blocks, leaves, 2]``, flat.
     Leaves go a tile at a time and within a tile key by key, ``LANES`` leaves (8, or 16 with VAES) per
-    :func:`mmo8_add_c` (one block's key, the feed-forward, the correction and the addition in one
-    intrinsic); a group of fewer (a key's last) goes through :func:`mmo8` and the same sums in a loop."""
+    :func:`mmo_blocks_add` (every block's key, the feed-forward, the correction and the addition in one
+    intrinsic, the leaves' inputs and masks loaded once); a group of fewer (a key's last) goes through
+    :func:`mmo8` and the same sums in a loop."""
     k, n = t.shape
     blocks = rkv.shape[0]
     soff, doff, coff, masks, step, none, zero = _lanes()
@@ -124,13 +125,10 @@ def _values(sigs, t, rkv, vcf, trees, owner, base, accf, leaves, negate):  # noq
                     coff[lane] = 2 * blocks * (q * trees + owner[base + x])
                     masks[lane] = _ZERO - np.uint64(t[q, x])
                 if m == LANES:
-                    for blk in range(blocks):
-                        if negate:
-                            mmo8_sub_c(sigs, soff[0], none, zero, 0, none, rkv, _KW * blk, vcf, 2 * blk, coff, masks,
-                                       accf, blk * stride + doff[0], none)
-                        else:
-                            mmo8_add_c(sigs, soff[0], none, zero, 0, none, rkv, _KW * blk, vcf, 2 * blk, coff, masks,
-                                       accf, blk * stride + doff[0], none)
+                    if negate:
+                        mmo_blocks_sub(sigs, soff[0], rkv, vcf, coff, masks, accf, doff[0], stride, blocks)
+                    else:
+                        mmo_blocks_add(sigs, soff[0], rkv, vcf, coff, masks, accf, doff[0], stride, blocks)
                     continue
                 for blk in range(blocks):
                     mmo8(sigs, 0, soff, zero, 0, none, rkv, _KW * blk, zero, 0, none, zero, y, 0, step)

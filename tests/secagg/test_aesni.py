@@ -171,6 +171,65 @@ def test_every_fused_intrinsic_equals_openssl_and_its_numpy_definition(kind, see
     assert np.array_equal(got, want)
 
 
+@functools.cache
+def _blocks_harness(out: str, per: int):  # noqa: ANN202 - an njit harness of the group intrinsic
+    import numba
+
+    from secagg import aesni_kernels as ak
+
+    fn = ak._blocks_intrinsic(out, per=per)
+
+    @numba.njit
+    def run(src, sbase, rk, cw, coff, masks, dst, dbase, stride, blocks):  # noqa: ANN001, ANN202, PLR0913
+        fn(src, sbase, rk, cw, coff, masks, dst, dbase, stride, blocks)
+
+    return run
+
+
+@PROPS
+@given(blocks=st.integers(0, 5), seed=st.integers(0, 2**32 - 1), sub=st.booleans(), wide=st.booleans())
+def test_the_group_value_intrinsic_equals_openssl_block_by_block(blocks, seed, sub, wide):
+    """``dst[dbase + i stride + 2l] +=`` (or ``-=``) ``(AES_i(x_l) XOR x_l) + (cw[coff[l] + 2i] AND
+    mask_l)`` for every key ``i < blocks`` and lane ``l``; nothing else of ``dst`` changes (0 blocks:
+    nothing at all). Keys, corrections, offsets and masks random; the oracle is OpenSSL."""
+    if not HERE:
+        return
+    from secagg.aesni_kernels import WIDE
+    per = 2 if wide and WIDE else 1
+    LANES = 8 * per  # noqa: N806
+    rng = np.random.default_rng(seed)  # CSPRNG-OK: test data only
+    words = lambda n: rng.integers(0, 2**64, n, dtype=np.uint64)  # noqa: E731
+    keys = [bytes(rng.integers(0, 256, 16, dtype=np.uint8)) for _ in range(blocks)]
+    rk = np.concatenate([aesni.round_keys(k) for k in keys]) if blocks else np.zeros(22, np.uint64)
+    sbase, dbase = 2 * int(rng.integers(0, 5)), 2 * int(rng.integers(0, 5))
+    stride = 2 * LANES + 2 * int(rng.integers(0, 4))
+    src, cw = words(sbase + 2 * LANES + 6), words(2 * max(blocks, 1) + 40)
+    coff = rng.integers(0, 40, LANES).astype(np.int64)
+    masks = np.where(rng.integers(0, 2, LANES).astype(bool), np.uint64(2**64 - 1), np.uint64(0))
+    dst = words(dbase + stride * max(blocks, 1) + 2 * LANES + 4)
+    want = dst.copy()
+    x = src[sbase:sbase + 2 * LANES].reshape(LANES, 2)
+    for i, key in enumerate(keys):
+        y = _oracle(key, x) ^ x
+        for lane in range(LANES):
+            c = cw[coff[lane] + 2 * i:coff[lane] + 2 * i + 2] & masks[lane]
+            at = slice(dbase + i * stride + 2 * lane, dbase + i * stride + 2 * lane + 2)
+            want[at] = want[at] - (y[lane] + c) if sub else want[at] + (y[lane] + c)
+    got = dst.copy()
+    _blocks_harness("sub" if sub else "add", per)(src, sbase, rk, cw, coff, masks, got, dbase, stride, blocks)
+    assert np.array_equal(got, want)
+
+
+def test_the_group_intrinsic_refuses_other_widths_and_outputs():
+    if not HERE:
+        return
+    from secagg import aesni_kernels as ak
+    with pytest.raises(ValueError, match="per is 1"):
+        ak._blocks_intrinsic("add", per=4)
+    with pytest.raises(ValueError, match="out is"):
+        ak._blocks_intrinsic("store")
+
+
 def test_the_key_schedule_has_no_secret_dependent_table():
     """SubWord runs on aesenclast (the challenge is a secret key): the module holds no S-box."""
     import secagg.aesni_kernels as ak

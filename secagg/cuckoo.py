@@ -104,24 +104,30 @@ def buckets_for(points: int, *, failure_bits: int = 40) -> int:
 
 
 @functools.cache
-def _placer():  # noqa: ANN202 - the compiled function, or None
-    """:func:`secagg.cuckoo_fused.place`, loaded on first use, or ``None`` where numba does not import."""
+def _fused():  # noqa: ANN202 - the module, or None
+    """:mod:`secagg.cuckoo_fused` (the compiled placement), loaded on first use, or ``None`` where numba
+    does not import."""
     try:
         from secagg import cuckoo_fused
     except ImportError:
         return None
-    return cuckoo_fused.place
+    return cuckoo_fused
 
 
 def _insert(h: np.ndarray, buckets: int) -> np.ndarray | None:
     """Cuckoo insertion with evictions (:func:`secagg.cuckoo_fused.place`): a valid bucket per point,
     or ``None`` when it gave up (after ``64 + 16 P`` evictions) or numba does not import; the caller
     then runs the exact matching."""
-    place = _placer()
-    if place is None:
+    fused = _fused()
+    if fused is None:
         return None
     bucket = np.empty(h.shape[0], np.int64)
-    return bucket if place(np.ascontiguousarray(h, dtype=np.int64), buckets, 64 + 16 * h.shape[0], bucket) else None
+    return bucket if fused.place(np.ascontiguousarray(h, dtype=np.int64), buckets, _steps(h.shape[0]), bucket) else None
+
+
+def _steps(points: int) -> int:
+    """The evictions :func:`secagg.cuckoo_fused.place` may spend on ``points`` points before giving up."""
+    return 64 + 16 * points
 
 
 @dataclass(frozen=True)
@@ -281,6 +287,17 @@ class CuckooLayout:
         values = np.asarray(values)
         if values.dtype != np.uint64 or values.ndim != 2 or values.shape[0] != np.size(xs):
             raise ValueError(f"values must be uint64 [points, d]; found {values.dtype} {values.shape}")
+        fused = _fused() if checked and np.size(xs) <= self.buckets else None
+        if fused is not None:  # one compiled pass: decoys, insertion, positions, values
+            todo, span, top = self._decoy_tables()
+            _, offsets, slot = self._slots()
+            alpha = np.zeros(self.buckets, np.int64)
+            beta = np.zeros((self.buckets, values.shape[1]), np.uint64)
+            draw = np.frombuffer(os.urandom(8 * todo.size), dtype="<u8")
+            if fused.spread(xs, values, self._hash_table(), slot, offsets, _steps(np.size(xs)), draw, todo, span, top,
+                            alpha, beta) == 0:
+                return alpha, beta
+            # the insertion gave up, or a decoy draw was rejected (below 2^-40 per bucket): the general path
         bucket, position = self._assign(xs) if checked else self.assign(xs)
         alpha = self.decoys()
         beta = np.zeros((self.buckets, values.shape[1]), np.uint64)

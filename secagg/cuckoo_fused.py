@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["place"]
+__all__ = ["place", "spread"]
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
@@ -52,3 +52,36 @@ def place(h, buckets, max_steps, bucket):  # noqa: ANN001, ANN202
             bucket[cur] = b
             cur = victim
     return True
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def spread(xs, values, table, slot, offsets, max_steps, draw, todo, span, top, alpha, beta):  # noqa: ANN001, ANN202, PLR0913
+    """:meth:`secagg.cuckoo.CuckooLayout.spread` of checked points in one pass: the decoys first
+    (``alpha[todo[i]] = draw[i] mod span[i]``, each draw accepted when ``<= top[i]``), then each point
+    ``xs[p]`` placed by :func:`place` among its buckets ``table[xs[p]]`` at its position there
+    (``slot[xs[p], i] - offsets[bucket]``) with its value row in ``beta[bucket]``. ``alpha`` and
+    ``beta`` come zeroed. Returns 0 when done, 1 when the insertion gave up (the caller runs the exact
+    matching), 2 when a decoy draw was rejected (the caller draws again); after 1 or 2 ``alpha`` and
+    ``beta`` are meaningless."""
+    for i in range(todo.shape[0]):
+        d = draw[i]
+        if d > top[i]:
+            return 2
+        alpha[todo[i]] = np.int64(d % span[i])
+    n = xs.shape[0]
+    h = np.empty((n, 3), np.int64)
+    for p in range(n):
+        for i in range(3):
+            h[p, i] = table[xs[p], i]
+    bucket = np.empty(n, np.int64)
+    if not place(h, alpha.shape[0], max_steps, bucket):
+        return 1
+    for p in range(n):
+        b = bucket[p]
+        which = 0
+        while h[p, which] != b:
+            which += 1
+        alpha[b] = slot[xs[p], which] - offsets[b]
+        for j in range(values.shape[1]):
+            beta[b, j] = values[p, j]
+    return 0

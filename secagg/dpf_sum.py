@@ -357,7 +357,7 @@ class DpfSumClient:
                              f"{c.max_parts} x {c.points}; raise one of them")
         if values.dtype != np.uint64 or values.shape != (rows.size, c.width):
             raise ValueError(f"values must be uint64 [{rows.size}, {c.width}]; found {values.dtype} {values.shape}")
-        if rows.size and (np.unique(rows).size != rows.size or rows.min() < 0 or rows.max() >= c.layout.domain):
+        if rows.size and not _distinct_in(rows, c.layout.domain):
             raise ValueError(f"client {self.id}: rows must be distinct and in [0, {c.layout.domain})")
         count = c.max_parts if c.pad_parts else max(1, -(-rows.size // c.points))
         if c.dense_above and count > c.dense_above:
@@ -385,6 +385,13 @@ class DpfSumClient:
         table[np.asarray(rows, dtype=np.int64)] += values
         return (DpfDense(c.instance, c.round, self.id, SERVER_A, floor=self.floor, share=share).to_bytes(),
                 DpfDense(c.instance, c.round, self.id, SERVER_B, floor=self.floor, seed=seed).to_bytes())
+
+
+def _distinct_in(rows: np.ndarray, domain: int) -> bool:
+    """Whether ``rows`` (``int64``, 1-D, not empty) are distinct and in ``[0, domain)``: one comparison pass
+    when they are increasing (as a protocol's rows usually are), a sort otherwise."""
+    ordered = rows if bool((rows[1:] > rows[:-1]).all()) else np.unique(rows)
+    return ordered.size == rows.size and ordered[0] >= 0 and ordered[-1] < domain
 
 
 class DpfSumServer:

@@ -162,6 +162,77 @@ def test_cuckoo_insertion_places_validly_and_fails_exactly_when_the_matching_doe
     assert np.array_equal(alpha[bucket], position)
     # with the insertion giving up at once, assign takes the matching and places the same points
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cuckoo, "_placer", lambda: lambda h, m, steps, out: False)
-        b2, _ = lay.assign(xs)
+        mp.setattr(cuckoo, "_fused", lambda: _GivesUp)
+        b2, p2 = lay.assign(xs)
+        alpha2, _ = lay.spread(xs, np.ones((xs.size, 1), np.uint64), checked=True)  # the one pass gives up too
     assert len(set(b2.tolist())) == xs.size and np.all((h == b2[:, None]).any(axis=1))
+    assert np.array_equal(alpha2[b2], p2)
+
+
+class _GivesUp:
+    """A compiled module whose insertion always gives up (the callers must take the exact matching)."""
+
+    @staticmethod
+    def place(h, m, steps, out):  # noqa: ANN001, ANN205, ARG004
+        return False
+
+    @staticmethod
+    def spread(*args):  # noqa: ANN002, ANN205, ARG004
+        return 1
+
+
+def _urandom_from(seed: int):  # noqa: ANN202 - a deterministic stand-in for os.urandom (test only)
+    rng = np.random.default_rng(seed)  # CSPRNG-OK: test stand-in, compared between two paths
+    return lambda n: rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(domain=st.integers(5, 300), buckets=st.integers(3, 50), fill=st.floats(0.0, 1.0), width=st.integers(1, 5),
+       seed=st.integers(0, 2**31))
+def test_the_one_pass_spread_equals_the_general_path_on_the_same_draws(domain, buckets, fill, width, seed):
+    """spread(checked=True) runs decoys, insertion, positions and values as one compiled pass
+    (secagg.cuckoo_fused.spread); given the same CSPRNG bytes it returns exactly what the general path
+    (decoys, assign, scatter) returns, and it refuses exactly the same point sets."""
+    from secagg import cuckoo
+
+    lay = CuckooLayout(domain, buckets, seed=seed.to_bytes(4, "big") * 8)
+    rng = np.random.default_rng(seed)  # CSPRNG-OK: test points only
+    xs = np.sort(rng.choice(domain, min(domain, buckets, int(fill * buckets)), replace=False)).astype(np.int64)
+    values = rng.integers(0, 2**64, (xs.size, width), dtype=np.uint64)
+    got = want = None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cuckoo.os, "urandom", _urandom_from(seed))
+        try:
+            got = lay.spread(xs, values, checked=True)
+        except CuckooError:
+            pass
+        mp.setattr(cuckoo.os, "urandom", _urandom_from(seed))
+        try:
+            want = lay.spread(xs, values)
+        except CuckooError:
+            pass
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_a_rejected_decoy_draw_is_drawn_again_not_biased():
+    """A decoy draw above the largest multiple of its bucket's size is rejected (exact uniformity): the
+    one pass hands the client to the general path, which draws fresh bytes; no position is out of its
+    bucket."""
+    from secagg import cuckoo
+
+    lay = CuckooLayout(40, 7)
+    sizes = lay.sizes
+    assert any(int(s) & (int(s) - 1) for s in sizes if s)  # some size is not a power of two: all-ones is rejected
+    calls = []
+
+    def urandom(n):  # noqa: ANN001, ANN202
+        calls.append(n)
+        return b"\xff" * n if len(calls) == 1 else bytes(n)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cuckoo.os, "urandom", urandom)
+        alpha, beta = lay.spread(np.array([3], np.int64), np.ones((1, 2), np.uint64), checked=True)
+    assert len(calls) >= 2
+    assert np.all((alpha >= 0) & (alpha < np.maximum(sizes, 1))) and int(beta.sum()) == 2

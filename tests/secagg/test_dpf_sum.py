@@ -7,6 +7,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chi2_contingency
 
 from secagg import dpf
@@ -59,6 +61,22 @@ def test_a_client_with_more_rows_than_declared_is_refused_before_sending():
     assert set(res.refused) == {0, 1, 2} and all("above the declared" in r for r in res.refused.values())
     assert res.total is None and "below the clients' floor" in res.abort
     assert not any(r[2] == "upload" for r in res.records)
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.lists(st.integers(-3, N + 3), min_size=1, max_size=P), ordered=st.booleans())
+def test_a_clients_rows_are_refused_exactly_when_repeated_or_outside_the_table(rows, ordered):
+    """The client's own row check (one pass when its rows increase, a sort otherwise) against the plain
+    definition: refused exactly when a row repeats or lies outside ``[0, N)``, in the same words."""
+    r = np.array(sorted(rows) if ordered else rows, np.int64)
+    cfg = DpfSumConfig(3, CuckooLayout.for_points(N, P), D, P, os.urandom(16), 0, True)
+    bad = len(set(rows)) != len(rows) or min(rows) < 0 or max(rows) >= N
+    try:
+        DpfSumClient(cfg, 0).plan(r, np.ones((r.size, D), np.uint64))
+    except ValueError as exc:
+        assert bad and "distinct and in" in str(exc)
+    else:
+        assert not bad
 
 
 def _upload_bytes(x: np.ndarray, n_runs: int) -> tuple[np.ndarray, np.ndarray]:

@@ -434,17 +434,16 @@ class KeySet:
             pos += 8 * nwords
             return arr
 
-        roots = take(2 * m).reshape(m, 2)
-        seed_cw = take(2 * m * d).reshape(m, d, 2)
-        if (roots[:, 0] & _LOW).any() or (seed_cw[..., 0] & _LOW).any():
+        seeds = take(2 * m * (1 + d))  # the roots, then the seed corrections: word 0 of each seed has its low bit clear
+        if np.bitwise_or.reduce(seeds[::2]) & _LOW:
             raise DpfError("DPF key: a seed has its low bit set (not a canonical key)")
+        roots, seed_cw = seeds[:2 * m].reshape(m, 2), seeds[2 * m:].reshape(m, d, 2)
         nbits = 2 * m * d
         packed = np.frombuffer(data, dtype=np.uint8, count=-(-nbits // 8), offset=pos)
         pos += packed.size
-        bits = np.unpackbits(packed, bitorder="little")
-        if bits[nbits:].any():
+        if nbits % 8 and packed[-1] >> (nbits % 8):
             raise DpfError("DPF key: nonzero padding bits")
-        t_cw = bits[:nbits].reshape(m, d, 2).copy()
+        t_cw = np.unpackbits(packed, count=nbits, bitorder="little").reshape(m, d, 2)
         check_cw = take(2 * CHECK_BLOCKS * m).reshape(m, CHECK_BLOCKS, 2) if flags & _FLAG_CHECK else None
         value_cw = take(w * m).reshape(m, w) if has_value else None
         return cls(p, d, roots, seed_cw, t_cw, check_cw, value_cw)

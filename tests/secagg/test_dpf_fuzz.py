@@ -96,7 +96,21 @@ def test_non_canonical_encodings_are_refused_with_a_reason():
     with pytest.raises(DpfError, match="low bit"):
         KeySet.from_bytes(bytes(low))
     key = KeySet.from_bytes(bytes(blob))
+    for seed in range(key.points * (1 + key.depth)):  # every root and seed correction: word 0's low bit only
+        for word, refused in ((0, True), (1, False)):
+            flip = bytearray(blob)
+            flip[20 + 16 * seed + 8 * word] ^= 1
+            if refused:
+                with pytest.raises(DpfError, match="low bit"):
+                    KeySet.from_bytes(bytes(flip))
+            else:
+                KeySet.from_bytes(bytes(flip))
     bits_at = 20 + 16 * key.points * (1 + key.depth)
+    for bit in range(2 * key.points * key.depth, -(-2 * key.points * key.depth // 8) * 8):  # every padding bit
+        pad = bytearray(blob)
+        pad[bits_at + bit // 8] |= 1 << (bit % 8)
+        with pytest.raises(DpfError, match="padding"):
+            KeySet.from_bytes(bytes(pad))
     pad = bytearray(blob)
     pad[bits_at + (2 * key.points * key.depth) // 8] |= 0x80  # a padding bit of the control bits
     with pytest.raises(DpfError, match="padding"):

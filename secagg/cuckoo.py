@@ -210,8 +210,12 @@ class CuckooLayout:
 
     @property
     def depth(self) -> int:
-        """Tree depth of every bucket's DPF: ``ceil(log2(max bucket size))``, at least 1."""
-        return max(1, int(self.sizes.max() - 1).bit_length())
+        """Tree depth of every bucket's DPF: ``ceil(log2(max bucket size))``, at least 1 (computed once per
+        layout: every received key set is checked against it)."""
+        got = self._tables.get("depth")
+        if got is None:
+            got = self._tables["depth"] = max(1, int(self.sizes.max() - 1).bit_length())
+        return got
 
     @property
     def leaves(self) -> int:

@@ -152,7 +152,7 @@ def test_a_lightfr_dpf_round_sends_rows_and_never_holds_the_cohorts_dense_tables
     np.testing.assert_array_equal(dpf.b, plain.b)
     dense = n_users * (n_items + 1) * (bits + 1) * 8  # 69 MB: the old replies, before their stacked copy
     # now: the key sets, the servers' sums and evaluation buffers (~0.2 x), and the clients' key sets of one
-    # batch generated together (secagg.dpf_run._BATCH_BYTES, 8 MB); before: ~4 x
+    # batch generated together (secagg.dpf_run._BATCH_BYTES, 16 MB); before: ~4 x
     assert peak < dense / 3 + 2 * _BATCH_BYTES, f"peak {peak / 1e6:.1f} MB against {dense / 1e6:.1f} MB of dense vectors"
     reply = dpf.device_step("train_dense", dpf.round, np.array([0]), {"d": dpf.packed_items}, {})[0]
     assert set(reply) == {"rows", "row_values"} and reply["row_values"].shape == (len(reply["rows"]), bits + 1)

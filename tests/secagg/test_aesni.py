@@ -240,3 +240,16 @@ def test_the_key_schedule_has_no_secret_dependent_table():
         rk = aesni.round_keys(key)
         x = np.frombuffer(os.urandom(16 * 9), np.uint64).reshape(9, 2)
         assert np.array_equal(aesni.ecb(x, rk), _oracle(key, x))
+
+
+def test_the_evaluations_key_tuples_hold_a_whole_batch():
+    """The AES-NI evaluation reads a batch's keys through fixed 8-tuples (one compiled signature): as
+    long as the accumulator's batch limit; read-only views whatever the arrays' origin."""
+    if not HERE:
+        return
+    from secagg import dpf_ni
+    assert dpf_ni._GROUP == dpf._GROUP
+    a = np.arange(6, dtype=np.uint64).reshape(3, 2)
+    got = dpf_ni._arrays([a, a[::-1]])
+    assert len(got) == dpf._GROUP and all(not v.flags.writeable and v.flags.c_contiguous for v in got)
+    assert a.flags.writeable and np.array_equal(got[1], a[::-1]) and got[2] is got[0]

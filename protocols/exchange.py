@@ -87,6 +87,7 @@ from protocols.base import RoundStats
 from protocols.guard import RefusedStep, device_guard
 from protocols.secure_sum import RowStack, SecureSumAborted, SparseRows, secure_sum
 from protocols.transport import SERVER, client
+from secagg.dpf_sum import distinct_in
 from secagg.reuse_sim import ReuseSession
 
 __all__ = [
@@ -275,7 +276,7 @@ class Exchange:
         if rows.ndim != 1 or rows.dtype.kind not in "iu" or vals.dtype != np.float64 or vals.shape != (rows.size, w):
             raise ValueError(f"user {user}: expected int rows [k] and float64 row_values [k, {w}]; found "
                              f"{rows.dtype} {rows.shape} and {vals.dtype} {vals.shape}")
-        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= n_rows or np.unique(rows).size != rows.size):
+        if not distinct_in(rows, n_rows):
             raise ValueError(f"user {user}: its rows must be distinct and in [0, {n_rows})")
         return reply
 

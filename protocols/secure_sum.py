@@ -35,6 +35,7 @@ from protocols.transport import SERVER, InProcessTransport
 from secagg import params
 from secagg.bonawitz import MaskedInput
 from secagg.dpf_run import DpfSpec, run_dpf_rows
+from secagg.dpf_sum import distinct_in
 from secagg.encoding import FixedPoint, check_budget, choose_ring_bits
 from secagg.reuse_sim import ReuseSession
 from secagg.runner import PROTOCOLS, EncodedRows, RunSpec
@@ -370,7 +371,7 @@ def _client_table_rows(update, n_rows: int, row_width: int, who: str) -> tuple[n
             raise ValueError(f"dpf: {who}'s rows must be int [k] with values [k, {row_width}]; found "
                              f"{rows.dtype} {rows.shape} and {vals.shape}")
         rows = rows.astype(np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= n_rows or np.unique(rows).size != rows.size):
+        if not distinct_in(rows, n_rows):
             raise ValueError(f"dpf: {who}'s rows must be distinct and in [0, {n_rows})")
         order = np.argsort(rows, kind="stable")  # ascending, as the dense vector's rows are
         rows, vals = rows[order], vals[order]
@@ -503,7 +504,7 @@ def secure_row_sum(
         raise ValueError("dpf: values[i] must be [len(rows[i]), row_width] with one row_width for every sender")
     row_width = widths.pop() if widths else 1
     for r in idx:
-        if r.size and (r.min() < 0 or r.max() >= n_rows or np.unique(r).size != r.size):
+        if not distinct_in(r, n_rows):
             raise ValueError(f"dpf: a sender's rows must be distinct and in [0, {n_rows})")
     big = max((float(np.abs(v).max(initial=0.0)) for v in vals), default=0.0)
     if not all(np.all(np.isfinite(v)) for v in vals):

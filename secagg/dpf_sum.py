@@ -76,6 +76,7 @@ __all__ = [
     "DpfSumConfig",
     "DpfSumServer",
     "DpfUpload",
+    "distinct_in",
 ]
 
 SERVER_A = SERVER  #: party id of server A (the receiver) in message headers
@@ -357,7 +358,7 @@ class DpfSumClient:
                              f"{c.max_parts} x {c.points}; raise one of them")
         if values.dtype != np.uint64 or values.shape != (rows.size, c.width):
             raise ValueError(f"values must be uint64 [{rows.size}, {c.width}]; found {values.dtype} {values.shape}")
-        if rows.size and not _distinct_in(rows, c.layout.domain):
+        if not distinct_in(rows, c.layout.domain):
             raise ValueError(f"client {self.id}: rows must be distinct and in [0, {c.layout.domain})")
         count = c.max_parts if c.pad_parts else max(1, -(-rows.size // c.points))
         if c.dense_above and count > c.dense_above:
@@ -387,11 +388,13 @@ class DpfSumClient:
                 DpfDense(c.instance, c.round, self.id, SERVER_B, floor=self.floor, seed=seed).to_bytes())
 
 
-def _distinct_in(rows: np.ndarray, domain: int) -> bool:
-    """Whether ``rows`` (``int64``, 1-D, not empty) are distinct and in ``[0, domain)``: one comparison pass
-    when they are increasing (as a protocol's rows usually are), a sort otherwise."""
+def distinct_in(rows: np.ndarray, domain: int) -> bool:
+    """Whether ``rows`` (integers, 1-D) are distinct and in ``[0, domain)`` (``True`` for none): one
+    comparison pass when they are increasing (as a protocol's rows usually are), a sort otherwise."""
+    if rows.size == 0:
+        return True
     ordered = rows if bool((rows[1:] > rows[:-1]).all()) else np.unique(rows)
-    return ordered.size == rows.size and ordered[0] >= 0 and ordered[-1] < domain
+    return ordered.size == rows.size and int(ordered[0]) >= 0 and int(ordered[-1]) < domain
 
 
 class DpfSumServer:

@@ -79,6 +79,20 @@ def test_a_clients_rows_are_refused_exactly_when_repeated_or_outside_the_table(r
         assert not bad
 
 
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(st.integers(0, 40), max_size=12), ordered=st.booleans(), domain=st.integers(1, 45),
+       dtype=st.sampled_from([np.int64, np.uint64, np.int32]), shift=st.integers(-3, 0))
+def test_distinct_in_is_its_definition_for_any_integer_rows(rows, ordered, domain, dtype, shift):
+    """secagg.dpf_sum.distinct_in, which the clients and the protocols' reply checks use, against the plain
+    definition: every row distinct and in [0, domain); signed rows may be negative, unsigned never."""
+    from secagg.dpf_sum import distinct_in
+    vals = [v + shift for v in (sorted(rows) if ordered else rows)]
+    if np.dtype(dtype).kind == "u":
+        vals = [abs(v) for v in vals]
+    want = len(set(vals)) == len(vals) and all(0 <= v < domain for v in vals)
+    assert distinct_in(np.array(vals, dtype=dtype), domain) == want
+
+
 def _upload_bytes(x: np.ndarray, n_runs: int) -> tuple[np.ndarray, np.ndarray]:
     """The key bytes server B received for client 0 over ``n_runs`` runs (header stripped)."""
     out = []

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import resource
 import sys
@@ -232,10 +233,7 @@ def _noise_cpu(spent: list[float]) -> contextlib.AbstractContextManager[None]:
 
 def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # noqa: ANN001
                  reuse: bool = True, per_client: bool = False) -> list[dict[str, Any]]:
-    from protocols.exchange import setup_reuse
-    from protocols.secure_sum import observe
-    from secagg import simshare
-    from secagg.costmodel import instance_cost, nesting_setups, reusable_setup_s, setup_client_s
+    from experiments.run.training import settle_heap
 
     trainer = _build(cfg)
     if per_client and hasattr(trainer, "_sum_only"):
@@ -243,74 +241,88 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
         # computes its own gradient, as on devices and as the secure sum needs
         trainer._sum_only = lambda: False
     rows = []
-    for r in range(rounds):
-        seen: list[dict] = []
-        spent, noise = [0.0, 0.0], [0.0, 0.0]
-        t0, c0 = time.perf_counter(), time.process_time()
-        with observe(seen.append), (contextlib.nullcontext() if shared else simshare.disabled()), setup_reuse(reuse), \
-                _secure_cpu(spent), _noise_cpu(noise):
-            trainer.run_round()
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        per_client: dict[str, float] = defaultdict(float)
-        server_bound = measured = 0.0
-        dpf_bytes = 0
-        parts: dict[str, float] = defaultdict(float)
-        shapes: dict[str, int] = defaultdict(int)
-        setups: dict[str, list[float]] = defaultdict(list)  # client -> its setups' bound in this round
-        for inst in seen:
-            cost = instance_cost(inst["protocol"], n=inst["n"], dim=inst["dim"], k=inst["k"], t=inst["t"],
-                                 survivors=inst["survivors"], masks_expanded=inst["masks_expanded"],
-                                 key_agreements=inst["key_agreements"],
-                                 signatures_verified=inst["signatures_verified"], units=units,
-                                 reuse=inst.get("reuse", False), setup=inst.get("setup", True),
-                                 prg_bytes=inst.get("prg_bytes", 0), dense_bytes=inst.get("dense_bytes", 0),
-                                 hashed_bytes=inst.get("hashed_bytes", 0),
-                                 client_prg_bytes=inst.get("client_prg_bytes", 0),
-                                 client_dense_bytes=inst.get("client_dense_bytes", 0))
-            for name in inst["senders"]:
-                per_client[name] += cost.client_s
-            if inst["protocol"] in ("secagg", "secagg+") and inst.get("setup", True):
-                own = setup_client_s(inst["n"] - 1 if inst["k"] is None else inst["k"], units)
-                for name in inst["senders"]:
-                    setups[name].append(own)
-            server_bound += cost.server_s
-            for part, sec in cost.client_parts.items():
-                parts[f"clients_{part}"] += sec * inst["n"]
-            for part, sec in cost.server_parts.items():
-                parts[f"server_{part}"] += sec
-            measured += sum(inst["client_seconds"]) + inst["server_seconds"]
-            reused = " reused" if inst.get("reuse") and not inst.get("setup", True) else ""
-            if inst["protocol"] == "dpf":
-                shapes[f"dpf n={inst['n']} d={inst['dim']}"] += 1
-                dpf_bytes += inst.get("prg_bytes", 0)
-            else:
-                shapes[f"{inst['protocol']} n={inst['n']} k={inst['k']} t={inst['t']} d={inst['dim']}{reused}"] += 1
-        sim_bound = sum(per_client.values()) + server_bound
-        row = {
-            "round": r, "round_s": wall, "round_cpu_s": cpu, "secure_cpu_s": spent[0], "secure_wall_s": spent[1],
-            "noise_cpu_s": noise[0], "dpf_prg_bytes": dpf_bytes, "instances": len(seen),
-            "shapes": dict(shapes),
-            "device_bound_s": max(per_client.values(), default=0.0),
-            "server_bound_s": server_bound, "simulation_bound_s": sim_bound,
-            "secure_measured_s": measured,
-            "secure_over_bound": measured / sim_bound if sim_bound > 0 else None,
-            "bound_parts_s": dict(parts), "peak_rss_mb": _peak_rss_mb(),
-            "setups": sum(1 for i in seen if i["protocol"] in ("secagg", "secagg+") and i.get("setup", True)),
-            "setup_bound_s": float(sum(sum(c) for c in setups.values())),
-            "reusable_setup_bound_s": reusable_setup_s(setups),
-        }
-        nesting = nesting_setups(seen)
-        row["nesting_setups"] = len(nesting)
-        row["nesting_setup_bound_s"] = float(sum(
-            seen[j]["n"] * setup_client_s(seen[j]["n"] - 1 if seen[j]["k"] is None else seen[j]["k"], units)
-            for j in nesting))
-        rows.append(row)
-        print(f"{label} round {r + 1}/{rounds}: {wall:.2f} s ({cpu:.2f} s CPU), {len(seen)} secure sums, bound "
-              f"{sim_bound:.2f} s (device {row['device_bound_s']:.3f} s), measured {measured:.2f} s; {row['setups']} key "
-              f"setups ({row['setup_bound_s']:.2f} s of the bound; nesting sums could spare "
-              f"{row['nesting_setup_bound_s']:.2f} s, one setup per client at most {row['reusable_setup_bound_s']:.2f} s)",
-              file=sys.stderr)
+    try:
+        for r in range(rounds):
+            rows.append(_time_round(trainer, r, units, label, rounds, shared, reuse))
+            if r == 0:  # as `secagg run` does after its first round: the long-lived heap out of the GC's scans
+                settle_heap()
+    finally:
+        gc.unfreeze()  # the next preset's run must be able to reclaim this one's objects
     return rows
+
+
+def _time_round(trainer, r: int, units, label: str, rounds: int, shared: bool, reuse: bool) -> dict[str, Any]:  # noqa: ANN001
+    from protocols.exchange import setup_reuse
+    from protocols.secure_sum import observe
+    from secagg import simshare
+    from secagg.costmodel import instance_cost, nesting_setups, reusable_setup_s, setup_client_s
+
+    seen: list[dict] = []
+    spent, noise = [0.0, 0.0], [0.0, 0.0]
+    t0, c0 = time.perf_counter(), time.process_time()
+    with observe(seen.append), (contextlib.nullcontext() if shared else simshare.disabled()), setup_reuse(reuse), \
+            _secure_cpu(spent), _noise_cpu(noise):
+        trainer.run_round()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    per_client: dict[str, float] = defaultdict(float)
+    server_bound = measured = 0.0
+    dpf_bytes = 0
+    parts: dict[str, float] = defaultdict(float)
+    shapes: dict[str, int] = defaultdict(int)
+    setups: dict[str, list[float]] = defaultdict(list)  # client -> its setups' bound in this round
+    for inst in seen:
+        cost = instance_cost(inst["protocol"], n=inst["n"], dim=inst["dim"], k=inst["k"], t=inst["t"],
+                             survivors=inst["survivors"], masks_expanded=inst["masks_expanded"],
+                             key_agreements=inst["key_agreements"],
+                             signatures_verified=inst["signatures_verified"], units=units,
+                             reuse=inst.get("reuse", False), setup=inst.get("setup", True),
+                             prg_bytes=inst.get("prg_bytes", 0), dense_bytes=inst.get("dense_bytes", 0),
+                             hashed_bytes=inst.get("hashed_bytes", 0),
+                             client_prg_bytes=inst.get("client_prg_bytes", 0),
+                             client_dense_bytes=inst.get("client_dense_bytes", 0))
+        for name in inst["senders"]:
+            per_client[name] += cost.client_s
+        if inst["protocol"] in ("secagg", "secagg+") and inst.get("setup", True):
+            own = setup_client_s(inst["n"] - 1 if inst["k"] is None else inst["k"], units)
+            for name in inst["senders"]:
+                setups[name].append(own)
+        server_bound += cost.server_s
+        for part, sec in cost.client_parts.items():
+            parts[f"clients_{part}"] += sec * inst["n"]
+        for part, sec in cost.server_parts.items():
+            parts[f"server_{part}"] += sec
+        measured += sum(inst["client_seconds"]) + inst["server_seconds"]
+        reused = " reused" if inst.get("reuse") and not inst.get("setup", True) else ""
+        if inst["protocol"] == "dpf":
+            shapes[f"dpf n={inst['n']} d={inst['dim']}"] += 1
+            dpf_bytes += inst.get("prg_bytes", 0)
+        else:
+            shapes[f"{inst['protocol']} n={inst['n']} k={inst['k']} t={inst['t']} d={inst['dim']}{reused}"] += 1
+    sim_bound = sum(per_client.values()) + server_bound
+    row = {
+        "round": r, "round_s": wall, "round_cpu_s": cpu, "secure_cpu_s": spent[0], "secure_wall_s": spent[1],
+        "noise_cpu_s": noise[0], "dpf_prg_bytes": dpf_bytes, "instances": len(seen),
+        "shapes": dict(shapes),
+        "device_bound_s": max(per_client.values(), default=0.0),
+        "server_bound_s": server_bound, "simulation_bound_s": sim_bound,
+        "secure_measured_s": measured,
+        "secure_over_bound": measured / sim_bound if sim_bound > 0 else None,
+        "bound_parts_s": dict(parts), "peak_rss_mb": _peak_rss_mb(),
+        "setups": sum(1 for i in seen if i["protocol"] in ("secagg", "secagg+") and i.get("setup", True)),
+        "setup_bound_s": float(sum(sum(c) for c in setups.values())),
+        "reusable_setup_bound_s": reusable_setup_s(setups),
+    }
+    nesting = nesting_setups(seen)
+    row["nesting_setups"] = len(nesting)
+    row["nesting_setup_bound_s"] = float(sum(
+        seen[j]["n"] * setup_client_s(seen[j]["n"] - 1 if seen[j]["k"] is None else seen[j]["k"], units)
+        for j in nesting))
+    print(f"{label} round {r + 1}/{rounds}: {wall:.2f} s ({cpu:.2f} s CPU), {len(seen)} secure sums, bound "
+          f"{sim_bound:.2f} s (device {row['device_bound_s']:.3f} s), measured {measured:.2f} s; {row['setups']} key "
+          f"setups ({row['setup_bound_s']:.2f} s of the bound; nesting sums could spare "
+          f"{row['nesting_setup_bound_s']:.2f} s, one setup per client at most {row['reusable_setup_bound_s']:.2f} s)",
+          file=sys.stderr)
+    return row
 
 
 def bench(presets: list[str], data: str, rounds: int, plaintext: bool, *, users: int | None = None,

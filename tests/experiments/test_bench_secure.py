@@ -197,3 +197,25 @@ def test_dpf_evaluation_bytes_count_every_surviving_key_set() -> None:
     from secagg.dpf import keygen_prg_bytes
 
     assert res.client_prg_bytes == keygen_prg_bytes(depth=layout.depth, points=layout.buckets, width=2, check=True) * 4
+
+
+def test_the_long_lived_heap_is_frozen_after_the_first_round_and_released_after_the_preset(monkeypatch) -> None:
+    """Both the timed run and its twin freeze the heap out of the cyclic GC's full scans after their first
+    round (as ``secagg run`` does; a full scan of ~300K setup objects cost 0.17-0.2 s every few rounds),
+    and unfreeze it when the preset is done, so the next preset can reclaim this one's objects."""
+    import gc
+
+    from experiments.run import training
+
+    calls = []
+    real = training.settle_heap
+
+    def spy() -> None:
+        calls.append(gc.get_freeze_count())
+        real()
+        assert gc.get_freeze_count() > 0
+
+    monkeypatch.setattr(training, "settle_heap", spy)
+    bench(["fedavg-gmf-dpf"], "synthetic", 3, True, users=30, items=40)
+    assert len(calls) == 2  # once per timed run (secure, plaintext twin), after round 1 of 3
+    assert gc.get_freeze_count() == 0

@@ -8,6 +8,8 @@ offset in range (each caller's loops derive them from the shapes they were given
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -53,6 +55,31 @@ def _shuffle(builder: ir.IRBuilder, a, b, order: list[int]):  # noqa: ANN001, AN
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(order)), order))
 
 
+def _at(builder: ir.IRBuilder, base, offset, vty: ir.Type):  # noqa: ANN001, ANN202 - a typed pointer to base[offset]
+    return builder.bitcast(builder.gep(base, [offset]), vty.as_pointer())
+
+
+def _word(builder: ir.IRBuilder, base, lane: int):  # noqa: ANN001, ANN202 - the word base[lane]
+    return builder.load(builder.gep(base, [ir.Constant(_I64, lane)]))
+
+
+def _rounds(builder: ir.IRBuilder, xs: list, p_rk, kbase, reg: ir.VectorType) -> list:  # noqa: ANN001
+    """AES-128's whitening and ten rounds of the registers ``xs`` under the round keys at word ``kbase``
+    of ``p_rk`` (each 128-bit key loaded once and, with VAES, repeated in both halves of a register)."""
+    enc, last = _round(builder, "aesenc", reg), _round(builder, "aesenclast", reg)
+
+    def round_key(r: int):  # noqa: ANN202
+        key = builder.load(_at(builder, p_rk, builder.add(kbase, ir.Constant(_I64, 2 * r)), _VEC), align=8)
+        return key if reg.count == 2 else _shuffle(builder, key, key, [0, 1, 0, 1])
+
+    key = round_key(0)
+    states = [builder.xor(x, key) for x in xs]
+    for r in range(1, 11):
+        key = round_key(r)
+        states = [builder.call(enc if r < 10 else last, [state, key]) for state in states]
+    return states
+
+
 def _lanes_intrinsic(feed_forward: bool, correct: str | None, out: str, *, contiguous: bool = False,  # noqa: ANN202
                      tweak: bool = True, per: int = _PER):
     """``8 per`` AES-128 blocks (:data:`LANES` by default) under one key, with what the DPF does next fused in, as one intrinsic:
@@ -96,14 +123,8 @@ def _lanes_intrinsic(feed_forward: bool, correct: str | None, out: str, *, conti
             p_src, p_soff, p_tw, p_toff, p_rk, p_cw, p_coff, p_masks, p_dst, p_doff = (
                 ptr[0], ptr[2], ptr[3], ptr[5], ptr[6], ptr[8], ptr[10], ptr[11], ptr[12], ptr[14])
             sbase, tbase, kbase, cbase, dbase = args[1], args[4], args[7], args[9], args[13]
-            enc, last = _round(builder, "aesenc", reg), _round(builder, "aesenclast", reg)
             regs = lanes // per
-
-            def at(base, offset, vty):  # noqa: ANN001, ANN202
-                return builder.bitcast(builder.gep(base, [offset]), vty.as_pointer())
-
-            def word(base, lane: int):  # noqa: ANN001, ANN202
-                return builder.load(builder.gep(base, [ir.Constant(_I64, lane)]))
+            at, word = functools.partial(_at, builder), functools.partial(_word, builder)
 
             def offset(base_v, offs, lane: int):  # noqa: ANN001, ANN202
                 return builder.add(base_v, ir.Constant(_I64, 2 * lane) if contiguous else word(offs, lane))
@@ -126,15 +147,7 @@ def _lanes_intrinsic(feed_forward: bool, correct: str | None, out: str, *, conti
                 x = gather(p_src, sbase, p_soff, j)
                 xs.append(builder.xor(x, gather(p_tw, tbase, p_toff, j)) if tweak else x)
 
-            def round_key(r: int):  # noqa: ANN202
-                key = builder.load(at(p_rk, builder.add(kbase, ir.Constant(_I64, 2 * r)), _VEC), align=8)
-                return key if per == 1 else _shuffle(builder, key, key, [0, 1, 0, 1])
-
-            key = round_key(0)
-            states = [builder.xor(x, key) for x in xs]
-            for r in range(1, 11):
-                key = round_key(r)
-                states = [builder.call(enc if r < 10 else last, [state, key]) for state in states]
+            states = _rounds(builder, xs, p_rk, kbase, reg)
             for j in range(regs):
                 y = builder.xor(states[j], xs[j]) if feed_forward else states[j]
                 if correct is not None:
@@ -209,15 +222,8 @@ def _blocks_intrinsic(out: str, *, per: int = _PER):  # noqa: ANN202
             p_src, p_rk, p_cw, p_coff, p_masks, p_dst = (context.make_array(ty[i])(context, builder, args[i]).data
                                                          for i in (0, 2, 3, 4, 5, 6))
             sbase, dbase, stride, blocks = args[1], args[7], args[8], args[9]
-            enc, last = _round(builder, "aesenc", reg), _round(builder, "aesenclast", reg)
             regs = lanes // per
-
-            def at(base, offset, vty):  # noqa: ANN001, ANN202
-                return builder.bitcast(builder.gep(base, [offset]), vty.as_pointer())
-
-            def word(base, lane: int):  # noqa: ANN001, ANN202
-                return builder.load(builder.gep(base, [ir.Constant(_I64, lane)]))
-
+            at, word = functools.partial(_at, builder), functools.partial(_word, builder)
             xs = [builder.load(at(p_src, builder.add(sbase, ir.Constant(_I64, 2 * per * j)), reg), align=8)
                   for j in range(regs)]
             masks = []
@@ -233,17 +239,7 @@ def _blocks_intrinsic(out: str, *, per: int = _PER):  # noqa: ANN202
             builder.position_at_end(loop)
             blk = builder.phi(_I64)
             blk.add_incoming(ir.Constant(_I64, 0), entry)
-            kbase = builder.mul(blk, ir.Constant(_I64, 22))
-
-            def round_key(r: int):  # noqa: ANN202
-                key = builder.load(at(p_rk, builder.add(kbase, ir.Constant(_I64, 2 * r)), _VEC), align=8)
-                return key if per == 1 else _shuffle(builder, key, key, [0, 1, 0, 1])
-
-            key = round_key(0)
-            states = [builder.xor(x, key) for x in xs]
-            for r in range(1, 11):
-                key = round_key(r)
-                states = [builder.call(enc if r < 10 else last, [state, key]) for state in states]
+            states = _rounds(builder, xs, p_rk, builder.mul(blk, ir.Constant(_I64, 22)), reg)
             cbase = builder.mul(blk, ir.Constant(_I64, 2))
             row = builder.add(dbase, builder.mul(blk, stride))
             for j in range(regs):

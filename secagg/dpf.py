@@ -222,9 +222,23 @@ class Forest:
 
 
 def _check_shape(key: KeySet, forest: Forest) -> None:
+    """The key set fits the forest, and every array has the shape and type its depth and trees imply:
+    the compiled evaluation reads each key's arrays in place without bounds checks (a parsed key set
+    always passes; a hand-built one with a short or mistyped array is refused here)."""
     if key.depth != forest.depth or key.points != forest.points:
         raise DpfError(f"DPF key: depth {key.depth} and {key.points} trees do not match the forest "
                        f"(depth {forest.depth}, {forest.points} trees)")
+    m, d = key.points, key.depth
+    want = [("roots", key.roots, (m, 2), np.uint64), ("seed_cw", key.seed_cw, (m, d, 2), np.uint64),
+            ("t_cw", key.t_cw, (m, d, 2), np.uint8)]
+    if key.check_cw is not None:
+        want.append(("check_cw", key.check_cw, (m, CHECK_BLOCKS, 2), np.uint64))
+    if key.value_cw is not None:
+        want.append(("value_cw", key.value_cw, (m, key.width), np.uint64))
+    for name, arr, shape, dtype in want:
+        if not isinstance(arr, np.ndarray) or arr.shape != shape or arr.dtype != dtype:
+            got = f"{arr.dtype} {arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
+            raise DpfError(f"DPF key: {name} must be {np.dtype(dtype).name} {shape}; found {got}")
 
 
 def _expand_many(keys: list[KeySet], j0: int, j1: int, forest: Forest) -> tuple[np.ndarray, np.ndarray]:

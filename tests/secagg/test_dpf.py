@@ -251,6 +251,24 @@ def test_the_accumulator_refuses_keys_of_another_shape():
         Accumulator(forest, 3, 0, challenge=b"x" * 16).add(unverifiable)
 
 
+@pytest.mark.parametrize("mode", [{"fused": False}, {"fused": True, "aesni": False}, {}])
+def test_a_hand_built_key_set_with_a_short_or_mistyped_array_is_refused_before_evaluation(mode):
+    """The compiled loops read each key's arrays in place without bounds checks: a key set whose arrays
+    do not have the shapes its depth and trees imply (possible only when built by hand: parsing checks
+    them) is refused, on every path, and the sum is left untouched."""
+    forest = Forest.of(np.array([10, 10]))
+    k0 = dpf.gen(np.array([1, 9]), forest.depth, np.ones((2, 3), np.uint64))[0]
+    bad = {"seed_cw": k0.seed_cw[:, :-1], "t_cw": k0.t_cw.astype(np.uint64), "check_cw": k0.check_cw[:, :2],
+           "value_cw": k0.value_cw[:1]}
+    for field, arr in bad.items():
+        acc = Accumulator(forest, 3, 0, challenge=b"x" * 16, **mode)
+        with pytest.raises(DpfError, match=field):
+            acc.add_many([k0, dataclasses.replace(k0, **{field: arr})])
+        assert not acc._acc.any() and acc.count == 0
+    acc = Accumulator(forest, 3, 0, challenge=b"x" * 16, **mode)
+    acc.add(dataclasses.replace(k0, roots=k0.roots.astype(np.int64).astype(np.uint64)))  # same shape and type: taken
+
+
 def test_key_generation_refuses_bad_points_and_values():
     with pytest.raises(ValueError, match="alphas must lie"):
         dpf.gen(np.array([8]), 3)

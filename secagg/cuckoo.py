@@ -301,7 +301,8 @@ class CuckooLayout:
             if fused.spread(xs, values, self._hash_table(), slot, offsets, _steps(np.size(xs)), draw, todo, span, top,
                             alpha, beta) == 0:
                 return alpha, beta
-            # the insertion gave up, or a decoy draw was rejected (below 2^-40 per bucket): the general path
+            # the insertion gave up, a decoy draw was rejected (below 2^-40 per bucket) or a point is outside
+            # the domain (a caller that said checked wrongly): the general path
         bucket, position = self._assign(xs) if checked else self.assign(xs)
         alpha = self.decoys()
         beta = np.zeros((self.buckets, values.shape[1]), np.uint64)

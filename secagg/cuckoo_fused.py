@@ -61,8 +61,12 @@ def spread(xs, values, table, slot, offsets, max_steps, draw, todo, span, top, a
     ``xs[p]`` placed by :func:`place` among its buckets ``table[xs[p]]`` at its position there
     (``slot[xs[p], i] - offsets[bucket]``) with its value row in ``beta[bucket]``. ``alpha`` and
     ``beta`` come zeroed. Returns 0 when done, 1 when the insertion gave up (the caller runs the exact
-    matching), 2 when a decoy draw was rejected (the caller draws again); after 1 or 2 ``alpha`` and
-    ``beta`` are meaningless."""
+    matching), 2 when a decoy draw was rejected (the caller draws again), 3 when a point lies outside
+    the table (nothing is read out of bounds; the caller's general path reports it); after 1, 2 or 3
+    ``alpha`` and ``beta`` are meaningless."""
+    for p in range(xs.shape[0]):
+        if xs[p] < 0 or xs[p] >= table.shape[0]:
+            return 3
     for i in range(todo.shape[0]):
         d = draw[i]
         if d > top[i]:

@@ -236,3 +236,18 @@ def test_a_rejected_decoy_draw_is_drawn_again_not_biased():
         alpha, beta = lay.spread(np.array([3], np.int64), np.ones((1, 2), np.uint64), checked=True)
     assert len(calls) >= 2
     assert np.all((alpha >= 0) & (alpha < np.maximum(sizes, 1))) and int(beta.sum()) == 2
+
+
+def test_the_one_pass_never_reads_outside_its_tables_for_points_outside_the_domain():
+    """spread(checked=True) trusts its caller's check, but its compiled pass still refuses a point outside
+    the domain (status 3: nothing read out of bounds) and hands it to the general path."""
+    from secagg import cuckoo_fused
+
+    lay = CuckooLayout(40, 7)
+    todo, span, top = lay._decoy_tables()
+    _, offsets, slot = lay._slots()
+    for bad in (-1, 40, 10**9):
+        alpha, beta = np.zeros(7, np.int64), np.zeros((7, 1), np.uint64)
+        status = cuckoo_fused.spread(np.array([3, bad], np.int64), np.ones((2, 1), np.uint64), lay._hash_table(), slot,
+                                     offsets, 100, np.zeros(todo.size, np.uint64), todo, span, top, alpha, beta)
+        assert status == 3

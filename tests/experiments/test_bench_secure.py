@@ -25,9 +25,13 @@ def test_a_small_secure_round_is_priced_against_its_plaintext_twin(capsys) -> No
     r = out["presets"]["fedavg-gmf-secagg"]
     row = r["rounds"][0]
     assert row["instances"] >= 1 and all(k.startswith("secagg") for k in row["shapes"])
-    # a real device pays less than the simulation of all of them, and the measured work is above the floor
+    # a real device pays less than the simulation of all of them, and the measured work is above the floor:
+    # every device doing its own work (no shared work: 1.26-1.6x the bound here) is above it with room for
+    # this VM's noise in the unit costs; the run that shares public work (each signed broadcast verified
+    # once) measured 0.50-0.88x, so it is only checked to stay a sizeable part of it
     assert 0 < r["device_bound_s"] < r["simulation_bound_s"]
-    assert r["secure_measured_s"] > 0.5 * r["simulation_bound_s"]
+    assert r["unshared_secure_measured_s"] > 0.8 * r["simulation_bound_s"]
+    assert r["secure_measured_s"] > 0.25 * r["simulation_bound_s"]
     assert r["plain_round_s"] > 0 and r["round_over_bound"] > 0 and r["unshared_round_s"] > 0
     assert set(out["units"]) >= {"aes256_ctr_gbps", "x25519_hkdf_agree_us", "ed25519_verify_us"}
 

@@ -80,7 +80,7 @@ def _rounds(builder: ir.IRBuilder, xs: list, p_rk, kbase, reg: ir.VectorType) ->
     return states
 
 
-def _lanes_intrinsic(feed_forward: bool, correct: str | None, out: str, *, contiguous: bool = False,  # noqa: ANN202
+def _lanes_intrinsic(feed_forward: bool, correct: bool, *, contiguous: bool = False,  # noqa: ANN202
                      tweak: bool = True, per: int = _PER):
     """``8 per`` AES-128 blocks (:data:`LANES` by default) under one key, with what the DPF does next fused in, as one intrinsic:
 
@@ -90,10 +90,11 @@ def _lanes_intrinsic(feed_forward: bool, correct: str | None, out: str, *, conti
     * ``x = src[sbase + soff[l]] XOR tw[tbase + toff[l]]``;
     * ``y = AES_k(x)``, ``XOR x`` with ``feed_forward`` (``k``: the round keys at ``rk[kbase .. +22]``,
       shared by the lanes: each round key is loaded once per call);
-    * with ``correct``, ``y = y XOR c`` (``"xor"``) or ``y = y + c`` (``"add"``, per 64-bit word) with
-      ``c = cw[cbase + coff[l]] AND masks[l]`` (a control bit's all-ones or zero mask);
-    * ``dst[dbase + doff[l]] = y`` (``out = "store"``), ``+= y`` (``"add"``) or ``-= y`` (``"sub"``),
-      lane after lane (lanes may share a destination).
+    * with ``correct``, ``y = y XOR c`` with ``c = cw[cbase + coff[l]] AND masks[l]`` (a control bit's
+      all-ones or zero mask);
+    * ``dst[dbase + doff[l]] = y``.
+
+    (Adding into a sum is :func:`_blocks_intrinsic`'s, which runs every value key of a leaf group.)
 
     Eight registers of states (one block each, or two with VAES) stay in registers through the ten
     rounds and every source is read before any destination is written (``dst`` may be ``src`` or
@@ -150,28 +151,20 @@ def _lanes_intrinsic(feed_forward: bool, correct: str | None, out: str, *, conti
             states = _rounds(builder, xs, p_rk, kbase, reg)
             for j in range(regs):
                 y = builder.xor(states[j], xs[j]) if feed_forward else states[j]
-                if correct is not None:
+                if correct:
                     c = gather(p_cw, cbase, p_coff, j) if not contiguous else None
                     if contiguous:  # the corrections are per lane, never consecutive
                         parts = [builder.load(at(p_cw, builder.add(cbase, word(p_coff, per * j + i)), _VEC), align=8)
                                  for i in range(per)]
                         c = parts[0] if per == 1 else _shuffle(builder, parts[0], parts[1], [0, 1, 2, 3])
                     c = builder.and_(c, splat([word(p_masks, per * j + i) for i in range(per)]))
-                    y = builder.xor(y, c) if correct == "xor" else builder.add(y, c)
+                    y = builder.xor(y, c)
                 if contiguous or per == 1:
-                    target = at(p_dst, offset(dbase, p_doff, per * j), reg)
-                    if out != "store":
-                        old = builder.load(target, align=8)
-                        y = builder.add(old, y) if out == "add" else builder.sub(old, y)
-                    builder.store(y, target, align=8)
+                    builder.store(y, at(p_dst, offset(dbase, p_doff, per * j), reg), align=8)
                     continue
-                for i in range(per):  # lane after lane: two lanes may share a destination
+                for i in range(per):  # each lane's block to its own offset
                     half = _shuffle(builder, y, y, [2 * i, 2 * i + 1])
-                    target = at(p_dst, offset(dbase, p_doff, per * j + i), _VEC)
-                    if out != "store":
-                        old = builder.load(target, align=8)
-                        half = builder.add(old, half) if out == "add" else builder.sub(old, half)
-                    builder.store(half, target, align=8)
+                    builder.store(half, at(p_dst, offset(dbase, p_doff, per * j + i), _VEC), align=8)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -179,13 +172,13 @@ def _lanes_intrinsic(feed_forward: bool, correct: str | None, out: str, *, conti
     return intrinsic(typer)
 
 
-aes8 = _lanes_intrinsic(False, None, "store")  #: ``dst = AES(x)``
-mmo8 = _lanes_intrinsic(True, None, "store")  #: ``dst = AES(x) XOR x``
-mmo8_xor = _lanes_intrinsic(True, "xor", "store")  #: ``dst = AES(x) XOR x XOR (cw AND mask)``
-aes8_c = _lanes_intrinsic(False, None, "store", contiguous=True)  #: :data:`aes8` on consecutive blocks
-ecb8 = _lanes_intrinsic(False, None, "store", contiguous=True, tweak=False)  #: ``dst = AES(src)``, consecutive blocks
-mmo8_c = _lanes_intrinsic(True, None, "store", contiguous=True, tweak=False)  #: :data:`mmo8` on consecutive blocks
-mmo8_xor_c = _lanes_intrinsic(True, "xor", "store", contiguous=True)  #: :data:`mmo8_xor` on consecutive blocks
+aes8 = _lanes_intrinsic(False, False)  #: ``dst = AES(x)``
+mmo8 = _lanes_intrinsic(True, False)  #: ``dst = AES(x) XOR x``
+mmo8_xor = _lanes_intrinsic(True, True)  #: ``dst = AES(x) XOR x XOR (cw AND mask)``
+aes8_c = _lanes_intrinsic(False, False, contiguous=True)  #: :data:`aes8` on consecutive blocks
+ecb8 = _lanes_intrinsic(False, False, contiguous=True, tweak=False)  #: ``dst = AES(src)``, consecutive blocks
+mmo8_c = _lanes_intrinsic(True, False, contiguous=True, tweak=False)  #: :data:`mmo8` on consecutive blocks
+mmo8_xor_c = _lanes_intrinsic(True, True, contiguous=True)  #: :data:`mmo8_xor` on consecutive blocks
 
 
 def _blocks_intrinsic(out: str, *, per: int = _PER):  # noqa: ANN202

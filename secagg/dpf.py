@@ -168,9 +168,22 @@ class Forest:
         return self._get("position", lambda: np.arange(self.leaves) - self.offsets[self.owner])
 
     def level_counts(self, level: int) -> np.ndarray:
-        """Nodes kept per tree at ``level`` (0 = root, ``depth`` = leaves)."""
-        span = 2 ** (self.depth - level)
-        return -(-self.sizes // span)
+        """Nodes kept per tree at ``level`` (0 = root, ``depth`` = leaves); computed once per forest and
+        level (every batch's evaluation reads them), read-only."""
+        def make() -> np.ndarray:
+            counts = -(-self.sizes // 2 ** (self.depth - level))
+            counts.flags.writeable = False
+            return counts
+        return self._get(f"counts/{level}", make)
+
+    @property
+    def live(self) -> np.ndarray:
+        """``intp [trees with positions]``: the trees that are evaluated (an empty bucket's is not)."""
+        def make() -> np.ndarray:
+            live = np.flatnonzero(self.sizes > 0)
+            live.flags.writeable = False
+            return live
+        return self._get("live", make)
 
     def parent_trees(self, level: int) -> np.ndarray:
         """``intp [nodes]``: the tree of each node kept at ``level`` (trees in order)."""
@@ -252,8 +265,7 @@ def _expand_many(keys: list[KeySet], j0: int, j1: int, forest: Forest) -> tuple[
     XOR-ed into both children; only the nodes whose subtree meets a tree's positions are kept.
     """
     k = len(keys)
-    live = forest.sizes > 0
-    nodes = np.stack([key.roots[j0:j1][live] for key in keys])  # [K, n, 2], control bit in the low bit
+    nodes = np.stack([key.roots[j0:j1][forest.live] for key in keys])  # [K, n, 2], control bit in the low bit
     nodes[..., 0] |= np.uint64(keys[0].party)
     # per level, a row per (key, tree, parent's control bit) with both children's corrections (32 bytes):
     # zero under a parent whose bit is 0, else the seed CW with the side's control-bit CW in its low bit

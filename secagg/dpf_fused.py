@@ -133,19 +133,17 @@ def _size(shape: tuple[int, ...]) -> int:
     return need
 
 
-def _expand(keys: list[KeySet], j0: int, j1: int, forest, scratch: dict | None = None,  # noqa: ANN001
-            step=_openssl_level) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+def _expand(keys: list[KeySet], j0: int, j1: int, forest, scratch: dict | None = None  # noqa: ANN001
+            ) -> tuple[np.ndarray, np.ndarray]:
     """``sigma`` of the leaf seeds and the control bits of trees ``j0 .. j1-1`` of every key
     (``forest``: those trees): ``(uint64 [K, leaves, 2], uint8 [K, leaves])``; the leaves' seeds are
-    those of :func:`secagg.dpf._expand_many`, one AES call and one loop per level. ``scratch``: where
-    the buffers are kept between calls (the results are scratch too: read them before the next call);
-    ``step``: one level, :func:`_openssl_level` or :mod:`secagg.dpf_ni`'s (AES inside the loop), called
-    as ``step(inp [K, n, 4], bits [K, n], seed_cw, t_cw, level, parents [T], children [T], nxt, nbits,
-    scratch)``."""
+    those of :func:`secagg.dpf._expand_many`, one AES call and one loop per level
+    (:func:`_openssl_level`; :mod:`secagg.dpf_ni` has its own, AES inside the loop, reading the keys in
+    place). ``scratch``: where the buffers are kept between calls (the results are scratch too: read
+    them before the next call)."""
     k = len(keys)
     scratch = {} if scratch is None else scratch
-    live = forest.sizes > 0
-    nodes = _stack(scratch, "nodes", [key.roots[j0:j1][live] for key in keys])
+    nodes = _stack(scratch, "nodes", [key.roots[j0:j1][forest.live] for key in keys])
     nodes[..., 0] |= np.uint64(keys[0].party)
     seed_cw = _stack(scratch, "seed_cw", [key.seed_cw[j0:j1] for key in keys])  # [K, T, D, word]
     t_cw = _stack(scratch, "t_cw", [key.t_cw[j0:j1] for key in keys])  # [K, T, D, side]
@@ -159,7 +157,7 @@ def _expand(keys: list[KeySet], j0: int, j1: int, forest, scratch: dict | None =
         last = level == forest.depth - 1
         nxt = _buf(scratch, f"inp/{(level + 1) % 2}", (k, n, 2 if last else 4), np.uint64)
         nbits = _buf(scratch, f"bits/{(level + 1) % 2}", (k, n), np.uint8)
-        step(inp, bits, seed_cw, t_cw, level, forest.level_counts(level), counts, nxt, nbits, scratch)
+        _openssl_level(inp, bits, seed_cw, t_cw, level, forest.level_counts(level), counts, nxt, nbits, scratch)
         inp, bits = nxt, nbits
     return inp, bits
 

@@ -111,13 +111,13 @@ def _expand(keys: tuple, k: int, j0: int, forest, scratch: dict, party: int) -> 
     ``j0``): ``sigma`` of the leaf seeds and their control bits, ``([k, leaves, 2], [k, leaves])``, in
     ``scratch``."""
     roots, seed_cw, t_cw = keys
-    live = forest._get("live", lambda: np.flatnonzero(forest.sizes > 0))
+    live = forest.live
     inp = _buf(scratch, "inp/0", (k, live.size, 4), np.uint64)
     bits = _buf(scratch, "bits/0", (k, live.size), np.uint8)
     _roots(roots, j0, live, party, inp, bits)
     rk = _fixed_round_keys((b"tree",))[0]
     for level in range(forest.depth):
-        parents, counts = _counts(forest, level), _counts(forest, level + 1)
+        parents, counts = forest.level_counts(level), forest.level_counts(level + 1)
         n = int(counts.sum())
         last = level == forest.depth - 1
         nxt = _buf(scratch, f"inp/{(level + 1) % 2}", (k, n, 2 if last else 4), np.uint64)
@@ -125,11 +125,6 @@ def _expand(keys: tuple, k: int, j0: int, forest, scratch: dict, party: int) -> 
         _level(inp.reshape(k, -1), bits, seed_cw, t_cw, j0, level, parents, counts, nxt.reshape(k, -1), nbits, rk)
         inp, bits = nxt, nbits
     return inp, bits
-
-
-def _counts(forest, level: int) -> np.ndarray:  # noqa: ANN001
-    """:meth:`secagg.dpf.Forest.level_counts`, kept with the forest (the same every batch)."""
-    return forest._get(f"counts/{level}", lambda: forest.level_counts(level))
 
 
 def _arrays(arrays: list[np.ndarray]) -> tuple:

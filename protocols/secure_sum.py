@@ -37,6 +37,7 @@ from secagg.bonawitz import MaskedInput
 from secagg.dpf_run import DpfSpec, run_dpf_rows
 from secagg.dpf_sum import distinct_in
 from secagg.encoding import FixedPoint, check_budget, choose_ring_bits
+from secagg.errors import BudgetError
 from secagg.reuse_sim import ReuseSession
 from secagg.runner import PROTOCOLS, EncodedRows, RunSpec
 
@@ -506,19 +507,25 @@ def secure_row_sum(
     for r in idx:
         if not distinct_in(r, n_rows):
             raise ValueError(f"dpf: a sender's rows must be distinct and in [0, {n_rows})")
-    big = max((float(np.abs(v).max(initial=0.0)) for v in vals), default=0.0)
-    if not all(np.all(np.isfinite(v)) for v in vals):
-        raise ValueError(f"round {round}: a client's update holds a non-finite value; nothing was aggregated")
-    if big > value_clip:
+    # every sender's values as one array, encoded in one pass that also checks them (finite, within the
+    # clip); per-sender checks and encodings cost ~0.1 s of a 943-client round
+    flat = np.concatenate(vals) if vals else np.zeros((0, row_width))
+    codec = FixedPoint(frac_bits, value_clip)
+    try:
+        words = codec.encode(flat, rounding="nearest")
+    except BudgetError:  # say which check failed, in the protocol's words
+        if not np.isfinite(flat).all():
+            raise ValueError(f"round {round}: a client's update holds a non-finite value; nothing was aggregated") from None
+        big = float(np.abs(flat).max())
         raise ValueError(f"round {round}: a client's update holds {big:.4g}, above {where}={value_clip:g}; raise {where} "
-                         "(and check the bit budget) or lower the learning rate")
+                         "(and check the bit budget) or lower the learning rate") from None
     cap = max(len(r) for r in idx) if idx else 0
     if cap > points * max_parts:
         raise ValueError(f"round {round}: a client's update touches {cap} rows, above points x max_parts = "
                          f"{points} x {max_parts}; raise one of them")
     check_budget(n_summands=max(len(senders), 1), clip=value_clip, frac_bits=frac_bits)
-    codec = FixedPoint(frac_bits, value_clip)
-    enc = [(r, codec.encode(v, rounding="nearest")) for r, v in zip(idx, vals)]
+    ends = np.cumsum([r.size for r in idx], dtype=np.int64)
+    enc = [(r, words[e - r.size:e]) for r, e in zip(idx, ends.tolist())]  # views, sender by sender
     return _run_rows(enc, codec, rows=n_rows, row_width=row_width, points=points, max_parts=max_parts,
                      pad_parts=pad_parts, dense_above=dense_above, round=round, transport=transport, senders=senders, kind=kind,
                      receiver=receiver, receiver2=receiver2, dropouts=dropouts, min_survivors=min_survivors)

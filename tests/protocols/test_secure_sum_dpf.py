@@ -187,3 +187,49 @@ def test_a_dpf_exchange_takes_touched_rows_and_drops_a_malformed_one_on_devices(
     got = server.sums[0]
     assert np.allclose(got.total, _want([0, 1, 3])) and set(got.dropped) == {2}
     assert why in got.dropped[2], got.dropped[2]
+
+
+def _row_sum(rows, values, **kw):  # noqa: ANN001, ANN003, ANN202
+    from protocols.secure_sum import secure_row_sum
+
+    tr = InProcessTransport(Transcript())
+    args = {"n_rows": ROWS, "frac_bits": 16, "value_clip": 2.0, "round": 0, "transport": tr,
+            "senders": [client(u) for u in range(len(rows))], "points": 4, "where": "toy.value_clip"}
+    return secure_row_sum(rows, values, **{**args, **kw})
+
+
+def test_the_row_sum_encodes_every_sender_at_once_and_decodes_to_the_plaintext_sum():
+    """``secure_row_sum`` checks and encodes all senders' values in one pass and hands each sender its own
+    slice: the decoded table is the plaintext sum of the rows (an oracle that sums them directly), whatever
+    the senders' row counts (0 to ``points``), so no sender's slice is another's."""
+    rng = np.random.default_rng(3)
+    counts = [0, 1, 4, 2, 3]
+    rows = [np.sort(rng.choice(ROWS, c, replace=False)) for c in counts]
+    values = [rng.uniform(-2, 2, (c, WIDTH)) for c in counts]
+    res = _row_sum(rows, values)
+    plain = np.zeros((ROWS, WIDTH))
+    for r, v in zip(rows, values):
+        plain[r] += v
+    assert np.allclose(res.total.reshape(ROWS, WIDTH), plain, atol=len(rows) * 2.0**-16)
+    assert res.survivors.tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("bad", "match"), [
+    (np.nan, "non-finite value"), (np.inf, "non-finite value"), (2.5, r"holds 2\.5, above toy\.value_clip=2"),
+    (-3.0, r"holds 3, above toy\.value_clip=2"),
+])
+def test_the_row_sum_names_the_check_a_senders_value_fails_and_aggregates_nothing(bad, match):
+    """One pass checks every sender's values; when it fails, the error still says which check (a non-finite
+    value, or the largest magnitude against the clip, under the caller's setting name), wherever the bad value
+    sits, and no message is sent."""
+    rows = [np.array([1, 5]), np.array([2]), np.array([0, 3, 7])]
+    values = [np.zeros((2, WIDTH)), np.ones((1, WIDTH)), np.full((3, WIDTH), 0.5)]
+    values[2][1, 1] = bad
+    tr = InProcessTransport(Transcript())
+    with pytest.raises(ValueError, match=match):
+        _row_sum(rows, values, transport=tr)
+    assert len(tr.transcript) == 0
+    with pytest.raises(ValueError, match="touches 3 rows, above points x max_parts = 2 x 1"):
+        _row_sum(rows, [np.zeros((r.size, WIDTH)) for r in rows], points=2)
+    with pytest.raises(ValueError, match="distinct"):
+        _row_sum([np.array([1, 1])], [np.zeros((2, WIDTH))])

@@ -45,7 +45,7 @@ import functools
 import hashlib
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -318,6 +318,12 @@ class KeySet:
         t_cw: ``uint8 [m, D, 2]``, the left and right control-bit corrections (0 or 1).
         check_cw: ``uint64 [m, 4, 2]`` (verifiable keys) or ``None``.
         value_cw: ``uint64 [m, width]`` (keys with values) or ``None`` (PIR-only trees).
+
+    A key set parsed by :meth:`from_bytes` also keeps its encoding's public bytes (everything after the
+    roots: the corrections as :meth:`public_bytes` lays them out, one contiguous read-only view of the
+    message), which :meth:`public_digest` hashes in one call instead of re-encoding the arrays. The
+    field is not an ``__init__`` argument, so a key set built from arrays, or copied with
+    :func:`dataclasses.replace`, hashes its arrays.
     """
 
     party: int
@@ -327,6 +333,7 @@ class KeySet:
     t_cw: np.ndarray
     check_cw: np.ndarray | None = None
     value_cw: np.ndarray | None = None
+    _encoded: memoryview | None = field(default=None, init=False, repr=False)
 
     @property
     def points(self) -> int:
@@ -359,6 +366,9 @@ class KeySet:
     def public_digest(self) -> bytes:
         """SHA-256 of :meth:`public_bytes` (the servers compare it: one client, one function)."""
         h = hashlib.sha256(_PUBLIC_DOMAIN + self._public_head())
+        if self._encoded is not None:  # parsed: the message's own bytes of the parts, already canonical
+            h.update(self._encoded)
+            return h.digest()
         for part in self._public_parts():  # part by part: no joined copy
             h.update(part)
         return h.digest()
@@ -372,10 +382,18 @@ class KeySet:
     def to_bytes(self) -> bytes:
         return b"".join(self.to_parts())
 
-    def to_parts(self) -> list[bytes | memoryview]:
-        """:meth:`to_bytes` as the buffers it joins (views of the arrays): a message copies them once."""
+    def to_parts(self, public: list[bytes | memoryview] | None = None) -> list[bytes | memoryview]:
+        """:meth:`to_bytes` as the buffers it joins (views of the arrays): a message copies them once.
+        ``public``: :meth:`_public_parts` already made for a key set sharing every correction array with
+        this one (the other party's, from :func:`gen`; :meth:`shares_public` says when)."""
         head = _HEADER.pack(MAGIC, VERSION, self.party, self.depth, self._flags(), self.width, self.points, 0)
-        return [head, _view(self.roots), *self._public_parts()]
+        return [head, _view(self.roots), *(self._public_parts() if public is None else public)]
+
+    def shares_public(self, other: KeySet) -> bool:
+        """Whether ``other`` holds the very correction arrays of this key set (both parties' keys from
+        one :func:`gen`), so their public parts are encoded once."""
+        return (self.depth == other.depth and self.seed_cw is other.seed_cw and self.t_cw is other.t_cw
+                and self.check_cw is other.check_cw and self.value_cw is other.value_cw)
 
     @staticmethod
     def size(*, depth: int, points: int, width: int, check: bool = True) -> int:
@@ -446,7 +464,11 @@ class KeySet:
         t_cw = np.unpackbits(packed, count=nbits, bitorder="little").reshape(m, d, 2)
         check_cw = take(2 * CHECK_BLOCKS * m).reshape(m, CHECK_BLOCKS, 2) if flags & _FLAG_CHECK else None
         value_cw = take(w * m).reshape(m, w) if has_value else None
-        return cls(p, d, roots, seed_cw, t_cw, check_cw, value_cw)
+        key = cls(p, d, roots, seed_cw, t_cw, check_cw, value_cw)
+        # the corrections' bytes as public_bytes lays them out (everything after the roots): strictly
+        # checked above, so they are the canonical encoding of these arrays
+        object.__setattr__(key, "_encoded", memoryview(data)[_HEADER.size + 16 * m:])
+        return key
 
 
 @dataclass(frozen=True, eq=False)

@@ -388,3 +388,23 @@ def test_the_macs_first_blocks_are_computed_per_round_when_the_accumulator_is_ma
     blocks = np.stack([forest.position, forest.owner], axis=1).astype("<u8").tobytes()
     assert acc._mac_pos.astype("<u8").tobytes() == enc.update(blocks)
     assert Accumulator(forest, 2, 0)._mac_pos is None  # no check, nothing to compute
+
+
+@settings(max_examples=25, deadline=None)
+@given(points=st.integers(1, 9), depth=st.integers(1, 4), width=st.integers(1, 5), check=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_a_parsed_key_set_hashes_its_messages_bytes_to_the_digest_of_its_arrays(points, depth, width, check, seed):
+    """A key set parsed from bytes keeps its public bytes (one view of the message after the roots) and
+    hashes them: the digest equals the one hashed part by part from the arrays (both parties' keys, every
+    shape, with and without the check words), and a copy with a changed array (``dataclasses.replace``) does
+    not inherit the message's bytes, so it hashes its own arrays."""
+    rng = np.random.default_rng(seed)
+    alphas = rng.integers(0, 2**depth, points)
+    betas = rng.integers(0, 2**63, (points, width), dtype=np.uint64)
+    for key in dpf.gen(alphas, depth, betas, check=check)[:2]:
+        parsed = KeySet.from_bytes(key.to_bytes())
+        assert parsed._encoded is not None and key._encoded is None
+        assert parsed.public_digest() == key.public_digest()
+        assert bytes(parsed._encoded) == key.public_bytes()[10:]  # after depth, flags, width, points
+        changed = dataclasses.replace(parsed, value_cw=parsed.value_cw ^ np.uint64(1))
+        assert changed._encoded is None and changed.public_digest() != parsed.public_digest()

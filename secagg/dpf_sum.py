@@ -54,6 +54,7 @@ import enum
 import hashlib
 import hmac
 import os
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -158,6 +159,9 @@ class DpfSumConfig:
 
 # -- messages ----------------------------------------------------------------------------------------
 
+_UPLOAD_HEAD = struct.Struct(">IIII")  #: an upload's floor, part, parts and key length (the Writer's u32s)
+
+
 @register
 @dataclass(frozen=True)
 class DpfUpload(Message):
@@ -176,11 +180,12 @@ class DpfUpload(Message):
 
     @classmethod
     def wire(cls, instance: bytes, round: int, sender: int, receiver: int, *, floor: int, key: KeySet, part: int,  # noqa: A002
-             parts: int) -> bytes:
-        """``DpfUpload(..., key=key.to_bytes()).to_bytes()``, the key's arrays copied once (into the message)."""
+             parts: int, public: list[bytes | memoryview] | None = None) -> bytes:
+        """``DpfUpload(..., key=key.to_bytes()).to_bytes()``, the key's arrays copied once (into the message);
+        ``public``: as :meth:`KeySet.to_parts`."""
         msg = cls(instance, round, sender, receiver, floor=floor, part=part, parts=parts)
         size = KeySet.size(depth=key.depth, points=key.points, width=key.width, check=key.check_cw is not None)
-        return msg._framed(Writer().u32(floor).u32(part).u32(parts).u32(size).buffers(key.to_parts()))
+        return msg._joined([_UPLOAD_HEAD.pack(floor, part, parts, size), *key.to_parts(public)], _UPLOAD_HEAD.size + size)
 
     @classmethod
     def _read_body(cls, r: Reader, head: dict) -> DpfUpload:
@@ -371,8 +376,12 @@ class DpfSumClient:
         if self.sent:
             raise MessageError(f"client {self.id}: already uploaded in round {self.cfg.round}")
         c = self.cfg
-        out = [tuple(DpfUpload.wire(c.instance, c.round, self.id, to, floor=self.floor, key=k, part=part, parts=len(keys))
-                     for to, k in ((SERVER_A, k0), (SERVER_B, k1))) for part, (k0, k1) in enumerate(keys)]
+        out = []
+        for part, (k0, k1) in enumerate(keys):
+            public = k0._public_parts() if k0.shares_public(k1) else None  # one encoding of the common corrections
+            out.append(tuple(DpfUpload.wire(c.instance, c.round, self.id, to, floor=self.floor, key=k, part=part,
+                                            parts=len(keys), public=public)
+                             for to, k in ((SERVER_A, k0), (SERVER_B, k1))))
         self.sent = True
         return out  # type: ignore[return-value]
 
@@ -561,10 +570,14 @@ class DpfSumServer:
                 self.digests[cid] = _DENSE_DIGEST
                 continue
             got = [digests[cid, p] for p in range(self.declared[cid])]
-            if got[0] is not None:  # one digest per client: the MACs XOR-ed, the public parts hashed together
-                mac = np.bitwise_xor.reduce(np.stack([np.frombuffer(g[:16], np.uint8) for g in got]), axis=0)
-                pub = got[0][16:] if len(got) == 1 else hashlib.sha256(b"".join(g[16:] for g in got)).digest()
-                self.digests[cid] = mac.tobytes() + pub
+            if got[0] is None:
+                continue
+            if len(got) == 1:  # one key set: its digest as it is
+                self.digests[cid] = got[0]
+                continue
+            # one digest per client: the MACs XOR-ed, the public parts hashed together
+            mac = np.bitwise_xor.reduce(np.stack([np.frombuffer(g[:16], np.uint8) for g in got]), axis=0)
+            self.digests[cid] = mac.tobytes() + hashlib.sha256(b"".join(g[16:] for g in got)).digest()
         return DpfDigests(self.cfg.instance, self.cfg.round, self.me, self.peer,
                           digests=tuple(sorted(self.digests.items()))).to_bytes()
 

@@ -38,6 +38,7 @@ __all__ = [
     "Reader",
     "Writer",
     "decode",
+    "kind_of",
     "register",
 ]
 
@@ -213,9 +214,13 @@ class Message:
 
     def _framed(self, w: Writer) -> bytes:
         """The header and the body ``w`` wrote, joined."""
+        return self._joined(w._parts, w.nbytes)
+
+    def _joined(self, parts: list[bytes | memoryview], nbytes: int) -> bytes:
+        """The header and a body of ``nbytes`` given as ``parts`` (byte buffers), joined: one copy."""
         head = _HEADER.pack(MAGIC, VERSION, self.KIND, self.STAGE, self.instance, self.round, self.sender, self.receiver,
-                            w.nbytes)
-        return b"".join([head, *w._parts])
+                            nbytes)
+        return b"".join([head, *parts])
 
     def broadcast(self, receivers: list[int]) -> dict[int, bytes]:
         """Wire bytes of this message for each receiver: the body is encoded once."""
@@ -234,6 +239,14 @@ class Message:
         if not isinstance(msg, cls):
             raise MessageError(f"{cls.__name__}: wrong message kind {type(msg).__name__} (kind {msg.KIND}, expected {cls.KIND})")
         return msg
+
+
+def kind_of(data: bytes) -> int:
+    """The kind code in a message's header, without parsing its body (for a party routing its own
+    messages; a receiver parses with :func:`decode`)."""
+    if len(data) < HEADER_BYTES or data[:4] != MAGIC:
+        raise MessageError(f"message: no secagg header ({len(data)} bytes)")
+    return data[5]
 
 
 def decode(data: bytes) -> Message:

@@ -230,3 +230,21 @@ def test_misrouted_replayed_and_foreign_messages_are_refused():
     with pytest.raises(MessageError, match="only server A draws"):
         b.draw_challenge()
     assert SERVER_A != SERVER_B
+
+
+def test_a_clients_two_uploads_encode_the_common_corrections_once_and_equal_the_plain_encoding():
+    """``encode`` makes the public parts of a key pair from one ``gen`` once for both servers' messages; the
+    bytes equal ``DpfUpload(key=key.to_bytes())`` message by message, and a pair that does not share its
+    arrays (a tampered or rebuilt key) is encoded each on its own, to the same bytes as well."""
+    cfg = DpfSumConfig(3, CuckooLayout.for_points(N, P), D, P, os.urandom(16), 7, True)
+    rows, vals = np.array([3, 50, 117]), np.arange(9, dtype=np.uint64).reshape(3, D)
+    alpha, beta = cfg.layout.spread(rows, vals)
+    k0, k1, _ = dpf.gen(alpha, cfg.layout.depth, beta)
+    assert k0.shares_public(k1)
+    apart = dataclasses.replace(k1, value_cw=k1.value_cw.copy())
+    assert not k0.shares_public(apart)
+    for pair in ((k0, k1), (k0, apart)):
+        sent = DpfSumClient(cfg, 1, floor=3).encode([pair])
+        want = tuple(DpfUpload(cfg.instance, 7, 1, to, floor=3, key=k.to_bytes(), part=0, parts=1).to_bytes()
+                     for to, k in ((SERVER_A, pair[0]), (SERVER_B, pair[1])))
+        assert sent == [want]

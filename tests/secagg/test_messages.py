@@ -86,3 +86,15 @@ def test_duplicate_kind_refused():
 
     with pytest.raises(ValueError, match="already taken"):
         register(Other)
+
+
+def test_kind_of_reads_the_headers_kind_without_the_body_and_refuses_what_is_no_message():
+    from secagg.dpf_sum import DpfDense, DpfUpload
+    from secagg.messages import kind_of
+
+    dense = DpfDense(bytes(16), 0, 1, 2, floor=2, seed=bytes(32)).to_bytes()
+    assert kind_of(dense) == DpfDense.KIND != DpfUpload.KIND
+    assert kind_of(dense[:HEADER_BYTES]) == DpfDense.KIND  # the body is not read
+    for bad in (dense[:HEADER_BYTES - 1], b"XXXX" + dense[4:], b""):
+        with pytest.raises(MessageError, match="no secagg header"):
+            kind_of(bad)

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import importlib
 import resource
 import sys
@@ -233,6 +232,7 @@ def _noise_cpu(spent: list[float]) -> contextlib.AbstractContextManager[None]:
 
 def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # noqa: ANN001
                  reuse: bool = True, per_client: bool = False) -> list[dict[str, Any]]:
+    from experiments.run.heap import release_heap
     from experiments.run.training import settle_heap
 
     trainer = _build(cfg)
@@ -247,7 +247,7 @@ def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # no
             if r == 0:  # as `secagg run` does after its first round: the long-lived heap out of the GC's scans
                 settle_heap()
     finally:
-        gc.unfreeze()  # the next preset's run must be able to reclaim this one's objects
+        release_heap()  # the next preset's run must be able to reclaim this one's objects
     return rows
 
 

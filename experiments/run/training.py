@@ -17,7 +17,6 @@ the run id; any mismatch is refused with a message that names it.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import platform
@@ -38,6 +37,7 @@ from dp.ledger import PrivacyLedger
 from experiments.run import config as cfgmod
 from experiments import jsonio
 from experiments.errors import RunInterrupted, TrainingDiverged, UserError
+from experiments.run.heap import release_heap, settle_heap
 from experiments.run.prepare import Prepared, prepare_data, run_data_files
 from experiments.run.rundir import CHECKPOINT, RunDir, default_run_dir
 from protocols.guard import set_device_policy
@@ -519,17 +519,6 @@ def _loop(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: str
 SLOW_ROUND_SECONDS = 30.0
 
 
-def settle_heap() -> None:
-    """Take every object alive now out of the cyclic garbage collector's scans (``gc.freeze``, after one
-    full collection). Called once the setup and the first round are done: the heap then holds several
-    hundred thousand long-lived objects (torch's, numba's compiled loops, the data, the model), and each
-    full collection walked all of them, 0.17-0.2 s every few rounds at ML-100K's shape. Later garbage is
-    collected as before; what is frozen is the process's long-lived state (a cycle among it that dies
-    later is not reclaimed)."""
-    gc.collect()
-    gc.freeze()
-
-
 def pace_note(round_seconds: float, done: int, rounds: int, now: float | None = None) -> str | None:
     """The line printed after the first round of this process when it took more than
     :data:`SLOW_ROUND_SECONDS`: its time, and the remaining rounds' time at that pace (``None`` if it was
@@ -591,7 +580,7 @@ def _rounds(req: RunRequest, rd: RunDir, prep: Prepared, trainer: Any, run_id: s
                 settle_heap()
     finally:
         bar.close()
-        gc.unfreeze()  # what follows (evaluation, the report) may free the frozen objects: collectable again
+        release_heap()  # what follows (evaluation, the report) may free the frozen objects: collectable again
     train_seconds = time.perf_counter() - t0
     done = int(getattr(trainer, "round", 0))
     if stopped:

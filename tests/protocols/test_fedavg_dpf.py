@@ -49,16 +49,20 @@ def _pair(aggregation: str, seed: int, n_users: int, **dpf):
 )
 def test_dpf_gives_the_plaintext_model(aggregation, n_users, points, pad, dense, seed):
     """The servers see key sets (and, above ``dpf_dense_above`` key sets, dense two-server shares) only,
-    yet A computes the plaintext aggregate (up to 2^-24 per value)."""
+    yet A computes the plaintext aggregate (up to the fixed-point encoding's rounding per value).
+
+    Compared round by round, each round from the same model: the secure model is set to the plaintext one
+    after each comparison. Across rounds the encoding's rounding (~1e-7 here) is not bounded: local training
+    amplifies it (a stored example, seed 2868, drifted to 6.8e-5 in ``h`` after two rounds while each round's
+    sum was exact to 7.5e-8), so a two-round comparison tested the training's sensitivity, not the sum."""
     plain, secure, transcript = _pair(aggregation, seed, n_users, dpf_points=points, dpf_max_parts=40,
                                       dpf_pad_parts=pad, dpf_dense_above=0 if pad else dense)
     for _ in range(2):
         plain.run_round()
         secure.run_round()
-    torch.testing.assert_close(secure.item, plain.item, atol=1e-5, rtol=0)
-    torch.testing.assert_close(secure.h, plain.h, atol=1e-5, rtol=0)
-    torch.testing.assert_close(secure.b, plain.b, atol=1e-5, rtol=0)
-    torch.testing.assert_close(secure.user, plain.user, atol=1e-5, rtol=0)
+        for name in ("item", "h", "b", "user"):
+            torch.testing.assert_close(getattr(secure, name), getattr(plain, name), atol=1e-5, rtol=0)
+            setattr(secure, name, getattr(plain, name).clone())  # the next round starts from the same model
     for server in (SERVER, SERVER2):  # every client's key sets reached both servers, and nothing in plaintext
         ups = transcript.view(server, round=1, kind="update")
         assert {r.sender for r in ups} == {client(u) for u in range(n_users)}

@@ -45,10 +45,9 @@ def _glibc():  # noqa: ANN202 - (mallopt, malloc_trim) or None
     try:
         libc = ctypes.CDLL(None)  # the C library the interpreter itself runs on
         mallopt, trim = libc.mallopt, libc.malloc_trim
-        version = libc.gnu_get_libc_version  # glibc only: musl has no such call
+        libc.gnu_get_libc_version  # noqa: B018 - glibc only: musl has no such call (AttributeError)
     except (OSError, AttributeError):
         return None
-    version.restype = ctypes.c_char_p
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return mallopt, trim

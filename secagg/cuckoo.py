@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -275,7 +276,8 @@ class CuckooLayout:
                               f"one-per-bucket assignment exists in this layout)")
         return match.astype(np.int64)
 
-    def spread(self, xs: np.ndarray, values: np.ndarray, *, checked: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def spread(self, xs: np.ndarray, values: np.ndarray, *, checked: bool = False,
+               words: Callable[[int], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Every bucket's point and value for a client: its points placed by :meth:`assign`, the
         other buckets a zero value at a CSPRNG-drawn position.
 
@@ -284,6 +286,9 @@ class CuckooLayout:
             values: ``uint64 [P, d]``, the value of each point.
             checked: the caller already checked ``xs`` as :meth:`assign` does (``int64``, 1-D, distinct,
                 in the domain), so it is not checked again.
+            words: where the one-pass placement takes its decoys' CSPRNG words: called with a count, it
+                returns that many fresh uniform ``uint64`` words, each handed out once (a simulation's
+                batch of clients slices one keystream: ``secagg.dpf_run``); default one ``os.urandom`` call.
 
         Returns:
             ``(alpha int64 [m], beta uint64 [m, d])``.
@@ -297,7 +302,12 @@ class CuckooLayout:
             _, offsets, slot = self._slots()
             alpha = np.zeros(self.buckets, np.int64)
             beta = np.zeros((self.buckets, values.shape[1]), np.uint64)
-            draw = np.frombuffer(os.urandom(8 * todo.size), dtype="<u8")
+            if words is None:
+                draw = np.frombuffer(os.urandom(8 * todo.size), dtype="<u8")
+            else:
+                draw = words(todo.size)
+                if draw.dtype != np.uint64 or draw.shape != (todo.size,) or not draw.flags.c_contiguous:
+                    raise ValueError(f"words must give {todo.size} contiguous uint64 words; got {draw.dtype} {draw.shape}")
             if fused.spread(xs, values, self._hash_table(), slot, offsets, _steps(np.size(xs)), draw, todo, span, top,
                             alpha, beta) == 0:
                 return alpha, beta

@@ -55,6 +55,7 @@ import hashlib
 import hmac
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -348,10 +349,12 @@ class DpfSumClient:
             return [self._dense(rows, values)]
         return self.encode([gen(alpha, self.cfg.layout.depth, beta, check=self.cfg.check)[:2] for alpha, beta in plan])
 
-    def plan(self, rows: np.ndarray, values: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    def plan(self, rows: np.ndarray, values: np.ndarray, *, words: Callable[[int], np.ndarray] | None = None
+             ) -> list[tuple[np.ndarray, np.ndarray]] | None:
         """:meth:`upload_parts` up to the key generation: the update checked and placed, per key set
-        its points and values (:meth:`secagg.cuckoo.CuckooLayout.spread`, decoys from the OS CSPRNG);
-        ``None``: the client sends a dense share (``dense_above``). Raises as :meth:`upload_parts`."""
+        its points and values (:meth:`secagg.cuckoo.CuckooLayout.spread`, decoys from the OS CSPRNG, or
+        from ``words`` as ``spread`` takes them); ``None``: the client sends a dense share
+        (``dense_above``). Raises as :meth:`upload_parts`."""
         if self.sent:
             raise MessageError(f"client {self.id}: already uploaded in round {self.cfg.round}")
         c = self.cfg
@@ -369,7 +372,7 @@ class DpfSumClient:
         if c.dense_above and count > c.dense_above:
             return None
         return [c.layout.spread(rows[i * c.points:(i + 1) * c.points], values[i * c.points:(i + 1) * c.points],
-                                checked=True) for i in range(count)]  # rows checked above: distinct, in the domain
+                                checked=True, words=words) for i in range(count)]  # rows checked above: distinct, in the domain
 
     def encode(self, keys: list[tuple[KeySet, KeySet]]) -> list[tuple[bytes, bytes]]:
         """The uploads (to A, to B) of the key sets (A's, B's) generated for :meth:`plan`'s parts."""

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from secagg import aesni, dpf_keys
 from secagg.cuckoo import CuckooLayout
 from secagg.dpf import KeySet, eval_full, Forest, gen_many
-from secagg.dpf_run import DpfSpec, run_dpf_rows, upload_many
+from secagg.dpf_run import DpfSpec, Draws, run_dpf_rows, upload_many
 from secagg.dpf_sum import DpfSumClient, DpfSumConfig, DpfUpload
 from secagg.messages import decode
 
@@ -207,3 +207,41 @@ def test_the_compiled_key_generation_is_the_numpy_one_word_for_word(case):
             k0, k1, secret = dpf_keys._gen(alphas, depth, betas, roots.copy(), check=case["check"])
         out[mode] = (k0.to_bytes(), k1.to_bytes(), secret.seeds.tobytes(), secret.t1.tobytes())
     assert all(out[mode] == out["numpy"] for mode in GEN_MODES)
+
+
+def test_a_batchs_decoy_words_are_one_fresh_keystream_handed_out_once_each():
+    """``Draws`` slices one CSPRNG draw (``random_words``) client by client: consecutive requests are
+    disjoint, consecutive slices of the draw, a request beyond what is left starts a fresh draw (the rest
+    is dropped, never reused), and two batches' draws differ."""
+    seen: list[np.ndarray] = []
+    words = Draws(100)
+    for k in (30, 30, 30, 30, 250, 5):
+        out = words(k)
+        assert out.dtype == np.uint64 and out.shape == (k,) and out.flags.c_contiguous
+        seen.append(out)
+    base = seen[0].base
+    assert all(s.base is base for s in seen[1:3])  # the first draw, sliced ...
+    assert not any(np.shares_memory(a, b) for i, a in enumerate(seen) for b in seen[i + 1:])  # ... never twice
+    assert seen[3].base is not base and seen[4].base is not seen[3].base  # 30 more than 10 left; 250 > 100
+    flat = np.concatenate(seen)
+    assert np.unique(flat).size == flat.size  # 375 fresh 64-bit words: distinct but with chance 2^-50
+    assert not np.array_equal(Draws(8)(8), Draws(8)(8))
+
+
+def test_clients_of_one_batch_get_their_own_decoys():
+    """Simulated clients of one batch place their decoys from disjoint slices of the batch's keystream:
+    two clients with the same rows send different positions in their decoy buckets, and the layout
+    refuses nothing (every drawn position within its bucket)."""
+    cfg = _cfg(6)
+    rows, values = np.array([2, 40]), np.ones((2, 3), np.uint64)
+    plans = []
+    words = Draws(4 * cfg.layout.buckets)
+    for i in range(4):
+        plans.append(DpfSumClient(cfg, i).plan(rows, values, words=words))
+    alphas = [p[0][0] for p in plans]
+    sizes = np.asarray(cfg.layout.sizes)
+    for a in alphas:
+        assert ((a >= 0) & ((a < sizes) | (sizes == 0))).all()
+    assert len({a.tobytes() for a in alphas}) == 4
+    with pytest.raises(ValueError, match="contiguous uint64 words"):
+        DpfSumClient(cfg, 5).plan(rows, values, words=lambda k: np.zeros(k + 1, np.uint64))

@@ -5,10 +5,10 @@ process, every message crossing as wire bytes, the clients' key sets generated i
 one pass over its ``m`` trees per key set). A simulation of hundreds of devices would pay that
 pass's fixed costs (a few dozen array operations per tree level, whatever ``m`` is) once per
 device; :func:`upload_many` instead places every client's rows one client at a time (each with its
-own CSPRNG decoys, sliced from one keystream per batch: :class:`Draws`) and generates a batch of clients' key sets (about :data:`_BATCH_BYTES` of keys)
-together (:func:`secagg.dpf.gen_many`: whole key sets of about 8K trees per pass), each tree with its
-own root seeds from the CSPRNG (AES-256-CTR under a fresh ``os.urandom`` key for a large batch). The
-key sets are exactly those each client's own call would make from the same seeds (tested byte for
+own CSPRNG decoys, sliced from one keystream per batch: :class:`Draws`) and generates a batch of
+clients' key sets (about :data:`_BATCH_BYTES` of keys) together (:func:`secagg.dpf.gen_many`: whole
+key sets of about 8K trees per pass), each tree with its own root seeds from the CSPRNG (AES-256-CTR
+under a fresh ``os.urandom`` key for a large batch). The key sets are exactly those each client's own call would make from the same seeds (tested byte for
 byte), and each client is refused, in the same words, exactly when its own call would refuse it. The
 seconds a client is charged (``client_s``) are its own placement and encoding plus its share of the
 batch (by key sets); what one device pays alone is measured by ``secagg bench dpf`` and reported in

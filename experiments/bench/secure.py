@@ -232,8 +232,7 @@ def _noise_cpu(spent: list[float]) -> contextlib.AbstractContextManager[None]:
 
 def _time_rounds(cfg, rounds: int, units, label: str, shared: bool = True,  # noqa: ANN001
                  reuse: bool = True, per_client: bool = False) -> list[dict[str, Any]]:
-    from experiments.run.heap import release_heap
-    from experiments.run.training import settle_heap
+    from experiments.run.training import release_heap, settle_heap
 
     trainer = _build(cfg)
     if per_client and hasattr(trainer, "_sum_only"):

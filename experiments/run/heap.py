@@ -74,6 +74,5 @@ def release_heap() -> None:
     """Undo :func:`settle_heap` once training ends: the frozen objects are collectable again, and the free
     pages go back to the kernel now and at glibc's adaptive ceiling afterwards."""
     gc.unfreeze()
-    libc = _glibc()
-    if libc is not None and _allocator(_RELEASED_TRIM, _MMAP):
-        libc[1](0)
+    if _allocator(_RELEASED_TRIM, _MMAP):  # glibc only
+        _glibc()[1](0)
